@@ -1,0 +1,78 @@
+# c8s: confidential containers, one confidential VM per pod.
+# `make help` lists the targets.
+
+SHELL        := /bin/bash
+GO           ?= go
+BIN          := $(CURDIR)/bin
+OUT          := $(CURDIR)/_output
+TOOLS_BIN    := $(OUT)/tools/bin
+IMAGE_OUT    := $(OUT)/image
+PREFIX       ?= /usr/local
+GOFLAGS_BUILD := -trimpath -buildvcs=false
+
+HOST_CMDS  := ./shim/cmd/containerd-shim-c8s-v2 ./launcher/cmd/c8s-launcher ./measurements/cmd/c8s-measure
+GUEST_CMDS := ./guest/cmd/c8s-agent
+
+export PATH := $(TOOLS_BIN):$(PATH)
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build every binary into bin/.
+	@mkdir -p $(BIN)
+	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/ $(HOST_CMDS)
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '-s -w' -o $(BIN)/ $(GUEST_CMDS)
+
+.PHONY: deps
+deps: ## Install the Debian packages c8s builds and tests with (idempotent).
+	hack/install-deps.sh
+
+.PHONY: tools
+tools: ## Build containerd, ctr and the runc shim from their Go module (cached).
+	hack/build-tools.sh $(TOOLS_BIN)
+
+.PHONY: protos
+protos: ## Regenerate the host-guest ttrpc API in guest/api.
+	hack/protos.sh generate
+
+.PHONY: check-protos
+check-protos: ## Fail if the generated API in guest/api is not current.
+	hack/protos.sh check
+
+.PHONY: image
+image: build ## Build the guest image (kernel, initramfs, manifest) into _output/image.
+	images/build.sh $(IMAGE_OUT)
+
+.PHONY: image-verify
+image-verify: build ## Build the guest image twice and prove the builds are identical.
+	images/verify-reproducible.sh
+
+.PHONY: unit
+unit: ## Run the unit tests (no VM, no containerd).
+	$(GO) test ./...
+
+.PHONY: test
+test: deps tools image ## Install what is needed, then run every test, end to end included.
+	hack/test.sh
+
+.PHONY: demo
+demo: deps tools image ## Run a container inside a confidential VM through a private containerd.
+	hack/demo.sh
+
+.PHONY: bench
+bench: deps tools image ## Print the benchmark figures and ratios against peers.
+	hack/bench.sh
+
+.PHONY: fuzz
+fuzz: ## Run each parser fuzz target for a bounded time.
+	hack/fuzz.sh
+
+.PHONY: install
+install: build image ## Install binaries, guest image and containerd config under $(PREFIX).
+	hack/install.sh $(PREFIX)
+
+.PHONY: clean
+clean: ## Remove build outputs (keeps the tool cache in _output/tools).
+	rm -rf $(BIN) $(IMAGE_OUT)

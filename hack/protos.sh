@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Generates the host-guest ttrpc API (guest/api) from its .proto files, or,
+# with "check", fails when the committed generated code is not current.
+# The plugins are built at the versions go.mod pins, so output is stable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-generate}
+
+command -v protoc >/dev/null || { echo "protoc not found: run 'make deps' (Debian package protobuf-compiler)" >&2; exit 1; }
+plugins=$PWD/_output/tools/protoc-bin
+pbver=$(go list -m -f '{{.Version}}' google.golang.org/protobuf)
+ttrpcver=$(go list -m -f '{{.Version}}' github.com/containerd/ttrpc)
+stamp="$plugins/.versions"
+if [[ ! -x $plugins/protoc-gen-go || ! -x $plugins/protoc-gen-go-ttrpc || "$(cat "$stamp" 2>/dev/null)" != "$pbver $ttrpcver" ]]; then
+	mkdir -p "$plugins"
+	(cd /tmp && GOBIN=$plugins go install "google.golang.org/protobuf/cmd/protoc-gen-go@$pbver" &&
+		GOBIN=$plugins go install "github.com/containerd/ttrpc/cmd/protoc-gen-go-ttrpc@$ttrpcver")
+	echo "$pbver $ttrpcver" >"$stamp"
+fi
+
+out=$PWD
+if [[ $mode == check ]]; then
+	out=$(mktemp -d)
+	trap 'rm -rf "$out"' EXIT
+fi
+protos=$(find guest/api -name '*.proto' | sort)
+PATH=$plugins:$PATH protoc -I . -I /usr/include \
+	--go_out="$out" --go_opt=module=github.com/c8s-dev/c8s \
+	--go-ttrpc_out="$out" --go-ttrpc_opt=module=github.com/c8s-dev/c8s \
+	$protos
+
+if [[ $mode == check ]]; then
+	status=0
+	for f in $(cd "$out" && find guest/api -name '*.go' | sort); do
+		if ! cmp -s "$out/$f" "$f"; then
+			echo "out of date: $f (run 'make protos' and commit the result)" >&2
+			status=1
+		fi
+	done
+	[[ $status == 0 ]] && echo "generated API in guest/api is current"
+	exit $status
+fi

@@ -17,8 +17,8 @@ var (
 )
 
 const (
-	hashEntrySize = 16 + 2 + sha256.Size         // GUID, uint16 length, SHA-256
-	hashTableSize = 16 + 2 + 3*hashEntrySize     // header GUID, length, three entries
+	hashEntrySize = 16 + 2 + sha256.Size     // GUID, uint16 length, SHA-256
+	hashTableSize = 16 + 2 + 3*hashEntrySize // header GUID, length, three entries
 	// HashTableSize is the size of the table QEMU writes, padded to 16 bytes.
 	HashTableSize = (hashTableSize + 15) &^ 15
 )

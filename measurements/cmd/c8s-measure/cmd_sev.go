@@ -1,0 +1,58 @@
+package main
+
+import (
+	"github.com/c8s-dev/c8s/measurements/snp"
+)
+
+func init() {
+	register("sev", "SEV launch digest (OVMF, optional kernel/initrd/cmdline)", runSEV)
+	register("seves", "SEV-ES launch digest (OVMF, optional kernel/initrd/cmdline, VMSAs)", runSEVES)
+}
+
+func runSEV(args []string) error {
+	f := newSevFlags("sev").withKernel()
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	in, err := f.load()
+	if err != nil {
+		return err
+	}
+	d, err := snp.LaunchDigestSEV(in.fw, in.kernel)
+	if err != nil {
+		return err
+	}
+	return f.print("sev", []sevResult{{Digest: d[:]}})
+}
+
+func runSEVES(args []string) error {
+	f := newSevFlags("seves").withKernel().withVCPUs()
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	counts, err := vcpuCounts(f.vcpus)
+	if err != nil {
+		return err
+	}
+	vmm, err := f.vmm()
+	if err != nil {
+		return err
+	}
+	sig, err := f.signature(vmm)
+	if err != nil {
+		return err
+	}
+	in, err := f.load()
+	if err != nil {
+		return err
+	}
+	digests, err := snp.LaunchDigestsSEVES(in.fw, snp.SEVESParams{VCPUSig: sig, VMM: vmm, Kernel: in.kernel}, counts)
+	if err != nil {
+		return err
+	}
+	out := make([]sevResult, len(counts))
+	for i := range counts {
+		out[i] = sevResult{VCPUs: counts[i], Digest: digests[i][:]}
+	}
+	return f.print("seves", out)
+}

@@ -1,0 +1,328 @@
+package main
+
+// Flags, input loading and output shared by the AMD subcommands (snp,
+// snp-ovmf-hash, sev, seves). Flag names follow virtee/sev-snp-measure.
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/c8s-dev/c8s/measurements/ovmf"
+	"github.com/c8s-dev/c8s/measurements/snp"
+)
+
+// sevOut is where the AMD subcommands print results (tests replace it).
+var sevOut io.Writer = os.Stdout
+
+// sevFlags are the flags of the AMD subcommands; each subcommand defines the
+// subset it accepts.
+type sevFlags struct {
+	fs *flag.FlagSet
+
+	ovmf, kernel, initrd, appendLine string
+	vcpus                            string
+	vcpuType, vcpuSig                string
+	vcpuFamily, vcpuModel, vcpuStep  string
+	vmmType                          string
+	guestFeatures                    string
+	snpOVMFHash                      string
+	outputFormat                     string
+	svsm, varsSize, varsFile         string
+	verbose                          bool
+}
+
+// newSevFlags defines the flags common to every AMD mode; the with* methods
+// add the rest.
+func newSevFlags(name string) *sevFlags {
+	f := &sevFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	f.fs.StringVar(&f.ovmf, "ovmf", "", "OVMF firmware `PATH` (required)")
+	f.fs.StringVar(&f.outputFormat, "output-format", "hex", "output format: hex, base64 or json")
+	f.fs.BoolVar(&f.verbose, "verbose", false, "print the mode with the measurement")
+	f.fs.BoolVar(&f.verbose, "v", false, "shorthand for --verbose")
+	return f
+}
+
+func (f *sevFlags) withKernel() *sevFlags {
+	f.fs.StringVar(&f.kernel, "kernel", "", "kernel `PATH` of a direct kernel boot")
+	f.fs.StringVar(&f.initrd, "initrd", "", "initrd `PATH` (with --kernel)")
+	f.fs.StringVar(&f.appendLine, "append", "", "kernel command line (with --kernel)")
+	return f
+}
+
+func (f *sevFlags) withVCPUs() *sevFlags {
+	f.fs.StringVar(&f.vcpus, "vcpus", "", "vCPU count, or a set such as 1,2,4,8 or 1-8 (one digest per count)")
+	f.fs.StringVar(&f.vcpuType, "vcpu-type", "", "vCPU type: "+strings.Join(snp.VCPUTypes(), ", "))
+	f.fs.StringVar(&f.vcpuSig, "vcpu-sig", "", "vCPU signature `VALUE` (CPUID 1 EAX)")
+	f.fs.StringVar(&f.vcpuFamily, "vcpu-family", "", "vCPU family (with --vcpu-model and --vcpu-stepping)")
+	f.fs.StringVar(&f.vcpuModel, "vcpu-model", "", "vCPU model")
+	f.fs.StringVar(&f.vcpuStep, "vcpu-stepping", "", "vCPU stepping")
+	f.fs.StringVar(&f.vmmType, "vmm-type", "QEMU", "VMM type: QEMU, ec2 or gce")
+	return f
+}
+
+func (f *sevFlags) withSNP() *sevFlags {
+	f.fs.StringVar(&f.guestFeatures, "guest-features", "0x1", "VMSA SEV_FEATURES `VALUE`")
+	f.fs.StringVar(&f.snpOVMFHash, "snp-ovmf-hash", "", "precomputed OVMF-only `HASH` (hex, from snp-ovmf-hash) to use instead of the firmware's bytes")
+	f.fs.StringVar(&f.svsm, "svsm", "", "Coconut-SVSM image `PATH` (SNP+SVSM mode; needs --vars-size or --vars-file)")
+	f.fs.StringVar(&f.varsSize, "vars-size", "", "size in bytes of the OVMF_VARS file (SVSM mode)")
+	f.fs.StringVar(&f.varsFile, "vars-file", "", "OVMF_VARS `PATH`, whose size is used (SVSM mode)")
+	return f
+}
+
+// parse parses args and checks what every mode needs.
+func (f *sevFlags) parse(args []string) error {
+	if err := f.fs.Parse(args); err != nil {
+		return err
+	}
+	if f.fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (all inputs are flags; see --help)", f.fs.Arg(0))
+	}
+	if f.ovmf == "" {
+		return errors.New("--ovmf PATH is required")
+	}
+	switch f.outputFormat {
+	case "hex", "base64", "json":
+	default:
+		return fmt.Errorf("--output-format %q: want hex, base64 or json", f.outputFormat)
+	}
+	if f.kernel == "" && (f.isSet("initrd") || f.isSet("append")) {
+		return errors.New("--initrd and --append need --kernel")
+	}
+	return nil
+}
+
+func (f *sevFlags) isSet(name string) bool {
+	set := false
+	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set
+}
+
+// parseInt parses an integer the way Python's int(s, 0) does for the
+// common cases: decimal, or 0x/0o/0b prefixed.
+func parseInt(flagName, s string, bits int) (uint64, error) {
+	v, err := strconv.ParseUint(strings.TrimSpace(s), 0, bits)
+	if err != nil {
+		return 0, fmt.Errorf("--%s %q: want a non-negative integer of at most %d bits (decimal or 0x-prefixed hex)", flagName, s, bits)
+	}
+	return v, nil
+}
+
+// vcpuCounts parses --vcpus: "4", "1,2,4,8", "1-8" or a mix ("1,2,4-8").
+// The counts are returned in the order given, ranges expanded.
+func vcpuCounts(s string) ([]int, error) {
+	if s == "" {
+		return nil, errors.New("--vcpus N is required")
+	}
+	const maxVCPUs = 1 << 16
+	var out []int
+	for _, part := range strings.Split(s, ",") {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
+		a, err := strconv.Atoi(lo)
+		b := a
+		if err == nil && isRange {
+			b, err = strconv.Atoi(hi)
+		}
+		if err != nil || a < 1 || b < a || b > maxVCPUs {
+			return nil, fmt.Errorf("--vcpus %q: %q is not a vCPU count or range (use e.g. 4, 1,2,4,8 or 1-8; counts 1..%d)", s, part, maxVCPUs)
+		}
+		for n := a; n <= b; n++ {
+			out = append(out, n)
+		}
+	}
+	return out, nil
+}
+
+// vmm returns the --vmm-type.
+func (f *sevFlags) vmm() (snp.VMMType, error) {
+	t, err := snp.ParseVMMType(f.vmmType)
+	if err != nil {
+		return 0, fmt.Errorf("--vmm-type: %v", err)
+	}
+	return t, nil
+}
+
+// signature returns the vCPU signature from --vcpu-family/model/stepping,
+// --vcpu-sig or --vcpu-type (in that precedence, as the reference tool).
+// QEMU needs one; EC2 and GCE ignore it.
+func (f *sevFlags) signature(vmm snp.VMMType) (uint64, error) {
+	switch {
+	case f.vcpuFamily != "":
+		if f.vcpuModel == "" || f.vcpuStep == "" {
+			return 0, errors.New("--vcpu-family needs --vcpu-model and --vcpu-stepping")
+		}
+		fam, err := parseDecimal("vcpu-family", f.vcpuFamily)
+		if err != nil {
+			return 0, err
+		}
+		model, err := parseDecimal("vcpu-model", f.vcpuModel)
+		if err != nil {
+			return 0, err
+		}
+		step, err := parseDecimal("vcpu-stepping", f.vcpuStep)
+		if err != nil {
+			return 0, err
+		}
+		return uint64(snp.CPUSig(fam, model, step)), nil
+	case f.vcpuSig != "":
+		return parseInt("vcpu-sig", f.vcpuSig, 64)
+	case f.vcpuType != "":
+		sig, err := snp.VCPUTypeSig(f.vcpuType)
+		if err != nil {
+			return 0, fmt.Errorf("--vcpu-type: %v", err)
+		}
+		return uint64(sig), nil
+	case vmm == snp.VMMQEMU:
+		return 0, errors.New("missing --vcpu-type, --vcpu-sig or --vcpu-family (QEMU puts the vCPU signature in the VMSA); e.g. --vcpu-type EPYC-v4")
+	}
+	return 0, nil
+}
+
+func parseDecimal(flagName, s string) (uint32, error) {
+	v, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("--%s %q: want a decimal number", flagName, s)
+	}
+	return uint32(v), nil
+}
+
+// amdInputs are the loaded firmware and kernel hashes.
+type amdInputs struct {
+	fw     *ovmf.Firmware
+	kernel *snp.KernelHashes
+}
+
+// load reads the firmware and, with --kernel, hashes the kernel and initrd.
+// The three files are read concurrently; kernel and initrd are streamed
+// through SHA-256 rather than held in memory.
+func (f *sevFlags) load() (amdInputs, error) {
+	var (
+		in                amdInputs
+		fwData            []byte
+		kHash, iHash      [sha256.Size]byte
+		fwErr, kErr, iErr error
+		wg                sync.WaitGroup
+	)
+	if f.kernel != "" {
+		wg.Add(2)
+		go func() { defer wg.Done(); kHash, kErr = sha256File(f.kernel) }()
+		go func() {
+			defer wg.Done()
+			if f.initrd == "" {
+				iHash = sha256.Sum256(nil)
+				return
+			}
+			iHash, iErr = sha256File(f.initrd)
+		}()
+	}
+	fwData, fwErr = os.ReadFile(f.ovmf)
+	wg.Wait()
+	if err := errors.Join(fwErr, kErr, iErr); err != nil {
+		return in, err
+	}
+	fw, err := ovmf.Parse(fwData)
+	if err != nil {
+		return in, fmt.Errorf("%s: %w", f.ovmf, err)
+	}
+	in.fw = fw
+	if f.kernel != "" {
+		in.kernel = &snp.KernelHashes{Kernel: kHash, Initrd: iHash, Cmdline: snp.CmdlineHash(f.appendLine)}
+	}
+	return in, nil
+}
+
+// sha256File streams a file through SHA-256.
+func sha256File(path string) ([sha256.Size]byte, error) {
+	var d [sha256.Size]byte
+	file, err := os.Open(path)
+	if err != nil {
+		return d, err
+	}
+	defer file.Close()
+	h := sha256.New()
+	buf := make([]byte, 1<<20)
+	if _, err := io.CopyBuffer(h, struct{ io.Reader }{file}, buf); err != nil {
+		return d, fmt.Errorf("reading %s: %w", path, err)
+	}
+	h.Sum(d[:0])
+	return d, nil
+}
+
+// sevResult is one digest for one vCPU count (0 when the mode has none).
+type sevResult struct {
+	VCPUs  int
+	Digest []byte
+}
+
+// modeNames are the names the reference tool prints with --verbose.
+var modeNames = map[string]string{"snp": "SEV_SNP", "snp:svsm": "SEV_SNP_SVSM", "sev": "SEV", "seves": "SEV_ES", "snp:ovmf-hash": "SNP OVMF hash"}
+
+// print writes the results: the digest alone for one result, a "vcpus
+// digest" table for several (sorted by vCPU count, duplicates dropped), or
+// a JSON document.
+func (f *sevFlags) print(mode string, results []sevResult) error {
+	enc := func(b []byte) string {
+		if f.outputFormat == "base64" {
+			return base64.StdEncoding.EncodeToString(b)
+		}
+		return hex.EncodeToString(b)
+	}
+	if len(results) > 1 {
+		results = append([]sevResult(nil), results...)
+		sort.SliceStable(results, func(i, j int) bool { return results[i].VCPUs < results[j].VCPUs })
+		uniq := results[:1]
+		for _, r := range results[1:] {
+			if r.VCPUs != uniq[len(uniq)-1].VCPUs {
+				uniq = append(uniq, r)
+			}
+		}
+		results = uniq
+	}
+	if f.outputFormat == "json" {
+		type entry struct {
+			VCPUs  int    `json:"vcpus,omitempty"`
+			Digest string `json:"digest"`
+		}
+		doc := struct {
+			Mode         string  `json:"mode"`
+			Measurements []entry `json:"measurements"`
+		}{Mode: mode}
+		for _, r := range results {
+			doc.Measurements = append(doc.Measurements, entry{VCPUs: r.VCPUs, Digest: enc(r.Digest)})
+		}
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(sevOut, "%s\n", b)
+		return err
+	}
+	if len(results) == 1 {
+		m := enc(results[0].Digest)
+		if f.verbose {
+			_, err := fmt.Fprintf(sevOut, "Calculated %s guest measurement: %s\n", modeNames[mode], m)
+			return err
+		}
+		_, err := fmt.Fprintln(sevOut, m)
+		return err
+	}
+	if _, err := fmt.Fprintf(sevOut, "%-6s %s\n", "VCPUS", "DIGEST"); err != nil {
+		return err
+	}
+	for _, r := range results {
+		if _, err := fmt.Fprintf(sevOut, "%-6d %s\n", r.VCPUs, enc(r.Digest)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

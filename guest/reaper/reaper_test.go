@@ -1,0 +1,175 @@
+package reaper
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// One Reaper per test binary: it owns SIGCHLD and wait4(-1).
+var testReaper *Reaper
+
+func TestMain(m *testing.M) {
+	r, err := New()
+	if err != nil {
+		panic(err)
+	}
+	testReaper = r
+	code := m.Run()
+	r.Close()
+	os.Exit(code)
+}
+
+func TestRunReportsStatusAndOutput(t *testing.T) {
+	var out bytes.Buffer
+	c := exec.Command("/bin/sh", "-c", "echo hello; exit 7")
+	c.Stdout = &out
+	status, err := testReaper.Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != 7 {
+		t.Errorf("status = %d, want 7", status)
+	}
+	if out.String() != "hello\n" {
+		t.Errorf("output = %q, want %q (Wait must drain the copy goroutine)", out.String(), "hello\n")
+	}
+}
+
+func TestSignalledStatusIs128PlusSignal(t *testing.T) {
+	c := exec.Command("/bin/sh", "-c", "kill -TERM $$")
+	status, err := testReaper.Run(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 128 + int(unix.SIGTERM); status != want {
+		t.Errorf("status = %d, want %d", status, want)
+	}
+}
+
+// orphan starts a shell that forks a grandchild running script in the
+// background, prints its pid and exits at once. The grandchild is reparented
+// to the test process (a subreaper), as container processes are after runc
+// exits.
+func orphan(t *testing.T, script string) (int, time.Time) {
+	t.Helper()
+	since := time.Now()
+	var out bytes.Buffer
+	c := exec.Command("/bin/sh", "-c", "("+script+") >/dev/null 2>&1 </dev/null & echo $!")
+	c.Stdout = &out
+	if status, err := testReaper.Run(c); err != nil || status != 0 {
+		t.Fatalf("start orphan: status %d, err %v", status, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
+	if err != nil {
+		t.Fatalf("orphan pid %q: %v", out.String(), err)
+	}
+	return pid, since
+}
+
+func TestClaimBeforeExit(t *testing.T) {
+	// The grandchild waits until the test tells it to go, so the claim
+	// happens strictly before the exit.
+	dir := t.TempDir()
+	gate := dir + "/go"
+	pid, since := orphan(t, "while [ ! -e "+gate+" ]; do sleep 0.05; done; exit 5")
+	ch := testReaper.Claim(pid, since)
+	select {
+	case e := <-ch:
+		t.Fatalf("exit %+v delivered before the process was allowed to exit", e)
+	default:
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e := <-ch
+	if e.Pid != pid || e.Status != 5 {
+		t.Errorf("exit = %+v, want pid %d status 5", e, pid)
+	}
+}
+
+func TestClaimAfterExitIsNotMissed(t *testing.T) {
+	pid, since := orphan(t, "exit 9")
+	// Wait until the exit has been reaped and parked as unclaimed.
+	waitUnclaimed(t, pid)
+	e := <-testReaper.Claim(pid, since)
+	if e.Pid != pid || e.Status != 9 {
+		t.Errorf("exit = %+v, want pid %d status 9", e, pid)
+	}
+	testReaper.mu.Lock()
+	_, still := testReaper.unclaimed[pid]
+	testReaper.mu.Unlock()
+	if still {
+		t.Error("claimed exit is still kept as unclaimed")
+	}
+}
+
+func TestStaleUnclaimedExitIsNotDelivered(t *testing.T) {
+	pid, _ := orphan(t, "exit 1")
+	waitUnclaimed(t, pid)
+	// A claim for a process started after that exit must not get it.
+	ch := testReaper.Claim(pid, time.Now().Add(time.Hour))
+	select {
+	case e := <-ch:
+		t.Fatalf("stale exit %+v delivered", e)
+	default:
+	}
+	testReaper.mu.Lock()
+	delete(testReaper.claims, pid)
+	testReaper.mu.Unlock()
+}
+
+func TestUnclaimedExitsAreBounded(t *testing.T) {
+	r := &Reaper{commands: nil, claims: map[int][]chan Exit{}, unclaimed: map[int]Exit{}}
+	base := time.Now()
+	for i := 0; i < maxUnclaimed+10; i++ {
+		r.dispatch(Exit{Pid: 100000 + i, Timestamp: base.Add(time.Duration(i) * time.Millisecond)})
+	}
+	if len(r.unclaimed) != maxUnclaimed {
+		t.Fatalf("kept %d unclaimed exits, want %d", len(r.unclaimed), maxUnclaimed)
+	}
+	if _, ok := r.unclaimed[100000]; ok {
+		t.Error("oldest exit was kept, newest dropped")
+	}
+	if _, ok := r.unclaimed[100000+maxUnclaimed+9]; !ok {
+		t.Error("newest exit was dropped")
+	}
+}
+
+func TestSeveralClaimsOfOnePid(t *testing.T) {
+	dir := t.TempDir()
+	gate := dir + "/go"
+	pid, since := orphan(t, "while [ ! -e "+gate+" ]; do sleep 0.05; done; exit 4")
+	a := testReaper.Claim(pid, since)
+	b := testReaper.Claim(pid, since)
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range []<-chan Exit{a, b} {
+		if e := <-ch; e.Status != 4 {
+			t.Errorf("exit = %+v, want status 4", e)
+		}
+	}
+}
+
+func waitUnclaimed(t *testing.T, pid int) {
+	t.Helper()
+	for i := 0; ; i++ {
+		testReaper.mu.Lock()
+		_, ok := testReaper.unclaimed[pid]
+		testReaper.mu.Unlock()
+		if ok {
+			return
+		}
+		if i > 1000 {
+			t.Fatalf("exit of pid %d never reaped", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

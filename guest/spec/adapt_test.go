@@ -1,0 +1,189 @@
+package spec
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// hostSpec is shaped like what containerd's CRI writes for a pod container.
+func hostSpec(t *testing.T) []byte {
+	t.Helper()
+	s := specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: "/run/containerd/io.containerd.runtime.v2.task/k8s.io/abc/rootfs", Readonly: true},
+		Process: &specs.Process{
+			Args:            []string{"sh"},
+			Cwd:             "/",
+			ApparmorProfile: "cri-containerd.apparmor.d",
+			SelinuxLabel:    "system_u:system_r:container_t:s0",
+		},
+		Hooks: &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/usr/bin/nvidia-hook"}}},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/etc/hosts", Type: "bind", Source: "/var/lib/containerd/sandboxes/abc/hosts", Options: []string{"rbind", "ro"}},
+			{Destination: "/etc/resolv.conf", Source: "/var/lib/containerd/sandboxes/abc/resolv.conf", Options: []string{"bind"}},
+			{Destination: "/data", Type: "bind", Source: "/srv/volume", Options: []string{"rbind"}},
+			{Destination: "/guest-present", Type: "bind", Source: "/present", Options: []string{"rbind"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "kubepods-besteffort.slice:cri-containerd:abc",
+			MountLabel:  "system_u:object_r:container_file_t:s0",
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.NetworkNamespace, Path: "/var/run/netns/cni-1234"},
+				{Type: specs.IPCNamespace, Path: "/proc/4242/ns/ipc"},
+				{Type: specs.UTSNamespace, Path: "/proc/4242/ns/uts"},
+				{Type: specs.MountNamespace},
+			},
+			Devices: []specs.LinuxDevice{
+				{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229},
+				{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0},
+			},
+		},
+	}
+	raw, err := json.Marshal(&s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+func guestHas(paths ...string) func(string) bool {
+	return func(p string) bool { return slices.Contains(paths, p) }
+}
+
+func TestAdaptStandaloneContainer(t *testing.T) {
+	var warnings []string
+	plan, err := Adapt(hostSpec(t), Options{
+		ContainerID:   "abc",
+		Rootfs:        "/run/c8s/containers/abc/rootfs",
+		CgroupsParent: "/c8s",
+		FilesDir:      "/run/c8s/containers/abc/files",
+		Files: []File{
+			{Source: "/var/lib/containerd/sandboxes/abc/hosts", Content: []byte("127.0.0.1 localhost\n"), Mode: 0o644},
+			{Source: "/var/lib/containerd/sandboxes/abc/resolv.conf", Content: []byte("nameserver 10.0.0.10\n"), Mode: 0o600},
+		},
+		Terminal: true,
+		Exists:   guestHas("/dev/fuse", "/present"),
+		Warn:     func(m string) { warnings = append(warnings, m) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := plan.Spec
+	if s.Root.Path != "/run/c8s/containers/abc/rootfs" || !s.Root.Readonly {
+		t.Errorf("root = %+v, want the guest rootfs, readonly kept", s.Root)
+	}
+	if s.Hooks != nil {
+		t.Errorf("hooks kept: %+v", s.Hooks)
+	}
+	if s.Process.ApparmorProfile != "" || s.Process.SelinuxLabel != "" || s.Linux.MountLabel != "" {
+		t.Error("LSM labels kept")
+	}
+	if !s.Process.Terminal {
+		t.Error("process.terminal not set from stdio")
+	}
+	if s.Linux.CgroupsPath != "/c8s/abc" {
+		t.Errorf("cgroupsPath = %q, want /c8s/abc", s.Linux.CgroupsPath)
+	}
+	for _, ns := range s.Linux.Namespaces {
+		if ns.Path != "" {
+			t.Errorf("namespace %s keeps host path %q; a standalone container gets new namespaces", ns.Type, ns.Path)
+		}
+	}
+	if len(s.Linux.Namespaces) != 5 {
+		t.Errorf("namespaces = %+v, want all 5 kept", s.Linux.Namespaces)
+	}
+	if len(s.Linux.Devices) != 1 || s.Linux.Devices[0].Path != "/dev/fuse" {
+		t.Errorf("devices = %+v, want only /dev/fuse", s.Linux.Devices)
+	}
+
+	dests := map[string]specs.Mount{}
+	for _, m := range s.Mounts {
+		dests[m.Destination] = m
+	}
+	if _, ok := dests["/data"]; ok {
+		t.Error("bind mount of a source missing in the guest was kept")
+	}
+	if m, ok := dests["/guest-present"]; !ok || m.Source != "/present" {
+		t.Error("bind mount of a source present in the guest was dropped or changed")
+	}
+	if _, ok := dests["/proc"]; !ok {
+		t.Error("proc mount dropped")
+	}
+	if len(plan.Files) != 2 {
+		t.Fatalf("files = %+v, want 2", plan.Files)
+	}
+	for _, f := range plan.Files {
+		if !strings.HasPrefix(f.Path, "/run/c8s/containers/abc/files/") {
+			t.Errorf("guest file %s outside the files dir", f.Path)
+		}
+	}
+	if hosts := dests["/etc/hosts"]; hosts.Source != plan.Files[0].Path || string(plan.Files[0].Content) != "127.0.0.1 localhost\n" || plan.Files[0].Mode != 0o644 {
+		t.Errorf("/etc/hosts mount %+v, file %+v", hosts, plan.Files[0])
+	}
+	if rc := dests["/etc/resolv.conf"]; rc.Source != plan.Files[1].Path || plan.Files[1].Mode != 0o600 {
+		t.Errorf("/etc/resolv.conf mount %+v, file %+v", rc, plan.Files[1])
+	}
+
+	joined := strings.Join(warnings, "\n")
+	for _, want := range []string{"/srv/volume", "/dev/nvidia0"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("no warning names %s; warnings:\n%s", want, joined)
+		}
+	}
+	if len(warnings) != 2 {
+		t.Errorf("got %d warnings, want 2:\n%s", len(warnings), joined)
+	}
+}
+
+func TestAdaptPodContainerJoinsSandbox(t *testing.T) {
+	plan, err := Adapt(hostSpec(t), Options{
+		ContainerID: "abc", Rootfs: "/r", CgroupsParent: "/c8s", FilesDir: "/f",
+		SandboxPid: 77, Exists: guestHas(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[specs.LinuxNamespaceType]string{
+		specs.PIDNamespace:     "", // no path on the host: a new pid namespace
+		specs.NetworkNamespace: "/proc/77/ns/net",
+		specs.IPCNamespace:     "/proc/77/ns/ipc",
+		specs.UTSNamespace:     "/proc/77/ns/uts",
+		specs.MountNamespace:   "",
+	}
+	for _, ns := range plan.Spec.Linux.Namespaces {
+		if ns.Path != want[ns.Type] {
+			t.Errorf("namespace %s path = %q, want %q", ns.Type, ns.Path, want[ns.Type])
+		}
+	}
+	if plan.Spec.Process.Terminal {
+		t.Error("terminal set without a terminal requested")
+	}
+}
+
+func TestAdaptRejectsBadInput(t *testing.T) {
+	if _, err := Adapt([]byte("{"), Options{ContainerID: "x", Exists: guestHas()}); err == nil || !strings.Contains(err.Error(), `"x"`) {
+		t.Errorf("bad JSON: err = %v, want an error naming the container", err)
+	}
+	if _, err := Adapt([]byte(`{"ociVersion":"1.0.2"}`), Options{ContainerID: "x", Exists: guestHas()}); err == nil {
+		t.Error("spec without process accepted")
+	}
+}
+
+func TestAdaptProcess(t *testing.T) {
+	p, err := AdaptProcess([]byte(`{"args":["ls"],"cwd":"/","apparmorProfile":"x","terminal":false}`), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Terminal || p.ApparmorProfile != "" || p.Args[0] != "ls" {
+		t.Errorf("process = %+v", p)
+	}
+	if _, err := AdaptProcess([]byte(`{"cwd":"/"}`), false); err == nil {
+		t.Error("process without args accepted")
+	}
+}

@@ -1,0 +1,105 @@
+// Package tee holds one backend per trusted execution environment (TEE) the
+// launcher can start a pod VM in, and a registry to find them by the name
+// used in hypervisor.tee.
+//
+// A backend contributes only its own pieces of the QEMU command line:
+// machine options (confidential-guest-support, memory-backend), -object
+// arguments (sev-snp-guest, tdx-guest, memory-backend-memfd), the firmware
+// passed as -bios, extra kernel parameters, and the QEMU object types it
+// needs. launcher/vm puts them together with the rest of the VM.
+//
+// Adding a TEE means adding one file with a Backend implementation that
+// calls Register from an init function.
+package tee
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/c8s-dev/c8s/launcher/config"
+)
+
+// Backend is one TEE implementation.
+type Backend interface {
+	// Name is the hypervisor.tee value selecting this backend.
+	Name() string
+	// QEMU returns this backend's part of the QEMU command line for the
+	// given (resolved) hypervisor configuration. It validates the
+	// backend-specific settings and returns an error naming the bad key.
+	QEMU(h config.Hypervisor) (Pieces, error)
+}
+
+// Pieces is what a backend adds to the QEMU command line.
+type Pieces struct {
+	// MachineOptions are appended to "-machine q35,..." (for example
+	// "confidential-guest-support=snp0").
+	MachineOptions []string
+	// Args are complete extra arguments, e.g. "-object", "sev-snp-guest,...".
+	Args []string
+	// Firmware is passed as -bios when not empty.
+	Firmware string
+	// KernelParams are appended to the built-in guest kernel parameters.
+	KernelParams []string
+	// RequiresKVM is true when the TEE cannot run under TCG.
+	RequiresKVM bool
+	// QOMTypes are the QEMU object/device types this backend needs
+	// ("sev-snp-guest", "tdx-guest", ...); see vm.CheckQEMUFeatures.
+	QOMTypes []string
+}
+
+var (
+	mu       sync.RWMutex
+	backends = map[string]Backend{}
+)
+
+// Register makes a backend available under its Name. It is meant to be
+// called from init functions; registering a name twice is a programming
+// error reported by returning an error from Lookup of that name.
+func Register(b Backend) {
+	mu.Lock()
+	defer mu.Unlock()
+	if _, dup := backends[b.Name()]; dup {
+		backends[b.Name()] = duplicate{name: b.Name()}
+		return
+	}
+	backends[b.Name()] = b
+}
+
+// Lookup returns the backend registered under name.
+func Lookup(name string) (Backend, error) {
+	mu.RLock()
+	defer mu.RUnlock()
+	b, ok := backends[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown TEE %q: known TEEs are %s", name, strings.Join(namesLocked(), ", "))
+	}
+	if d, ok := b.(duplicate); ok {
+		return nil, fmt.Errorf("TEE %q is registered twice (programming error)", d.name)
+	}
+	return b, nil
+}
+
+// Names lists the registered backends, sorted.
+func Names() []string {
+	mu.RLock()
+	defer mu.RUnlock()
+	return namesLocked()
+}
+
+func namesLocked() []string {
+	names := make([]string, 0, len(backends))
+	for n := range backends {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+type duplicate struct{ name string }
+
+func (d duplicate) Name() string { return d.name }
+func (d duplicate) QEMU(config.Hypervisor) (Pieces, error) {
+	return Pieces{}, fmt.Errorf("TEE %q is registered twice", d.name)
+}

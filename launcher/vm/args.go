@@ -1,0 +1,248 @@
+package vm
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
+
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/tee"
+)
+
+// Names of the files Start creates in Spec.StateDir.
+const (
+	QMPSocketName   = "qmp.sock"
+	AgentSocketName = "agent.sock"
+	ConsoleLogName  = "console.log"
+)
+
+// AgentPortName is the virtio-serial port name of the guest agent channel;
+// the guest finds it at /dev/virtio-ports/c8s.agent.
+const AgentPortName = "c8s.agent"
+
+// AgentVsockPort is the vsock port the guest agent listens on when the VM
+// has a vhost-vsock device instead of the virtio-serial port.
+const AgentVsockPort = 1024
+
+// BaseKernelParams are always passed to the guest kernel, before the TEE's
+// and the configured ones.
+const BaseKernelParams = "console=ttyS0 quiet panic=-1"
+
+// QEMU device and node IDs used on the command line and over QMP.
+const (
+	scsiControllerID = "scsi0"
+	scsiBus          = scsiControllerID + ".0"
+	maxSCSITarget    = 255
+	// unixPathMax is sun_path's size minus the terminating NUL.
+	unixPathMax = 107
+)
+
+// Spec describes one VM.
+type Spec struct {
+	// ID names the VM (QEMU -name c8s-<ID>); usually the sandbox ID.
+	ID string
+	// StateDir holds the QMP and agent sockets and the console log. Start
+	// creates it (0700); Stop removes it.
+	StateDir string
+	// Hypervisor is the resolved configuration (annotations applied). The
+	// VM gets DefaultVCPUs vCPUs and DefaultMemoryMiB MiB.
+	Hypervisor config.Hypervisor
+	// Accel is "kvm" or "tcg" (see launcher/accel).
+	Accel string
+	// Disks are cold-plugged at boot on the virtio-scsi controller, at
+	// targets 0, 1, ... in order, LUN 0.
+	Disks []Disk
+	// VsockCID, when not zero, gives the VM a vhost-vsock device with this
+	// guest CID instead of the virtio-serial agent port. Start fills it in
+	// when the host has /dev/vhost-vsock.
+	VsockCID uint32
+}
+
+// Disk is a host file or block device given to the guest as a SCSI disk.
+type Disk struct {
+	// ID is the caller's name for the disk, unique within the VM.
+	ID string
+	// Path is the host file or block device.
+	Path string
+	// ReadOnly makes the disk read-only for the guest.
+	ReadOnly bool
+}
+
+// DiskAddress is where the guest finds a disk on the virtio-scsi bus:
+// /sys/bus/scsi/devices/<host>:0:<Target>:<LUN>.
+type DiskAddress struct {
+	Target, LUN int
+}
+
+// Args returns the complete QEMU argv (argv[0] is Hypervisor.Path as
+// configured) for spec with the given TEE backend. It does not touch the
+// file system.
+func Args(spec Spec, backend tee.Backend) ([]string, error) {
+	if backend == nil {
+		return nil, errors.New("vm: no TEE backend")
+	}
+	if err := checkSpec(spec); err != nil {
+		return nil, err
+	}
+	h := spec.Hypervisor
+	pieces, err := backend.QEMU(h)
+	if err != nil {
+		return nil, err
+	}
+	if pieces.RequiresKVM && spec.Accel != "kvm" {
+		return nil, fmt.Errorf("tee %s needs KVM but the accelerator is %s: set hypervisor.accel = \"kvm\" on a host with %s support", backend.Name(), spec.Accel, backend.Name())
+	}
+
+	// govmm's typed devices render themselves against a govmm Config; only
+	// the machine type matters to them (it selects the virtio transport).
+	gcfg := &govmm.Config{Machine: govmm.Machine{Type: "q35"}}
+
+	machine := append([]string{"q35"}, pieces.MachineOptions...)
+	argv := []string{
+		h.Path,
+		"-name", "c8s-" + spec.ID,
+		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
+		"-machine", strings.Join(machine, ","),
+		"-accel", spec.Accel,
+	}
+	if spec.Accel == "kvm" {
+		argv = append(argv, "-cpu", "host")
+	}
+	argv = append(argv,
+		"-m", fmt.Sprintf("%dM", h.DefaultMemoryMiB),
+		"-smp", strconv.FormatUint(uint64(h.DefaultVCPUs), 10),
+	)
+	if pieces.Firmware != "" {
+		argv = append(argv, "-bios", pieces.Firmware)
+	}
+	params := []string{BaseKernelParams}
+	params = append(params, pieces.KernelParams...)
+	if p := strings.TrimSpace(h.KernelParams); p != "" {
+		params = append(params, p)
+	}
+	argv = append(argv,
+		"-kernel", h.Kernel,
+		"-initrd", h.Initrd,
+		"-append", strings.Join(params, " "),
+		"-serial", "file:"+filepath.Join(spec.StateDir, ConsoleLogName),
+		"-qmp", "unix:"+filepath.Join(spec.StateDir, QMPSocketName)+",server=on,wait=off",
+	)
+	argv = append(argv, pieces.Args...)
+
+	argv = append(argv, govmm.RngDevice{ID: "rng0", Filename: "/dev/urandom"}.QemuParams(gcfg)...)
+	argv = append(argv, govmm.SCSIController{ID: scsiControllerID}.QemuParams(gcfg)...)
+	if spec.VsockCID != 0 {
+		argv = append(argv, govmm.VSOCKDevice{ID: "vsock0", ContextID: uint64(spec.VsockCID)}.QemuParams(gcfg)...)
+	} else {
+		argv = append(argv, govmm.SerialDevice{Driver: govmm.VirtioSerial, ID: "serial0"}.QemuParams(gcfg)...)
+		argv = append(argv, govmm.CharDevice{
+			Backend:  govmm.Socket,
+			Driver:   govmm.VirtioSerialPort,
+			Bus:      "serial0.0",
+			DeviceID: "agent0",
+			ID:       "charagent0",
+			Path:     filepath.Join(spec.StateDir, AgentSocketName),
+			Name:     AgentPortName,
+		}.QemuParams(gcfg)...)
+	}
+	for i, d := range spec.Disks {
+		bd, err := json.Marshal(blockdevOptions(d, i))
+		if err != nil {
+			return nil, err
+		}
+		argv = append(argv, "-blockdev", string(bd), "-device", scsiDeviceOption(i))
+	}
+	return argv, nil
+}
+
+func checkSpec(spec Spec) error {
+	h := spec.Hypervisor
+	var errs []error
+	if !validID(spec.ID) {
+		errs = append(errs, fmt.Errorf("vm: ID %q must be 1-64 letters, digits, '-', '_' or '.'", spec.ID))
+	}
+	if !filepath.IsAbs(spec.StateDir) || strings.ContainsAny(spec.StateDir, ",\n") {
+		errs = append(errs, fmt.Errorf("vm: state dir %q must be an absolute path without commas", spec.StateDir))
+	} else if n := len(filepath.Join(spec.StateDir, AgentSocketName)); n > unixPathMax {
+		errs = append(errs, fmt.Errorf("vm: state dir %q is too long for unix sockets (%d > %d bytes): use a shorter runtime.state_dir", spec.StateDir, n, unixPathMax))
+	}
+	if spec.Accel != "kvm" && spec.Accel != "tcg" {
+		errs = append(errs, fmt.Errorf("vm: accelerator %q must be kvm or tcg (resolve \"auto\" with launcher/accel first)", spec.Accel))
+	}
+	if h.Path == "" {
+		errs = append(errs, errors.New("vm: hypervisor.path is empty"))
+	}
+	if h.Kernel == "" || h.Initrd == "" {
+		errs = append(errs, errors.New("vm: hypervisor.kernel and hypervisor.initrd must be set (run `make image`)"))
+	}
+	if h.DefaultVCPUs == 0 || h.DefaultMemoryMiB == 0 {
+		errs = append(errs, errors.New("vm: default_vcpus and default_memory must be positive"))
+	}
+	if len(spec.Disks) > maxSCSITarget+1 {
+		errs = append(errs, fmt.Errorf("vm: %d disks, at most %d", len(spec.Disks), maxSCSITarget+1))
+	}
+	seen := map[string]bool{}
+	for _, d := range spec.Disks {
+		if err := checkDisk(d); err != nil {
+			errs = append(errs, err)
+		}
+		if seen[d.ID] {
+			errs = append(errs, fmt.Errorf("vm: disk ID %q used twice", d.ID))
+		}
+		seen[d.ID] = true
+	}
+	return errors.Join(errs...)
+}
+
+func checkDisk(d Disk) error {
+	if d.ID == "" {
+		return fmt.Errorf("vm: disk %q has no ID", d.Path)
+	}
+	if !filepath.IsAbs(d.Path) {
+		return fmt.Errorf("vm: disk %q: path %q must be absolute", d.ID, d.Path)
+	}
+	return nil
+}
+
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// nodeName and deviceID derive QEMU identifiers from the SCSI target, so
+// callers' disk IDs never need to be valid QEMU identifiers.
+func nodeName(target int) string { return fmt.Sprintf("disk%d", target) }
+func deviceID(target int) string { return fmt.Sprintf("scsidisk%d", target) }
+
+// blockdevOptions is the -blockdev / blockdev-add argument for a raw disk.
+func blockdevOptions(d Disk, target int) map[string]any {
+	return map[string]any{
+		"driver":    "raw",
+		"node-name": nodeName(target),
+		"read-only": d.ReadOnly,
+		"file": map[string]any{
+			"driver":    "file",
+			"filename":  d.Path,
+			"read-only": d.ReadOnly,
+		},
+	}
+}
+
+// scsiDeviceOption is the -device argument for a cold-plugged disk. govmm's
+// BlockDevice only renders virtio-blk style -drive devices, so scsi-hd on
+// the controller is rendered here (and as device_add arguments for hotplug).
+func scsiDeviceOption(target int) string {
+	return fmt.Sprintf("scsi-hd,bus=%s,channel=0,scsi-id=%d,lun=0,drive=%s,id=%s", scsiBus, target, nodeName(target), deviceID(target))
+}

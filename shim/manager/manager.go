@@ -1,0 +1,214 @@
+// Package manager is the shim's process side of containerd's shim v2
+// protocol: `start` spawns (or reuses) the shim that serves a pod, and
+// `delete` cleans up after a shim that is gone.
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/api/types"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	"github.com/c8s-dev/c8s/shim/sandbox"
+	"github.com/c8s-dev/c8s/shim/task"
+)
+
+// RuntimeName is the containerd runtime type c8s registers.
+const RuntimeName = "io.containerd.c8s.v2"
+
+// Version is the c8s version reported to containerd.
+var Version = "0.1.0-dev"
+
+// groupAnnotations group containers into one shim, in order of precedence:
+// c8s's own grouping label, then the Kubernetes pod.
+var groupAnnotations = []string{"io.containerd.c8s.v2.group", task.SandboxIDAnnotation}
+
+// New returns the shim manager for runtime type name.
+func New(name string) shim.Manager { return manager{name: name} }
+
+type manager struct{ name string }
+
+func (m manager) Name() string { return m.name }
+
+// Start returns the address of the shim serving the container's pod,
+// spawning that shim when this is the pod's first container.
+func (m manager) Start(ctx context.Context, id string, opts shim.StartOpts) (_ shim.BootstrapParams, retErr error) {
+	params := shim.BootstrapParams{Version: 3, Protocol: "ttrpc"}
+	group, err := groupOf(id, "config.json")
+	if err != nil {
+		return params, err
+	}
+	address, err := shim.SocketAddress(ctx, opts.Address, group, false)
+	if err != nil {
+		return params, err
+	}
+	socket, err := shim.NewSocket(address)
+	if err != nil {
+		if !shim.SocketEaddrinuse(err) {
+			return params, fmt.Errorf("create shim socket: %w", err)
+		}
+		if shim.CanConnect(address) {
+			// The pod's shim is running: it serves this container too.
+			params.Address = address
+			return params, nil
+		}
+		if err := shim.RemoveSocket(address); err != nil {
+			return params, fmt.Errorf("remove stale shim socket: %w", err)
+		}
+		if socket, err = shim.NewSocket(address); err != nil {
+			return params, fmt.Errorf("create shim socket: %w", err)
+		}
+	}
+	defer func() {
+		if retErr != nil {
+			socket.Close()
+			_ = shim.RemoveSocket(address)
+		}
+	}()
+	f, err := socket.File()
+	if err != nil {
+		return params, err
+	}
+	defer f.Close()
+
+	cmd, err := serveCommand(ctx, id, opts)
+	if err != nil {
+		return params, err
+	}
+	cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+	if err := cmd.Start(); err != nil {
+		return params, fmt.Errorf("start shim: %w", err)
+	}
+	go cmd.Wait()
+	if err := shim.AdjustOOMScore(cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		return params, fmt.Errorf("adjust the shim's OOM score: %w", err)
+	}
+	params.Address = address
+	return params, nil
+}
+
+func serveCommand(ctx context.Context, id string, opts shim.StartOpts) (*exec.Cmd, error) {
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"-namespace", ns, "-id", id, "-address", opts.Address}
+	if opts.Debug {
+		args = append(args, "-debug")
+	}
+	cmd := exec.Command(self, args...)
+	cmd.Dir = cwd
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=2")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd, nil
+}
+
+// groupOf reads the bundle's spec and returns the shim group of the
+// container: its pod, or the container itself.
+func groupOf(id, specPath string) (string, error) {
+	data, err := os.ReadFile(specPath)
+	if err != nil {
+		return "", fmt.Errorf("read the bundle's OCI spec: %w", err)
+	}
+	var spec struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return "", fmt.Errorf("parse the bundle's OCI spec: %w", err)
+	}
+	for _, a := range groupAnnotations {
+		if g := spec.Annotations[a]; g != "" {
+			return g, nil
+		}
+	}
+	return id, nil
+}
+
+// Stop is `shim delete`: containerd runs it in the bundle after the shim
+// died or failed to start. It removes what the shim made for the
+// container and, for a pod's own sandbox container, stops a VM the dead
+// shim left running.
+func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		return shim.StopStatus{}, err
+	}
+	bundle := filepath.Join(filepath.Dir(cwd), id)
+	if err := mount.UnmountRecursive(filepath.Join(bundle, "rootfs"), 0); err != nil {
+		log.G(ctx).WithError(err).Warn("unmount container rootfs")
+	}
+	st, err := task.ReadBundleState(bundle)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		log.G(ctx).WithError(err).Warn("read c8s bundle state")
+	default:
+		if st.Disk != "" {
+			if err := os.Remove(st.Disk); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				log.G(ctx).WithError(err).Warn("remove container root disk")
+			}
+		}
+		if st.Sandbox == id && st.StateDir != "" {
+			killVM(ctx, st.StateDir)
+		}
+	}
+	return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(syscall.SIGKILL)}, nil
+}
+
+// killVM kills the QEMU whose pid file is in the VM's state dir and
+// removes the dir.
+func killVM(ctx context.Context, stateDir string) {
+	data, err := os.ReadFile(filepath.Join(stateDir, sandbox.PidFile))
+	if err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 && isQEMU(pid) {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+				log.G(ctx).WithField("pid", pid).Warn("killed the QEMU of a shim that is gone")
+			}
+		}
+	}
+	if err := os.RemoveAll(stateDir); err != nil {
+		log.G(ctx).WithError(err).Warn("remove pod VM state dir")
+	}
+}
+
+// isQEMU guards against a recycled pid.
+func isQEMU(pid int) bool {
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	return err == nil && strings.Contains(filepath.Base(exe), "qemu")
+}
+
+// Info describes the runtime to containerd.
+func (m manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
+	if _, err := io.Copy(io.Discard, optionsR); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, err
+	}
+	return &types.RuntimeInfo{
+		Name:    m.name,
+		Version: &types.RuntimeVersion{Version: Version},
+	}, nil
+}

@@ -1,0 +1,219 @@
+// Package sandbox runs the pod VM behind one shim: it boots the VM through
+// the launcher, connects to c8s-agent inside it over ttrpc (one
+// connection carrying every agent service), and attaches the containers'
+// root disks.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/accel"
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/vm"
+)
+
+// DefaultAgentTimeout bounds how long Start waits for the agent to answer
+// after QEMU has started. TCG boots take seconds; this leaves room for a
+// loaded node without hiding a guest that never comes up.
+const DefaultAgentTimeout = 60 * time.Second
+
+// PidFile, in the VM's state dir, holds QEMU's pid.
+const PidFile = "qemu.pid"
+
+// Options describe the pod VM to start.
+type Options struct {
+	// ID is the sandbox id: the pod's sandbox id, or the container id of a
+	// container that has none.
+	ID string
+	// Namespace is the containerd namespace; it scopes the VM's state dir.
+	Namespace string
+	// Config is the node configuration with the pod's annotations applied.
+	Config config.Config
+	// Disks are attached at boot.
+	Disks []vm.Disk
+	// AgentTimeout overrides DefaultAgentTimeout.
+	AgentTimeout time.Duration
+}
+
+// Sandbox is a running pod VM and its agent connection.
+type Sandbox struct {
+	ID    string
+	Agent agent.AgentService
+	IO    agent.IOService
+	Info  *agent.GetInfoResponse
+
+	vm     *vm.VM
+	client *ttrpc.Client
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start boots the pod VM and waits until its agent answers. On error
+// nothing is left behind.
+func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
+	cfg := opts.Config
+	h := cfg.Hypervisor
+	qemu, err := h.QEMUBinary()
+	if err != nil {
+		return nil, err
+	}
+	choice, err := accel.Choose(ctx, h.Accel, qemu, h.Kernel, cfg.CachePath())
+	if err != nil {
+		return nil, fmt.Errorf("choose accelerator: %w", err)
+	}
+	stateDir := filepath.Join(cfg.Runtime.StateDir, opts.Namespace, opts.ID)
+	v, err := vm.Start(ctx, vm.Spec{
+		ID:         opts.ID,
+		StateDir:   stateDir,
+		Hypervisor: h,
+		Accel:      choice.Accel,
+		Disks:      opts.Disks,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start pod VM: %w", err)
+	}
+	s := &Sandbox{ID: opts.ID, vm: v}
+	defer func() {
+		if retErr != nil {
+			s.Stop(context.WithoutCancel(ctx))
+		}
+	}()
+	// `shim delete` uses the pid file to stop a VM whose shim died.
+	if err := os.WriteFile(filepath.Join(v.StateDir(), PidFile), []byte(fmt.Sprint(v.Pid())), 0o600); err != nil {
+		return nil, fmt.Errorf("record QEMU pid: %w", err)
+	}
+	timeout := opts.AgentTimeout
+	if timeout == 0 {
+		timeout = DefaultAgentTimeout
+	}
+	if err := s.connect(ctx, timeout); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithFields(log.Fields{
+		"sandbox": opts.ID, "accel": choice.Accel, "qemu_pid": v.Pid(),
+		"guest_kernel": s.Info.KernelRelease, "channel": s.Info.Channel,
+	}).Info("pod VM is up")
+	return s, nil
+}
+
+// connect dials the agent channel and waits for GetInfo to answer. Over
+// virtio-serial the host side of the channel accepts before the guest has
+// opened its port; a request sent early waits in the channel, so each
+// attempt is short and retried until the deadline.
+func (s *Sandbox) connect(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var conn net.Conn
+	for {
+		c, err := s.vm.DialAgent(ctx)
+		if err == nil {
+			conn = c
+			break
+		}
+		if werr := s.waitRetry(ctx, 50*time.Millisecond); werr != nil {
+			return fmt.Errorf("connect to the guest agent: %w (last dial error: %v)", werr, err)
+		}
+	}
+	s.client = ttrpc.NewClient(conn)
+	s.Agent = agent.NewAgentClient(s.client)
+	s.IO = agent.NewIOClient(s.client)
+	for {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		info, err := s.Agent.GetInfo(actx, &agent.GetInfoRequest{})
+		acancel()
+		if err == nil {
+			s.Info = info
+			return nil
+		}
+		if werr := s.waitRetry(ctx, 0); werr != nil {
+			return fmt.Errorf("the guest agent did not answer: %w (last error: %v)", werr, err)
+		}
+	}
+}
+
+// waitRetry waits d before another attempt, and reports why not to retry:
+// the VM died, or the deadline passed.
+func (s *Sandbox) waitRetry(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.vm.Done():
+		return fmt.Errorf("QEMU exited during boot: %v%s", s.vm.Err(), s.consoleTail())
+	case <-ctx.Done():
+		return fmt.Errorf("no answer from the guest agent: %w%s", ctx.Err(), s.consoleTail())
+	case <-t.C:
+		return nil
+	}
+}
+
+// consoleTail returns the end of the guest console log, for errors.
+func (s *Sandbox) consoleTail() string {
+	data, err := os.ReadFile(s.vm.ConsolePath())
+	if err != nil || len(data) == 0 {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(lines) > 15 {
+		lines = lines[len(lines)-15:]
+	}
+	return "\nguest console (last lines):\n" + strings.Join(lines, "\n")
+}
+
+// AttachDisk makes d visible to the guest and returns where: disks given at
+// boot are already there, others are hot-plugged.
+func (s *Sandbox) AttachDisk(ctx context.Context, d vm.Disk) (vm.DiskAddress, error) {
+	if addr, ok := s.vm.DiskAddress(d.ID); ok {
+		return addr, nil
+	}
+	return s.vm.AddDisk(ctx, d)
+}
+
+// DetachDisk unplugs a disk. A VM that is gone has no disks to unplug.
+func (s *Sandbox) DetachDisk(ctx context.Context, id string) error {
+	select {
+	case <-s.vm.Done():
+		return nil
+	default:
+	}
+	return s.vm.RemoveDisk(ctx, id)
+}
+
+// Done is closed when the VM has exited.
+func (s *Sandbox) Done() <-chan struct{} { return s.vm.Done() }
+
+// Err says why the VM exited.
+func (s *Sandbox) Err() error { return s.vm.Err() }
+
+// Pid is QEMU's host pid.
+func (s *Sandbox) Pid() int { return s.vm.Pid() }
+
+// Stop closes the agent connection and tears the VM down, removing its
+// sockets and state dir. It is idempotent.
+func (s *Sandbox) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		var errs []error
+		if s.client != nil {
+			if err := s.client.Close(); err != nil && !errors.Is(err, ttrpc.ErrClosed) {
+				errs = append(errs, err)
+			}
+		}
+		if err := s.vm.Stop(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		s.stopErr = errors.Join(errs...)
+	})
+	return s.stopErr
+}

@@ -1,0 +1,187 @@
+package task
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/config"
+)
+
+const (
+	// SandboxIDAnnotation groups the containers of a Kubernetes pod; they
+	// share one shim and one VM.
+	SandboxIDAnnotation = "io.kubernetes.cri.sandbox-id"
+	// DefaultConfigPath is read when the runtime options name no config.
+	DefaultConfigPath = "/etc/c8s/config.toml"
+	// ConfigPathEnv overrides DefaultConfigPath for a whole containerd.
+	ConfigPathEnv = "C8S_CONFIG_PATH"
+	// bundleStateFile records, in each bundle, what the shim created for
+	// the container, so `shim delete` can clean up after a crashed shim.
+	bundleStateFile = "c8s.json"
+	// maxSharedFile bounds the host files passed by value into the guest.
+	maxSharedFile = 1 << 20
+)
+
+// podState is what the shim fixed when the pod's first container arrived.
+type podState struct {
+	id        string
+	namespace string
+	cfg       config.Config
+	stateDir  string
+	diskDir   string
+}
+
+// podFor returns the pod of a new container, fixing it on the first one.
+// Every container of a shim must belong to the same sandbox.
+func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRequest, spec *specs.Spec) (*podState, error) {
+	id := r.ID
+	if sid := spec.Annotations[SandboxIDAnnotation]; sid != "" {
+		id = sid
+	}
+	s.mu.Lock()
+	pod := s.pod
+	s.mu.Unlock()
+	if pod != nil {
+		if pod.id != id {
+			return nil, fmt.Errorf("container %q belongs to sandbox %q, but this shim serves sandbox %q: %w", r.ID, id, pod.id, errdefs.ErrInvalidArgument)
+		}
+		return pod, nil
+	}
+	path, err := configPath(r)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	withAnn, err := cfg.WithAnnotations(spec.Annotations)
+	if err != nil {
+		return nil, fmt.Errorf("pod annotations: %w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if err := withAnn.Validate(); err != nil {
+		return nil, fmt.Errorf("c8s configuration %s: %w: %w", path, err, errdefs.ErrInvalidArgument)
+	}
+	stateDir := filepath.Join(withAnn.Runtime.StateDir, ns, id)
+	pod = &podState{
+		id:        id,
+		namespace: ns,
+		cfg:       withAnn,
+		stateDir:  stateDir,
+		diskDir:   filepath.Join(withAnn.Runtime.StateDir, ns, "disks", id),
+	}
+	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
+	s.mu.Lock()
+	s.pod = pod
+	s.mu.Unlock()
+	return pod, nil
+}
+
+// configPath finds the c8s config: the runtime option ConfigPath (as
+// containerd's CRI and `ctr --runtime-config-path` pass it), else
+// $C8S_CONFIG_PATH, else the default path.
+func configPath(r *taskAPI.CreateTaskRequest) (string, error) {
+	if r.Options != nil && r.Options.GetValue() != nil {
+		v, err := typeurl.UnmarshalAny(r.Options)
+		if err != nil {
+			return "", fmt.Errorf("decode runtime options (%s): %w: %w", r.Options.GetTypeUrl(), err, errdefs.ErrInvalidArgument)
+		}
+		if o, ok := v.(*runtimeoptions.Options); ok && o.ConfigPath != "" {
+			return o.ConfigPath, nil
+		}
+	}
+	if p := os.Getenv(ConfigPathEnv); p != "" {
+		return p, nil
+	}
+	return DefaultConfigPath, nil
+}
+
+// loadConfig reads the config file. Only the default path may be absent,
+// in which case the built-in defaults apply.
+func loadConfig(path string) (config.Config, error) {
+	cfg, err := config.Load(path)
+	if err == nil {
+		return *cfg, nil
+	}
+	if path == DefaultConfigPath && errors.Is(err, fs.ErrNotExist) {
+		return config.Default(), nil
+	}
+	return config.Config{}, fmt.Errorf("load c8s configuration: %w: %w", err, errdefs.ErrInvalidArgument)
+}
+
+// BundleState is written into the bundle at Create.
+type BundleState struct {
+	Sandbox  string `json:"sandbox"`
+	StateDir string `json:"state_dir"`
+	Disk     string `json:"disk"`
+}
+
+func writeBundleState(bundle string, st BundleState) error {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(bundle, bundleStateFile), data, 0o600)
+}
+
+// ReadBundleState reads what Create recorded in a bundle.
+func ReadBundleState(bundle string) (BundleState, error) {
+	var st BundleState
+	data, err := os.ReadFile(filepath.Join(bundle, bundleStateFile))
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(data, &st)
+}
+
+// sharedFiles collects the small regular files the container bind-mounts
+// from the host (such as CRI's /etc/hosts and /etc/resolv.conf), to pass
+// them by value. Directories and large files are not shared.
+func sharedFiles(ctx context.Context, spec *specs.Spec) []*agent.File {
+	var files []*agent.File
+	for _, m := range spec.Mounts {
+		if m.Type != "bind" && !hasOption(m.Options, "bind") && !hasOption(m.Options, "rbind") {
+			continue
+		}
+		fi, err := os.Stat(m.Source)
+		if err != nil || !fi.Mode().IsRegular() || fi.Size() > maxSharedFile {
+			continue
+		}
+		data, err := os.ReadFile(m.Source)
+		if err != nil {
+			log.G(ctx).WithError(err).WithField("source", m.Source).Warn("cannot share bind-mounted file with the guest")
+			continue
+		}
+		files = append(files, &agent.File{Source: m.Source, Content: data, Mode: uint32(fi.Mode().Perm())})
+	}
+	return files
+}
+
+func hasOption(opts []string, o string) bool {
+	for _, x := range opts {
+		if x == o {
+			return true
+		}
+	}
+	return false
+}
+
+// fromAgent turns an error from the agent's ttrpc API back into an errdefs
+// error, keeping its message.
+func fromAgent(err error) error {
+	return errgrpc.ToNative(err)
+}

@@ -1,0 +1,232 @@
+package task
+
+import (
+	"context"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/pkg/stdio"
+	"github.com/containerd/fifo"
+	"github.com/containerd/log"
+
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+)
+
+// ioDrainTimeout bounds how long an exit waits for the process's output to
+// be copied: a background child that inherited stdout can keep the stream
+// open after the process itself has exited.
+const ioDrainTimeout = 2 * time.Second
+
+// process is a container's init process or one of its execs, as the shim
+// tracks it. Guest pids are reported as the task's pids.
+type process struct {
+	containerID string
+	execID      string
+	stdio       stdio.Stdio
+	// spec is an exec's OCI process spec (JSON); empty for init.
+	spec []byte
+
+	mu         sync.Mutex
+	pid        uint32
+	status     task.Status
+	exitStatus uint32
+	exitedAt   time.Time
+	exited     chan struct{}
+
+	stdin     io.ReadCloser
+	stdinDone chan struct{}
+	outputs   sync.WaitGroup
+	closeIO   sync.Once
+}
+
+func newProcess(containerID, execID string, io stdio.Stdio, spec []byte) *process {
+	return &process{
+		containerID: containerID,
+		execID:      execID,
+		stdio:       io,
+		spec:        spec,
+		status:      task.Status_CREATED,
+		exited:      make(chan struct{}),
+	}
+}
+
+func (p *process) ref() (string, string) { return p.containerID, p.execID }
+
+func (p *process) agentStdio() *agent.Stdio {
+	return &agent.Stdio{
+		Terminal: p.stdio.Terminal,
+		Stdin:    p.stdio.Stdin != "",
+		Stdout:   p.stdio.Stdout != "",
+		Stderr:   p.stdio.Stderr != "" && !p.stdio.Terminal,
+	}
+}
+
+func (p *process) state() (task.Status, uint32, uint32, time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status, p.pid, p.exitStatus, p.exitedAt
+}
+
+func (p *process) setRunning(pid uint32) {
+	p.mu.Lock()
+	p.pid = pid
+	if p.status == task.Status_CREATED {
+		p.status = task.Status_RUNNING
+	}
+	p.mu.Unlock()
+}
+
+// setExited records the exit once; it reports whether this call did.
+func (p *process) setExited(status uint32, at time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.status == task.Status_STOPPED {
+		return false
+	}
+	p.status = task.Status_STOPPED
+	p.exitStatus = status
+	p.exitedAt = at
+	close(p.exited)
+	return true
+}
+
+func (p *process) hasExited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// startIO opens containerd's FIFOs and starts copying between them and the
+// agent's IO service. The output copies end at the guest stream's EOF, or
+// when ctx ends.
+func (p *process) startIO(ctx context.Context, ioc agent.IOService, ac agent.AgentService) error {
+	open := func(path string, flag int) (io.ReadWriteCloser, error) {
+		return fifo.OpenFifo(ctx, path, flag, 0)
+	}
+	if p.stdio.Stdin != "" {
+		f, err := open(p.stdio.Stdin, syscall.O_RDONLY|syscall.O_NONBLOCK)
+		if err != nil {
+			return err
+		}
+		p.stdin = f
+		p.stdinDone = make(chan struct{})
+	}
+	outs := []struct {
+		path string
+		read func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error)
+	}{{p.stdio.Stdout, ioc.ReadStdout}}
+	if !p.stdio.Terminal {
+		outs = append(outs, struct {
+			path string
+			read func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error)
+		}{p.stdio.Stderr, ioc.ReadStderr})
+	}
+	var writers []io.WriteCloser
+	for _, o := range outs {
+		if o.path == "" {
+			continue
+		}
+		w, err := open(o.path, syscall.O_WRONLY)
+		if err != nil {
+			for _, w := range writers {
+				w.Close()
+			}
+			if p.stdin != nil {
+				p.stdin.Close()
+			}
+			return err
+		}
+		writers = append(writers, w)
+		p.outputs.Add(1)
+		go p.copyOut(ctx, o.read, w)
+	}
+	if p.stdin != nil {
+		go p.copyIn(ctx, ioc, ac)
+	}
+	return nil
+}
+
+func (p *process) copyOut(ctx context.Context, read func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error), w io.WriteCloser) {
+	defer p.outputs.Done()
+	defer w.Close()
+	req := &agent.ReadStreamRequest{ContainerId: p.containerID, ExecId: p.execID}
+	for {
+		resp, err := read(ctx, req)
+		if err != nil {
+			if ctx.Err() == nil {
+				log.G(ctx).WithError(err).WithField("exec", p.execID).Debug("output stream ended")
+			}
+			return
+		}
+		if len(resp.Data) > 0 {
+			if _, err := w.Write(resp.Data); err != nil {
+				log.G(ctx).WithError(err).Warn("write container output to its FIFO")
+				return
+			}
+		}
+		if resp.Eof {
+			return
+		}
+	}
+}
+
+func (p *process) copyIn(ctx context.Context, ioc agent.IOService, ac agent.AgentService) {
+	defer close(p.stdinDone)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := p.stdin.Read(buf)
+		if n > 0 {
+			if _, werr := ioc.WriteStdin(ctx, &agent.WriteStdinRequest{
+				ContainerId: p.containerID, ExecId: p.execID, Data: buf[:n],
+			}); werr != nil {
+				log.G(ctx).WithError(werr).Debug("stdin copy ended")
+				return
+			}
+		}
+		if err != nil {
+			if err == io.EOF {
+				// The client closed its end: pass that on.
+				_, _ = ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
+			}
+			return
+		}
+	}
+}
+
+// closeStdin ends stdin after whatever was written has been forwarded.
+func (p *process) closeStdin(ctx context.Context, ac agent.AgentService) error {
+	var err error
+	p.closeIO.Do(func() {
+		if p.stdin == nil {
+			_, err = ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
+			return
+		}
+		p.stdin.Close()
+		<-p.stdinDone
+		_, err = ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
+	})
+	return err
+}
+
+// waitOutputs waits, within ioDrainTimeout, for the output copies to end.
+func (p *process) waitOutputs() {
+	done := make(chan struct{})
+	go func() { p.outputs.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(ioDrainTimeout):
+	}
+}
+
+// releaseIO closes what startIO opened on the host side.
+func (p *process) releaseIO() {
+	if p.stdin != nil {
+		p.closeIO.Do(func() { p.stdin.Close() })
+	}
+}

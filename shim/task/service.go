@@ -1,0 +1,500 @@
+// Package task is the containerd task service (shim API v3) of c8s. One
+// shim serves every container of a pod; the pod runs in one VM, and each
+// call is carried to c8s-agent inside it. Errors are containerd errdefs
+// inside the package and become gRPC status only at the ttrpc edge.
+package task
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	eventstypes "github.com/containerd/containerd/api/events"
+	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/core/runtime"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/protobuf"
+	"github.com/containerd/containerd/v2/pkg/shim"
+	"github.com/containerd/containerd/v2/pkg/shutdown"
+	"github.com/containerd/containerd/v2/pkg/stdio"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/shim/rootfs"
+	"github.com/c8s-dev/c8s/shim/sandbox"
+)
+
+var _ shim.TTRPCService = (*service)(nil)
+
+// container is one containerd task: its init process, its execs and its
+// root disk.
+type container struct {
+	id     string
+	bundle string
+	disk   vm.Disk
+	init   *process
+	execs  map[string]*process
+}
+
+func (c *container) process(execID string) (*process, error) {
+	if execID == "" {
+		return c.init, nil
+	}
+	p, ok := c.execs[execID]
+	if !ok {
+		return nil, fmt.Errorf("exec %q of container %q: %w", execID, c.id, errdefs.ErrNotFound)
+	}
+	return p, nil
+}
+
+type service struct {
+	ctx       context.Context
+	cancel    context.CancelFunc
+	publisher shim.Publisher
+	events    chan interface{}
+	sd        shutdown.Service
+
+	// startMu serializes pod VM start-up.
+	startMu sync.Mutex
+	mu      sync.Mutex
+	sb      *sandbox.Sandbox
+	pod     *podState
+	conts   map[string]*container
+}
+
+// New returns the task service. It is registered as the shim's "task"
+// ttrpc plugin.
+func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (taskAPI.TTRPCTaskService, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &service{
+		ctx:       ctx,
+		cancel:    cancel,
+		publisher: publisher,
+		events:    make(chan interface{}, 128),
+		sd:        sd,
+		conts:     map[string]*container{},
+	}
+	go s.forward()
+	sd.RegisterCallback(func(ctx context.Context) error {
+		s.stopSandbox(ctx)
+		close(s.events)
+		s.cancel()
+		return nil
+	})
+	return s, nil
+}
+
+// RegisterTTRPC registers the task service on the shim's server.
+func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
+	taskAPI.RegisterTTRPCTaskService(server, &edge{s})
+	return nil
+}
+
+func (s *service) forward() {
+	ns, _ := namespaces.Namespace(s.ctx)
+	ctx := namespaces.WithNamespace(context.WithoutCancel(s.ctx), ns)
+	for e := range s.events {
+		if err := s.publisher.Publish(ctx, runtime.GetTopic(e), e); err != nil {
+			log.G(ctx).WithError(err).Error("publish event")
+		}
+	}
+	s.publisher.Close()
+}
+
+func (s *service) send(e interface{}) {
+	defer func() { recover() }() // events is closed at shutdown
+	s.events <- e
+}
+
+func (s *service) get(id string) (*container, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.conts[id]
+	if !ok {
+		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrNotFound)
+	}
+	return c, nil
+}
+
+func (s *service) getProcess(id, execID string) (*container, *process, error) {
+	c, err := s.get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := c.process(execID)
+	return c, p, err
+}
+
+func (s *service) sandbox() (*sandbox.Sandbox, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sb == nil {
+		return nil, fmt.Errorf("pod VM is not running: %w", errdefs.ErrFailedPrecondition)
+	}
+	return s.sb, nil
+}
+
+// Create boots the pod VM on the pod's first container, attaches the
+// container's root disk and creates its init process in the guest.
+func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
+	if err := validID(r.ID); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	_, exists := s.conts[r.ID]
+	s.mu.Unlock()
+	if exists {
+		return nil, fmt.Errorf("container %q: %w", r.ID, errdefs.ErrAlreadyExists)
+	}
+	specJSON, spec, err := readSpec(r.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := namespaces.NamespaceRequired(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pod, err := s.podFor(ctx, ns, r, spec)
+	if err != nil {
+		return nil, err
+	}
+
+	mounts := make([]mount.Mount, 0, len(r.Rootfs))
+	for _, m := range r.Rootfs {
+		mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
+	}
+	disk := vm.Disk{ID: diskID(r.ID), Path: filepath.Join(pod.diskDir, r.ID+".img")}
+	if err := rootfs.Build(ctx, mounts, filepath.Join(r.Bundle, "rootfs"), disk.Path, rootfs.Options{FreeMiB: 256}); err != nil {
+		return nil, fmt.Errorf("prepare the root disk of container %q: %w", r.ID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			rootfs.Remove(disk.Path)
+		}
+	}()
+	if err := writeBundleState(r.Bundle, BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: disk.Path}); err != nil {
+		return nil, err
+	}
+
+	sb, started, err := s.ensureSandbox(ctx, pod, disk)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil && started {
+			s.stopSandbox(ctx)
+		}
+	}()
+	addr, err := sb.AttachDisk(ctx, disk)
+	if err != nil {
+		return nil, fmt.Errorf("attach the root disk of container %q: %w", r.ID, err)
+	}
+	defer func() {
+		if retErr != nil && !started {
+			sb.DetachDisk(context.WithoutCancel(ctx), disk.ID)
+		}
+	}()
+
+	io := stdio.Stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}
+	init := newProcess(r.ID, "", io, nil)
+	resp, err := sb.Agent.CreateContainer(ctx, &agent.CreateContainerRequest{
+		ContainerId: r.ID,
+		Spec:        specJSON,
+		Rootfs: &agent.Rootfs{
+			Source: &agent.Rootfs_Scsi{Scsi: &agent.ScsiDisk{Target: uint32(addr.Target), Lun: uint32(addr.LUN)}},
+			Fstype: rootfs.FSType,
+		},
+		Stdio:     init.agentStdio(),
+		Files:     sharedFiles(ctx, spec),
+		SandboxId: pod.id,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create container %q in the pod VM: %w", r.ID, fromAgent(err))
+	}
+	init.mu.Lock()
+	init.pid = resp.Pid
+	init.mu.Unlock()
+	if err := init.startIO(s.ctx, sb.IO, sb.Agent); err != nil {
+		sb.Agent.RemoveContainer(context.WithoutCancel(ctx), &agent.RemoveContainerRequest{ContainerId: r.ID})
+		return nil, fmt.Errorf("open the stdio FIFOs of container %q: %w", r.ID, err)
+	}
+
+	s.mu.Lock()
+	s.conts[r.ID] = &container{id: r.ID, bundle: r.Bundle, disk: disk, init: init, execs: map[string]*process{}}
+	s.mu.Unlock()
+
+	s.send(&eventstypes.TaskCreate{
+		ContainerID: r.ID,
+		Bundle:      r.Bundle,
+		Rootfs:      r.Rootfs,
+		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
+		Checkpoint:  r.Checkpoint,
+		Pid:         resp.Pid,
+	})
+	return &taskAPI.CreateTaskResponse{Pid: resp.Pid}, nil
+}
+
+// ensureSandbox returns the pod VM, starting it with the first container's
+// disk attached at boot. started reports whether this call started it.
+func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk) (*sandbox.Sandbox, bool, error) {
+	s.startMu.Lock()
+	defer s.startMu.Unlock()
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
+	if sb != nil {
+		select {
+		case <-sb.Done():
+			return nil, false, fmt.Errorf("pod VM %s has exited (%v): %w", pod.id, sb.Err(), errdefs.ErrFailedPrecondition)
+		default:
+			return sb, false, nil
+		}
+	}
+	sb, err := sandbox.Start(ctx, sandbox.Options{
+		ID:        pod.id,
+		Namespace: pod.namespace,
+		Config:    pod.cfg,
+		Disks:     []vm.Disk{disk},
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	s.mu.Lock()
+	s.sb = sb
+	s.mu.Unlock()
+	go s.watchSandbox(sb)
+	return sb, true, nil
+}
+
+// watchSandbox turns the death of the VM into exits of every process that
+// was still running in it.
+func (s *service) watchSandbox(sb *sandbox.Sandbox) {
+	<-sb.Done()
+	err := sb.Err()
+	s.mu.Lock()
+	var procs []*process
+	for _, c := range s.conts {
+		procs = append(procs, c.init)
+		for _, p := range c.execs {
+			procs = append(procs, p)
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		log.G(s.ctx).WithError(err).WithField("sandbox", sb.ID).Error("pod VM exited")
+	}
+	for _, p := range procs {
+		s.exited(p, exitStatusVMLost, time.Now())
+	}
+}
+
+// exitStatusVMLost is the exit status of processes whose VM died under
+// them, as for a process killed by SIGKILL.
+const exitStatusVMLost = 128 + 9
+
+// Start starts a container's init process or an exec added by Exec.
+func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := s.sandbox()
+	if err != nil {
+		return nil, err
+	}
+	if st, _, _, _ := p.state(); st != task.Status_CREATED {
+		return nil, fmt.Errorf("process %q of %q is %s: %w", r.ExecID, r.ID, st, errdefs.ErrFailedPrecondition)
+	}
+	var pid uint32
+	if r.ExecID == "" {
+		resp, err := sb.Agent.StartContainer(ctx, &agent.StartContainerRequest{ContainerId: r.ID})
+		if err != nil {
+			return nil, fmt.Errorf("start container %q: %w", r.ID, fromAgent(err))
+		}
+		pid = resp.Pid
+	} else {
+		if err := p.startIO(s.ctx, sb.IO, sb.Agent); err != nil {
+			return nil, fmt.Errorf("open the stdio FIFOs of exec %q: %w", r.ExecID, err)
+		}
+		resp, err := sb.Agent.ExecProcess(ctx, &agent.ExecProcessRequest{
+			ContainerId: r.ID, ExecId: r.ExecID, Process: p.spec, Stdio: p.agentStdio(),
+		})
+		if err != nil {
+			p.releaseIO()
+			return nil, fmt.Errorf("exec %q in container %q: %w", r.ExecID, r.ID, fromAgent(err))
+		}
+		pid = resp.Pid
+	}
+	p.setRunning(pid)
+	go s.wait(sb, p)
+	if r.ExecID == "" {
+		s.send(&eventstypes.TaskStart{ContainerID: c.id, Pid: pid})
+	} else {
+		s.send(&eventstypes.TaskExecStarted{ContainerID: c.id, ExecID: r.ExecID, Pid: pid})
+	}
+	return &taskAPI.StartResponse{Pid: pid}, nil
+}
+
+// wait follows a started process until the guest reports its exit.
+func (s *service) wait(sb *sandbox.Sandbox, p *process) {
+	resp, err := sb.Agent.WaitProcess(s.ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
+	if err != nil {
+		// The VM is gone or the shim is shutting down; watchSandbox reports
+		// exits of a lost VM.
+		select {
+		case <-sb.Done():
+		case <-s.ctx.Done():
+		}
+		s.exited(p, exitStatusVMLost, time.Now())
+		return
+	}
+	at := time.Now()
+	if resp.ExitedAt != nil {
+		at = resp.ExitedAt.AsTime()
+	}
+	s.exited(p, resp.ExitStatus, at)
+}
+
+// exited records an exit once, after the process's output has been copied,
+// and publishes TaskExit.
+func (s *service) exited(p *process, status uint32, at time.Time) {
+	if p.hasExited() {
+		return
+	}
+	p.waitOutputs()
+	if !p.setExited(status, at) {
+		return
+	}
+	_, pid, _, _ := p.state()
+	id := p.execID
+	if id == "" {
+		id = p.containerID
+	}
+	s.send(&eventstypes.TaskExit{
+		ContainerID: p.containerID,
+		ID:          id,
+		Pid:         pid,
+		ExitStatus:  status,
+		ExitedAt:    protobuf.ToTimestamp(at),
+	})
+}
+
+// Delete removes an exited exec, or a container with its root disk. The
+// pod VM goes away with its last container.
+func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
+	c, p, err := s.getProcess(r.ID, r.ExecID)
+	if err != nil {
+		return nil, err
+	}
+	st, pid, status, at := p.state()
+	if st == task.Status_RUNNING {
+		return nil, fmt.Errorf("process %q of container %q is running: %w", r.ExecID, r.ID, errdefs.ErrFailedPrecondition)
+	}
+	s.mu.Lock()
+	sb := s.sb
+	s.mu.Unlock()
+	if r.ExecID != "" {
+		if sb != nil && st == task.Status_STOPPED {
+			if _, err := sb.Agent.DeleteProcess(ctx, &agent.ProcessRequest{ContainerId: r.ID, ExecId: r.ExecID}); err != nil && !vmGone(sb) {
+				log.G(ctx).WithError(err).Warn("release exec in the guest")
+			}
+		}
+		p.releaseIO()
+		s.mu.Lock()
+		delete(c.execs, r.ExecID)
+		s.mu.Unlock()
+		return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+	}
+
+	if sb != nil && !vmGone(sb) {
+		if _, err := sb.Agent.RemoveContainer(ctx, &agent.RemoveContainerRequest{ContainerId: r.ID}); err != nil && !vmGone(sb) {
+			return nil, fmt.Errorf("remove container %q from the pod VM: %w", r.ID, fromAgent(err))
+		}
+		if err := sb.DetachDisk(ctx, c.disk.ID); err != nil {
+			log.G(ctx).WithError(err).Warn("detach container root disk")
+		}
+	}
+	c.init.releaseIO()
+	for _, e := range c.execs {
+		e.releaseIO()
+	}
+	if err := rootfs.Remove(c.disk.Path); err != nil {
+		log.G(ctx).WithError(err).Warn("remove container root disk")
+	}
+	if st == task.Status_CREATED {
+		at = time.Now()
+	}
+	s.mu.Lock()
+	delete(s.conts, r.ID)
+	last := len(s.conts) == 0
+	s.mu.Unlock()
+	if last {
+		s.stopSandbox(ctx)
+	}
+	s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
+	return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
+}
+
+// stopSandbox tears the pod VM down and removes the pod's disk directory.
+func (s *service) stopSandbox(ctx context.Context) {
+	s.mu.Lock()
+	sb, pod := s.sb, s.pod
+	s.mu.Unlock()
+	if sb != nil {
+		if err := sb.Stop(context.WithoutCancel(ctx)); err != nil {
+			log.G(ctx).WithError(err).Warn("stop pod VM")
+		}
+	}
+	if pod != nil {
+		os.RemoveAll(pod.diskDir)
+	}
+}
+
+func vmGone(sb *sandbox.Sandbox) bool {
+	select {
+	case <-sb.Done():
+		return true
+	default:
+		return false
+	}
+}
+
+func readSpec(bundle string) ([]byte, *specs.Spec, error) {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the OCI spec of the bundle: %w", err)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, nil, fmt.Errorf("parse %s: %w: %w", filepath.Join(bundle, "config.json"), err, errdefs.ErrInvalidArgument)
+	}
+	return data, &spec, nil
+}
+
+func validID(id string) error {
+	if id == "" || id != filepath.Base(id) || id == "." || id == ".." {
+		return fmt.Errorf("container id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// diskID names a container's root disk in QEMU. QEMU ids are limited in
+// length and characters, so long container ids are shortened.
+func diskID(id string) string {
+	if len(id) > 24 {
+		id = id[:24]
+	}
+	return "rootfs-" + id
+}

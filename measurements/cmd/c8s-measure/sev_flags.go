@@ -241,17 +241,12 @@ func (f *sevFlags) load() (amdInputs, error) {
 	return in, nil
 }
 
-// sha256File streams a file through SHA-256.
-func sha256File(path string) ([sha256.Size]byte, error) {
+// sha256Stream hashes r (the file at path) with 1 MiB reads.
+func sha256Stream(r io.Reader, path string) ([sha256.Size]byte, error) {
 	var d [sha256.Size]byte
-	file, err := os.Open(path)
-	if err != nil {
-		return d, err
-	}
-	defer file.Close()
 	h := sha256.New()
 	buf := make([]byte, 1<<20)
-	if _, err := io.CopyBuffer(h, struct{ io.Reader }{file}, buf); err != nil {
+	if _, err := io.CopyBuffer(h, struct{ io.Reader }{r}, buf); err != nil {
 		return d, fmt.Errorf("reading %s: %w", path, err)
 	}
 	h.Sum(d[:0])

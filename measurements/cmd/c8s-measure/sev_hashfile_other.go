@@ -1,0 +1,18 @@
+//go:build !linux
+
+package main
+
+import (
+	"crypto/sha256"
+	"os"
+)
+
+// sha256File streams a file through SHA-256.
+func sha256File(path string) ([sha256.Size]byte, error) {
+	file, err := os.Open(path)
+	if err != nil {
+		return [sha256.Size]byte{}, err
+	}
+	defer file.Close()
+	return sha256Stream(file, path)
+}

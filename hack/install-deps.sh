@@ -28,6 +28,8 @@ PACKAGES=(
 	make
 	git
 	diffutils
+	python3
+	python3-cryptography
 )
 
 missing=()

@@ -1,0 +1,231 @@
+package images
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/c8s-dev/c8s/images/manifest"
+)
+
+// Environment variables that steer the image tests.
+const (
+	envImageDir  = "C8S_IMAGE_DIR"        // built image (default _output/image)
+	envSkipImage = "C8S_SKIP_IMAGE_TESTS" // "1": skip when the image is absent
+)
+
+// imageDir returns the built image directory; without one it fails with the
+// hint to build it, or skips when envSkipImage says so.
+func imageDir(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv(envImageDir)
+	if dir == "" {
+		dir = filepath.Join("..", "_output", "image")
+	}
+	if _, err := os.Stat(filepath.Join(dir, manifest.FileName)); err != nil {
+		if os.Getenv(envSkipImage) == "1" {
+			t.Skipf("no guest image in %s (%s=1)", dir, envSkipImage)
+		}
+		t.Fatalf("no guest image in %s: %v; run make image (or set %s=1 to skip)", dir, err, envSkipImage)
+	}
+	return dir
+}
+
+func TestBuiltImageMatchesManifest(t *testing.T) {
+	dir := imageDir(t)
+	m, err := manifest.Verify(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Kernel.Release == "" || !strings.Contains(m.Kernel.Package, m.Kernel.Release) {
+		t.Errorf("kernel release %q does not match package %q", m.Kernel.Release, m.Kernel.Package)
+	}
+}
+
+// bootPortName is the virtio-serial port the test VM exposes.
+const bootPortName = "org.c8s.boottest"
+
+var moduleLine = regexp.MustCompile(`^C8S-TESTINIT MODULE (\S+) (loaded|exists|nodev)$`)
+
+// TestBootImage boots the kernel with a copy of the initramfs whose /init is
+// replaced by images/internal/testinit, and checks what that init reports:
+// every listed module loads (ENODEV only for the platform-specific
+// confidential-computing guest drivers), the virtio-serial port appears, and
+// runc from the initramfs runs.
+func TestBootImage(t *testing.T) {
+	dir := imageDir(t)
+	m, err := manifest.Verify(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qemu, err := exec.LookPath("qemu-system-x86_64")
+	if err != nil {
+		t.Fatalf("qemu-system-x86_64 not found: run make deps")
+	}
+	kernel, _ := m.Path(dir, manifest.RoleKernel)
+	initrd, _ := m.Path(dir, manifest.RoleInitrd)
+	testInitrd, modules := buildTestInitrd(t, initrd)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, qemu,
+		"-accel", "tcg", "-machine", "q35", "-m", "512", "-smp", "1",
+		"-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
+		"-kernel", kernel, "-initrd", testInitrd,
+		"-append", "console=ttyS0 panic=-1",
+		"-device", "virtio-serial",
+		"-chardev", "null,id=boottest",
+		"-device", "virtserialport,chardev=boottest,name="+bootPortName,
+		"-device", "virtio-scsi-pci",
+	)
+	var log bytes.Buffer
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = &log
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start qemu: %v", err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	var lines []string
+	sc := bufio.NewScanner(io.TeeReader(stdout, &log))
+	for sc.Scan() {
+		if line := strings.TrimRight(sc.Text(), "\r"); strings.HasPrefix(line, "C8S-TESTINIT") {
+			lines = append(lines, line)
+		}
+	}
+	waitErr := cmd.Wait()
+	t.Logf("boot to power-off took %v wall (TCG)", time.Since(start).Round(time.Millisecond))
+	if ctx.Err() != nil {
+		t.Fatalf("qemu did not power off within the limit; console:\n%s", log.String())
+	}
+	if waitErr != nil {
+		t.Fatalf("qemu: %v; console:\n%s", waitErr, log.String())
+	}
+	checkReport(t, lines, modules, log.String())
+}
+
+func checkReport(t *testing.T, lines, modules []string, console string) {
+	t.Helper()
+	ok := false
+	status := map[string]string{}
+	var ports []string
+	for _, l := range lines {
+		switch {
+		case l == "C8S-TESTINIT OK":
+			ok = true
+		case strings.HasPrefix(l, "C8S-TESTINIT FAIL"):
+			t.Errorf("test init: %s", l)
+		case strings.HasPrefix(l, "C8S-TESTINIT PORT "):
+			ports = append(ports, l)
+		case strings.HasPrefix(l, "C8S-TESTINIT RUNC "):
+			if !strings.Contains(l, "runc version") {
+				t.Errorf("unexpected runc --version output: %s", l)
+			}
+		}
+		if mm := moduleLine.FindStringSubmatch(l); mm != nil {
+			status[mm[1]] = mm[2]
+		}
+		t.Log(l)
+	}
+	if !ok {
+		t.Fatalf("test init did not report success; console:\n%s", console)
+	}
+	for _, mod := range modules {
+		st, seen := status[mod]
+		switch {
+		case !seen:
+			t.Errorf("module %s was not loaded", mod)
+		case st == "nodev" && !platformModule(mod):
+			t.Errorf("module %s returned ENODEV; only SEV/TDX guest drivers may", mod)
+		}
+	}
+	if len(ports) != 1 || !strings.HasSuffix(ports[0], " "+bootPortName) {
+		t.Errorf("virtio-serial ports = %q, want one named %s", ports, bootPortName)
+	}
+}
+
+// platformModule reports whether mod is a confidential-computing guest driver
+// whose init returns ENODEV on other platforms (as under TCG).
+func platformModule(mod string) bool {
+	base := filepath.Base(mod)
+	return base == "sev-guest.ko" || base == "tdx-guest.ko"
+}
+
+// buildTestInitrd returns a copy of the image's initramfs with the test init
+// as /init, and the module list of the image. It decompresses the cpio,
+// appends a second archive holding only /init (the kernel unpacks archives in
+// order, so the later /init replaces the agent) and compresses the result.
+// (The kernel rejects an archive appended after a zstd stream.)
+func buildTestInitrd(t *testing.T, initrd string) (path string, modules []string) {
+	t.Helper()
+	tmp := t.TempDir()
+	cpioPath := filepath.Join(tmp, "initrd-test.cpio")
+	decompress := exec.Command("zstd", "-q", "-d", "-o", cpioPath, initrd)
+	if out, err := decompress.CombinedOutput(); err != nil {
+		t.Fatalf("decompress %s: %v: %s (run make deps)", initrd, err, out)
+	}
+	list := exec.Command("cpio", "--quiet", "-i", "--to-stdout", "etc/c8s/modules")
+	f, err := os.Open(cpioPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	list.Stdin = f
+	out, err := list.Output()
+	if err != nil {
+		t.Fatalf("read /etc/c8s/modules from %s: %v", initrd, err)
+	}
+	modules = strings.Fields(string(out))
+	if len(modules) == 0 {
+		t.Fatal("/etc/c8s/modules in the initramfs is empty")
+	}
+
+	stage := filepath.Join(tmp, "stage")
+	if err := os.Mkdir(stage, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(stage, "init"), "./internal/testinit")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build test init: %v\n%s", err, out)
+	}
+	archive := exec.Command("cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0")
+	archive.Dir = stage
+	archive.Stdin = strings.NewReader("init\n")
+	extra, err := archive.Output()
+	if err != nil {
+		t.Fatalf("cpio: %v (run make deps)", err)
+	}
+	w, err := os.OpenFile(cpioPath, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(extra); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Compress again, so that the boot exercises the kernel's zstd support.
+	path = cpioPath + ".zst"
+	if out, err := exec.Command("zstd", "-q", "-3", "-o", path, cpioPath).CombinedOutput(); err != nil {
+		t.Fatalf("compress test initramfs: %v: %s", err, out)
+	}
+	return path, modules
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Usage: images/verify-reproducible.sh
+#
+# Builds the guest image twice, into two fresh temporary directories, and
+# compares every artefact byte for byte. Exits non-zero, naming the files that
+# differ, when the two builds are not identical.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/c8s-repro.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+for n in 1 2; do
+	echo "verify-reproducible: build $n"
+	"$ROOT/images/build.sh" "$tmp/build$n" >"$tmp/build$n.log" 2>&1 || {
+		cat "$tmp/build$n.log" >&2
+		echo "verify-reproducible: build $n failed" >&2
+		exit 1
+	}
+done
+
+status=0
+for f in vmlinuz initrd.img manifest.json; do
+	a=$(sha256sum "$tmp/build1/$f" | cut -d' ' -f1)
+	b=$(sha256sum "$tmp/build2/$f" | cut -d' ' -f1)
+	if cmp -s "$tmp/build1/$f" "$tmp/build2/$f"; then
+		echo "identical  $a  $f"
+	else
+		echo "DIFFERENT  $a != $b  $f" >&2
+		cmp "$tmp/build1/$f" "$tmp/build2/$f" >&2 || true
+		status=1
+	fi
+done
+if [[ $status -ne 0 ]]; then
+	echo "verify-reproducible: the two builds differ" >&2
+	exit 1
+fi
+echo "verify-reproducible: both builds are identical"

@@ -22,6 +22,7 @@ PACKAGES=(
 	xz-utils
 	gzip
 	binutils
+	kmod
 	protobuf-compiler
 	gcc
 	libc6-dev

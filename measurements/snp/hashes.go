@@ -32,13 +32,22 @@ type KernelHashes struct {
 }
 
 // NewKernelHashes hashes a kernel, an initrd (nil or empty when there is
-// none) and a command line.
+// none) and a command line. Large kernels and initrds are hashed
+// concurrently.
 func NewKernelHashes(kernel, initrd []byte, cmdline string) KernelHashes {
-	return KernelHashes{
-		Kernel:  sha256.Sum256(kernel),
-		Initrd:  sha256.Sum256(initrd),
-		Cmdline: CmdlineHash(cmdline),
+	k := KernelHashes{Cmdline: CmdlineHash(cmdline)}
+	if len(kernel) < 1<<20 || len(initrd) < 1<<20 {
+		k.Kernel, k.Initrd = sha256.Sum256(kernel), sha256.Sum256(initrd)
+		return k
 	}
+	done := make(chan struct{})
+	go func() {
+		k.Initrd = sha256.Sum256(initrd)
+		close(done)
+	}()
+	k.Kernel = sha256.Sum256(kernel)
+	<-done
+	return k
 }
 
 // CmdlineHash returns the hash QEMU records for a kernel command line: the

@@ -12,14 +12,14 @@ import (
 // Event is one measurement extended into an RTMR: the SHA-384 digest the
 // firmware or the kernel's EFI stub computed, and what it covers.
 type Event struct {
-	Description string `json:"description"`
-	Digest      []byte `json:"digest"`
+	Description string
+	Digest      []byte
 }
 
 // Register is a predicted RTMR with the event log that produces it.
 type Register struct {
-	Value  [48]byte `json:"-"`
-	Events []Event  `json:"events"`
+	Value  [48]byte
+	Events []Event
 }
 
 // Replay extends the events, in order, into an all-zero RTMR:

@@ -103,12 +103,12 @@ const (
 
 // Section is one TDVF metadata section descriptor.
 type Section struct {
-	DataOffset     uint32      `json:"dataOffset"`
-	RawDataSize    uint32      `json:"rawDataSize"`
-	MemoryAddress  uint64      `json:"memoryAddress"`
-	MemoryDataSize uint64      `json:"memoryDataSize"`
-	Type           SectionType `json:"type"`
-	Attributes     uint32      `json:"attributes"`
+	DataOffset     uint32
+	RawDataSize    uint32
+	MemoryAddress  uint64
+	MemoryDataSize uint64
+	Type           SectionType
+	Attributes     uint32
 }
 
 // Metadata is a parsed TDVF metadata descriptor.

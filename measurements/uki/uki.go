@@ -137,29 +137,29 @@ type Options struct {
 
 // Section describes one systemd-stub section of the image.
 type Section struct {
-	Name string `json:"name"`
+	Name string
 	// Size is the number of bytes measured: the section's VirtualSize.
-	Size uint32 `json:"size"`
+	Size uint32
 	// Measured is true when the stub extends this section into PCR 11.
-	Measured bool   `json:"measured"`
-	SHA256   []byte `json:"sha256"`
-	SHA384   []byte `json:"sha384"`
+	Measured bool
+	SHA256   []byte
+	SHA384   []byte
 }
 
 // Report is the result of Measure.
 type Report struct {
 	// StubVersion is the systemd-stub major version the prediction
 	// assumes; StubVersionSource says where it came from.
-	StubVersion       int    `json:"stubVersion"`
-	StubVersionSource string `json:"stubVersionSource"`
+	StubVersion       int
+	StubVersionSource string
 	// StubInfo is the stub's self-description from .sdmagic, if any.
-	StubInfo           string    `json:"stubInfo,omitempty"`
-	AuthenticodeSHA256 []byte    `json:"authenticodeSHA256"`
-	AuthenticodeSHA384 []byte    `json:"authenticodeSHA384"`
-	Sections           []Section `json:"sections"`
+	StubInfo           string
+	AuthenticodeSHA256 []byte
+	AuthenticodeSHA384 []byte
+	Sections           []Section
 	// PCR11 maps each bank to the predicted PCR 11 value after systemd-stub
 	// ran (before systemd-pcrphase extends any boot phase).
-	PCR11 map[Bank][]byte `json:"pcr11"`
+	PCR11 map[Bank][]byte
 }
 
 var sdmagicRE = regexp.MustCompile(`systemd-stub ([0-9]+)`)

@@ -1,0 +1,326 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/containerd/cgroups/v3"
+	"github.com/containerd/cgroups/v3/cgroup1"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/rootfs"
+	"github.com/c8s-dev/c8s/guest/runtime"
+	"github.com/c8s-dev/c8s/guest/spec"
+)
+
+// container is one runc container and its processes.
+type container struct {
+	id        string
+	bundle    string
+	rootfs    string
+	sandboxID string
+	cgroup    string
+
+	mu    sync.Mutex
+	init  *process // nil while being created
+	execs map[string]*process
+}
+
+func (c *container) process(execID string) (*process, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if execID == "" {
+		if c.init == nil {
+			return nil, fmt.Errorf("container %q is still being created: %w", c.id, errdefs.ErrUnavailable)
+		}
+		return c.init, nil
+	}
+	p, ok := c.execs[execID]
+	if !ok {
+		return nil, fmt.Errorf("exec %q in container %q: %w", execID, c.id, errdefs.ErrNotFound)
+	}
+	if p == nil {
+		return nil, fmt.Errorf("exec %q in container %q is still being started: %w", execID, c.id, errdefs.ErrUnavailable)
+	}
+	return p, nil
+}
+
+// validID rejects ids that could escape the state directory.
+func validID(kind, id string) error {
+	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") || len(id) > 1024 {
+		return fmt.Errorf("invalid %s %q: %w", kind, id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// CreateContainer mounts the rootfs, writes the adapted bundle and runs
+// `runc create`.
+func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateContainerRequest) (*agentapi.CreateContainerResponse, error) {
+	id := req.GetContainerId()
+	if err := validID("container id", id); err != nil {
+		return nil, err
+	}
+	if req.GetRootfs() == nil {
+		return nil, fmt.Errorf("container %q: no rootfs given: %w", id, errdefs.ErrInvalidArgument)
+	}
+	c := &container{
+		id:        id,
+		bundle:    filepath.Join(s.cfg.StateDir, id),
+		sandboxID: req.GetSandboxId(),
+		execs:     map[string]*process{},
+	}
+	c.rootfs = filepath.Join(c.bundle, "rootfs")
+
+	s.mu.Lock()
+	if _, ok := s.containers[id]; ok {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrAlreadyExists)
+	}
+	sandboxPid := 0
+	if sb := c.sandboxID; sb != "" && sb != id {
+		if sc, ok := s.containers[sb]; ok {
+			sc.mu.Lock()
+			if sc.init != nil {
+				sandboxPid = sc.init.pid
+			}
+			sc.mu.Unlock()
+		}
+	}
+	s.containers[id] = c
+	s.mu.Unlock()
+
+	p, err := s.create(ctx, c, req, sandboxPid)
+	if err != nil {
+		s.mu.Lock()
+		delete(s.containers, id)
+		s.mu.Unlock()
+		if cerr := s.cleanup(ctx, id, c.bundle); cerr != nil {
+			log.G(ctx).WithError(cerr).Warnf("clean up after failed create of container %s", id)
+		}
+		return nil, err
+	}
+	c.mu.Lock()
+	c.init = p
+	c.mu.Unlock()
+	log.G(ctx).WithField("container", id).WithField("pid", p.pid).Info("container created")
+	return &agentapi.CreateContainerResponse{Pid: uint32(p.pid)}, nil
+}
+
+func (s *Service) create(ctx context.Context, c *container, req *agentapi.CreateContainerRequest, sandboxPid int) (*process, error) {
+	if _, err := os.Stat(c.bundle); err == nil {
+		return nil, fmt.Errorf("bundle %s of container %q already exists (left over from an earlier container?): %w", c.bundle, c.id, errdefs.ErrAlreadyExists)
+	}
+	if err := os.MkdirAll(c.rootfs, 0o711); err != nil {
+		return nil, err
+	}
+	if err := s.cfg.MountRootfs(ctx, req.GetRootfs(), c.rootfs); err != nil {
+		return nil, fmt.Errorf("mount the rootfs of container %q: %w", c.id, err)
+	}
+
+	files := make([]spec.File, 0, len(req.GetFiles()))
+	for _, f := range req.GetFiles() {
+		files = append(files, spec.File{Source: f.GetSource(), Content: f.GetContent(), Mode: f.GetMode()})
+	}
+	stdio := stdioOf(req.GetStdio())
+	plan, err := spec.Adapt(req.GetSpec(), spec.Options{
+		ContainerID:   c.id,
+		Rootfs:        c.rootfs,
+		CgroupsParent: s.cfg.CgroupsParent,
+		FilesDir:      filepath.Join(c.bundle, "files"),
+		Files:         files,
+		SandboxPid:    sandboxPid,
+		Terminal:      stdio.Terminal,
+		Exists:        func(p string) bool { _, err := os.Stat(p); return err == nil },
+		Warn:          func(msg string) { log.G(ctx).WithField("container", c.id).Warn(msg) },
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	for _, f := range plan.Files {
+		if err := os.MkdirAll(filepath.Dir(f.Path), 0o711); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(f.Path, f.Content, os.FileMode(f.Mode&0o7777)); err != nil {
+			return nil, fmt.Errorf("write guest copy of a host file: %w", err)
+		}
+		// WriteFile's mode is filtered by the umask.
+		if err := os.Chmod(f.Path, os.FileMode(f.Mode&0o7777)); err != nil {
+			return nil, err
+		}
+	}
+	c.cgroup = plan.Spec.Linux.CgroupsPath
+	config, err := json.Marshal(plan.Spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(c.bundle, "config.json"), config, 0o600); err != nil {
+		return nil, err
+	}
+	user := plan.Spec.Process.User
+	rp, err := s.cfg.Runtime.Create(ctx, c.id, c.bundle, stdio, int(user.UID), int(user.GID))
+	if err != nil {
+		return nil, err
+	}
+	return newProcess(c.id, "", rp, stdio), nil
+}
+
+func stdioOf(s *agentapi.Stdio) runtime.Stdio {
+	return runtime.Stdio{
+		Terminal: s.GetTerminal(),
+		Stdin:    s.GetStdin(),
+		Stdout:   s.GetStdout(),
+		Stderr:   s.GetStderr(),
+	}
+}
+
+// StartContainer starts the init process.
+func (s *Service) StartContainer(ctx context.Context, req *agentapi.StartContainerRequest) (*agentapi.StartContainerResponse, error) {
+	c, p, err := s.process(req.GetContainerId(), "")
+	if err != nil {
+		return nil, err
+	}
+	if p.exited() {
+		return nil, fmt.Errorf("container %q has already exited: %w", c.id, errdefs.ErrFailedPrecondition)
+	}
+	if err := s.cfg.Runtime.Start(ctx, c.id, c.bundle); err != nil {
+		return nil, err
+	}
+	return &agentapi.StartContainerResponse{Pid: uint32(p.pid)}, nil
+}
+
+// RemoveContainer force-deletes the container and everything the agent
+// holds for it. Removing an unknown container cleans up leftovers and
+// succeeds.
+func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveContainerRequest) (*agentapi.Empty, error) {
+	id := req.GetContainerId()
+	if err := validID("container id", id); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	c, ok := s.containers[id]
+	creating := false
+	if ok {
+		c.mu.Lock()
+		creating = c.init == nil
+		c.mu.Unlock()
+	}
+	if creating {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("container %q is still being created: %w", id, errdefs.ErrUnavailable)
+	}
+	delete(s.containers, id)
+	s.mu.Unlock()
+
+	if ok {
+		c.mu.Lock()
+		procs := []*process{c.init}
+		for _, p := range c.execs {
+			if p != nil { // nil: an exec still being started
+				procs = append(procs, p)
+			}
+		}
+		c.execs = map[string]*process{}
+		c.mu.Unlock()
+		defer func() {
+			for _, p := range procs {
+				p.release()
+			}
+		}()
+	}
+	if err := s.cleanup(ctx, id, filepath.Join(s.cfg.StateDir, id)); err != nil {
+		return nil, err
+	}
+	log.G(ctx).WithField("container", id).Info("container removed")
+	return &agentapi.Empty{}, nil
+}
+
+// cleanup deletes the runc container, unmounts the rootfs and removes the
+// bundle; each step tolerates what is already gone.
+func (s *Service) cleanup(ctx context.Context, id, bundle string) error {
+	if s.cfg.Runtime.Exists(ctx, id) {
+		if err := s.cfg.Runtime.Delete(ctx, id, bundle); err != nil {
+			return err
+		}
+	}
+	root := filepath.Join(bundle, "rootfs")
+	if err := rootfs.Unmount(root); err != nil {
+		return fmt.Errorf("container %q: %w", id, err)
+	}
+	// Never RemoveAll through a mount: that would delete the disk's content.
+	if err := os.Remove(root); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove rootfs mount point of container %q: %w", id, err)
+	}
+	if err := os.RemoveAll(bundle); err != nil {
+		return fmt.Errorf("remove bundle of container %q: %w", id, err)
+	}
+	return nil
+}
+
+// ListPids lists the container's processes with `runc ps`.
+func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (*agentapi.ListPidsResponse, error) {
+	c, err := s.lookup(req.GetContainerId())
+	if err != nil {
+		return nil, err
+	}
+	pids, err := s.cfg.Runtime.Ps(ctx, c.id, c.bundle)
+	if err != nil {
+		return nil, err
+	}
+	execByPid := map[int]string{}
+	c.mu.Lock()
+	for id, p := range c.execs {
+		if p != nil {
+			execByPid[p.pid] = id
+		}
+	}
+	c.mu.Unlock()
+	resp := &agentapi.ListPidsResponse{}
+	for _, pid := range pids {
+		resp.Processes = append(resp.Processes, &agentapi.ProcessInfo{Pid: uint32(pid), ExecId: execByPid[pid]})
+	}
+	return resp, nil
+}
+
+// Stats returns the cgroup metrics of the container: containerd's cgroup v2
+// Metrics on a unified hierarchy (the guest), v1 Metrics on a legacy one.
+func (s *Service) Stats(ctx context.Context, req *agentapi.StatsRequest) (*agentapi.StatsResponse, error) {
+	c, err := s.lookup(req.GetContainerId())
+	if err != nil {
+		return nil, err
+	}
+	var metrics proto.Message
+	if cgroups.Mode() == cgroups.Unified {
+		m, err := cgroup2.Load(c.cgroup)
+		if err != nil {
+			return nil, fmt.Errorf("load cgroup %s of container %q: %w", c.cgroup, c.id, err)
+		}
+		if metrics, err = m.Stat(); err != nil {
+			return nil, fmt.Errorf("read cgroup %s of container %q: %w", c.cgroup, c.id, err)
+		}
+	} else {
+		cg, err := cgroup1.Load(cgroup1.StaticPath(c.cgroup))
+		if err != nil {
+			return nil, fmt.Errorf("load cgroup %s of container %q: %w", c.cgroup, c.id, err)
+		}
+		if metrics, err = cg.Stat(cgroup1.IgnoreNotExist); err != nil {
+			return nil, fmt.Errorf("read cgroup %s of container %q: %w", c.cgroup, c.id, err)
+		}
+	}
+	a, err := typeurl.MarshalAny(metrics)
+	if err != nil {
+		return nil, err
+	}
+	return &agentapi.StatsResponse{Stats: &anypb.Any{TypeUrl: a.GetTypeUrl(), Value: a.GetValue()}}, nil
+}

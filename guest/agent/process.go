@@ -1,0 +1,235 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/containerd/console"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/runtime"
+	"github.com/c8s-dev/c8s/guest/spec"
+)
+
+// process is a container's init or exec process.
+type process struct {
+	execID  string
+	pid     int
+	io      *runtime.ProcessIO
+	console console.Console
+	stdin   *stdin
+	stdout  *stream
+	stderr  *stream
+
+	done     chan struct{} // closed at exit
+	mu       sync.Mutex
+	status   int
+	exitedAt time.Time
+}
+
+// newProcess starts buffering a created process's output and waiting for its
+// exit.
+func newProcess(containerID, execID string, rp *runtime.Process, stdio runtime.Stdio) *process {
+	p := &process{
+		execID:  execID,
+		pid:     rp.Pid,
+		io:      rp.IO,
+		console: rp.IO.Console,
+		stdin:   &stdin{w: rp.IO.Stdin},
+		stdout:  closedStream(),
+		stderr:  closedStream(),
+		done:    make(chan struct{}),
+	}
+	if rp.IO.Stdout != nil && (stdio.Stdout || stdio.Terminal) {
+		p.stdout = newStream()
+		go p.stdout.fill(rp.IO.Stdout)
+	}
+	if rp.IO.Stderr != nil {
+		p.stderr = newStream()
+		go p.stderr.fill(rp.IO.Stderr)
+	}
+	go func() {
+		e := <-rp.Exit
+		p.mu.Lock()
+		p.status, p.exitedAt = e.Status, e.Timestamp
+		p.mu.Unlock()
+		close(p.done)
+		log.L.WithField("container", containerID).WithField("exec", execID).
+			WithField("pid", e.Pid).WithField("status", e.Status).Debug("process exited")
+	}()
+	return p
+}
+
+func (p *process) name(containerID string) string {
+	if p.execID == "" {
+		return fmt.Sprintf("container %q", containerID)
+	}
+	return fmt.Sprintf("exec %q of container %q", p.execID, containerID)
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// release frees the process's stdio once it is forgotten. Buffered output is
+// dropped; readers still blocked get eof.
+func (p *process) release() {
+	_ = p.stdin.close()
+	_ = p.io.Close()
+	p.stdout.finish(nil)
+	p.stderr.finish(nil)
+}
+
+// ExecProcess runs an additional process in a running container.
+func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequest) (*agentapi.ExecProcessResponse, error) {
+	c, err := s.lookup(req.GetContainerId())
+	if err != nil {
+		return nil, err
+	}
+	execID := req.GetExecId()
+	if err := validID("exec id", execID); err != nil {
+		return nil, err
+	}
+	proc, err := spec.AdaptProcess(req.GetProcess(), req.GetStdio().GetTerminal())
+	if err != nil {
+		return nil, fmt.Errorf("exec %q: %w: %w", execID, err, errdefs.ErrInvalidArgument)
+	}
+	c.mu.Lock()
+	if c.init == nil || c.init.exited() {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("container %q is not running: %w", c.id, errdefs.ErrFailedPrecondition)
+	}
+	if _, ok := c.execs[execID]; ok {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("exec %q in container %q: %w", execID, c.id, errdefs.ErrAlreadyExists)
+	}
+	c.execs[execID] = nil // reserved while runc runs
+	c.mu.Unlock()
+
+	stdio := stdioOf(req.GetStdio())
+	rp, err := s.cfg.Runtime.Exec(ctx, c.id, execID, c.bundle, proc, stdio)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		delete(c.execs, execID)
+		return nil, err
+	}
+	p := newProcess(c.id, execID, rp, stdio)
+	c.execs[execID] = p
+	return &agentapi.ExecProcessResponse{Pid: uint32(p.pid)}, nil
+}
+
+// WaitProcess blocks until the process exits or the request is cancelled.
+func (s *Service) WaitProcess(ctx context.Context, req *agentapi.ProcessRequest) (*agentapi.WaitProcessResponse, error) {
+	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return &agentapi.WaitProcessResponse{ExitStatus: uint32(p.status), ExitedAt: timestamppb.New(p.exitedAt)}, nil
+}
+
+// SignalProcess signals a process, or with all every process of the
+// container. Signalling a process that has already exited succeeds.
+func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcessRequest) (*agentapi.Empty, error) {
+	c, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	sig := int(req.GetSignal())
+	if sig <= 0 || sig > 64 {
+		return nil, fmt.Errorf("signal %d: %w", sig, errdefs.ErrInvalidArgument)
+	}
+	if req.GetAll() {
+		if err := s.cfg.Runtime.Kill(ctx, c.id, c.bundle, sig, true); err != nil {
+			if c.init.exited() {
+				return &agentapi.Empty{}, nil
+			}
+			return nil, err
+		}
+		return &agentapi.Empty{}, nil
+	}
+	if p.exited() {
+		return &agentapi.Empty{}, nil
+	}
+	if p.execID == "" {
+		// runc kill also handles a created-but-not-started container.
+		if err := s.cfg.Runtime.Kill(ctx, c.id, c.bundle, sig, false); err != nil {
+			if p.exited() {
+				return &agentapi.Empty{}, nil
+			}
+			return nil, err
+		}
+		return &agentapi.Empty{}, nil
+	}
+	if err := unix.Kill(p.pid, unix.Signal(sig)); err != nil && !errors.Is(err, unix.ESRCH) {
+		return nil, fmt.Errorf("signal %d %s (pid %d): %w", sig, p.name(c.id), p.pid, err)
+	}
+	return &agentapi.Empty{}, nil
+}
+
+// DeleteProcess forgets an exited exec process.
+func (s *Service) DeleteProcess(ctx context.Context, req *agentapi.ProcessRequest) (*agentapi.Empty, error) {
+	if req.GetExecId() == "" {
+		return nil, fmt.Errorf("the init process of container %q is deleted with RemoveContainer: %w", req.GetContainerId(), errdefs.ErrInvalidArgument)
+	}
+	c, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	if !p.exited() {
+		return nil, fmt.Errorf("%s (pid %d) is still running; signal it and wait for it first: %w", p.name(c.id), p.pid, errdefs.ErrFailedPrecondition)
+	}
+	c.mu.Lock()
+	delete(c.execs, p.execID)
+	c.mu.Unlock()
+	p.release()
+	return &agentapi.Empty{}, nil
+}
+
+// ResizePty resizes a process's terminal.
+func (s *Service) ResizePty(ctx context.Context, req *agentapi.ResizePtyRequest) (*agentapi.Empty, error) {
+	c, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	if p.console == nil {
+		return nil, fmt.Errorf("%s has no terminal: %w", p.name(c.id), errdefs.ErrFailedPrecondition)
+	}
+	ws := console.WinSize{Width: uint16(req.GetWidth()), Height: uint16(req.GetHeight())}
+	if err := p.console.Resize(ws); err != nil {
+		return nil, fmt.Errorf("resize the terminal of %s: %w", p.name(c.id), err)
+	}
+	return &agentapi.Empty{}, nil
+}
+
+// CloseStdin closes the process's stdin after writes in progress. With a
+// terminal the pty stays open and further writes are refused.
+func (s *Service) CloseStdin(ctx context.Context, req *agentapi.ProcessRequest) (*agentapi.Empty, error) {
+	c, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	if err := p.stdin.close(); err != nil {
+		return nil, fmt.Errorf("close stdin of %s: %w", p.name(c.id), err)
+	}
+	return &agentapi.Empty{}, nil
+}

@@ -1,0 +1,218 @@
+// Package agent implements the c8s guest agent's ttrpc services (Agent and
+// IO from guest/api/agent/v1): it creates containers from the host's OCI
+// specs with runc, tracks their processes and buffers their output.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/rootfs"
+	"github.com/c8s-dev/c8s/guest/runtime"
+)
+
+// Version is the agent's version, reported by GetInfo.
+var Version = "dev"
+
+var (
+	errNoStdin     = fmt.Errorf("the process has no stdin: %w", errdefs.ErrFailedPrecondition)
+	errStdinClosed = fmt.Errorf("the process's stdin is closed: %w", errdefs.ErrFailedPrecondition)
+)
+
+// Config configures a Service. Paths are configurable so the service can be
+// tested on a host without touching the guest's locations.
+type Config struct {
+	// StateDir holds one bundle directory per container
+	// (guest: /run/c8s/containers).
+	StateDir string
+	// CgroupsParent is the cgroup containers are created under (guest: /c8s).
+	CgroupsParent string
+	// Runtime drives runc.
+	Runtime *runtime.Runtime
+	// MountRootfs mounts a container's root filesystem on target. Nil means
+	// the guest's way: find the virtio-scsi disk and mount it.
+	MountRootfs func(ctx context.Context, r *agentapi.Rootfs, target string) error
+	// Channel names the transport for GetInfo ("virtio-serial" or "vsock").
+	Channel string
+	// PowerOff is called by Shutdown after filesystems are synced. Nil makes
+	// Shutdown fail.
+	PowerOff func()
+}
+
+// Service implements agentapi.AgentService and agentapi.IOService.
+type Service struct {
+	cfg      Config
+	bootedAt time.Time
+
+	mu         sync.Mutex
+	containers map[string]*container
+}
+
+var (
+	_ agentapi.AgentService = (*Service)(nil)
+	_ agentapi.IOService    = (*Service)(nil)
+)
+
+// New returns a Service.
+func New(cfg Config) (*Service, error) {
+	if cfg.StateDir == "" || cfg.Runtime == nil || cfg.Runtime.Reaper == nil {
+		return nil, errors.New("agent.New: StateDir and Runtime (with a Reaper) are required")
+	}
+	if cfg.CgroupsParent == "" {
+		cfg.CgroupsParent = "/c8s"
+	}
+	if cfg.MountRootfs == nil {
+		cfg.MountRootfs = MountSCSIRootfs
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("create the agent's state dir: %w", err)
+	}
+	return &Service{cfg: cfg, bootedAt: bootTime(), containers: map[string]*container{}}, nil
+}
+
+// NewServer returns a ttrpc server with both services registered. Errors
+// leave it as gRPC statuses carrying the errdefs class (NotFound, ...).
+func (s *Service) NewServer() (*ttrpc.Server, error) {
+	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(
+		func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (interface{}, error) {
+			resp, err := method(ctx, unmarshal)
+			if err != nil {
+				log.G(ctx).WithError(err).WithField("method", info.FullMethod).Debug("request failed")
+				return resp, errgrpc.ToGRPC(err)
+			}
+			return resp, nil
+		}))
+	if err != nil {
+		return nil, err
+	}
+	agentapi.RegisterAgentService(srv, s)
+	agentapi.RegisterIOService(srv, s)
+	return srv, nil
+}
+
+// MountSCSIRootfs is the guest's MountRootfs: it finds the rootfs disk on the
+// virtio-scsi controller, waiting for a hotplugged disk, and mounts it.
+func MountSCSIRootfs(ctx context.Context, r *agentapi.Rootfs, target string) error {
+	scsi := r.GetScsi()
+	if scsi == nil {
+		return fmt.Errorf("rootfs has no source (only scsi is supported): %w", errdefs.ErrInvalidArgument)
+	}
+	dev, err := rootfs.FindSCSIDisk(ctx, "/sys", "/dev", scsi.GetTarget(), scsi.GetLun(), 10*time.Second)
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
+	}
+	return rootfs.Mount(dev, r.GetFstype(), r.GetOptions(), target)
+}
+
+// bootTime is when the kernel booted.
+func bootTime() time.Time {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return time.Now()
+	}
+	return time.Now().Add(-time.Duration(ts.Nano()))
+}
+
+// GetInfo answers the shim's readiness probe.
+func (s *Service) GetInfo(ctx context.Context, _ *agentapi.GetInfoRequest) (*agentapi.GetInfoResponse, error) {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return nil, fmt.Errorf("uname: %w", err)
+	}
+	return &agentapi.GetInfoResponse{
+		AgentVersion:  Version,
+		KernelRelease: unix.ByteSliceToString(u.Release[:]),
+		Channel:       s.cfg.Channel,
+		BootedAt:      timestamppb.New(s.bootedAt),
+	}, nil
+}
+
+// Shutdown syncs filesystems and powers the VM off once the reply is sent.
+func (s *Service) Shutdown(ctx context.Context, _ *agentapi.Empty) (*agentapi.Empty, error) {
+	if s.cfg.PowerOff == nil {
+		return nil, fmt.Errorf("this agent cannot power off (not running as the VM's init): %w", errdefs.ErrNotImplemented)
+	}
+	log.G(ctx).Info("shutdown requested")
+	unix.Sync()
+	go func() {
+		// Give ttrpc a moment to send the reply before the VM goes away.
+		time.Sleep(200 * time.Millisecond)
+		s.cfg.PowerOff()
+	}()
+	return &agentapi.Empty{}, nil
+}
+
+// lookup returns a container or NotFound.
+func (s *Service) lookup(id string) (*container, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.containers[id]
+	if !ok {
+		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrNotFound)
+	}
+	return c, nil
+}
+
+// process returns a container's process (init for an empty execID).
+func (s *Service) process(containerID, execID string) (*container, *process, error) {
+	c, err := s.lookup(containerID)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := c.process(execID)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, p, nil
+}
+
+// ReadStdout returns the next stdout bytes of a process.
+func (s *Service) ReadStdout(ctx context.Context, req *agentapi.ReadStreamRequest) (*agentapi.ReadStreamResponse, error) {
+	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	data, eof, err := p.stdout.read(ctx, int(req.GetMaxBytes()))
+	if err != nil {
+		return nil, err
+	}
+	return &agentapi.ReadStreamResponse{Data: data, Eof: eof}, nil
+}
+
+// ReadStderr returns the next stderr bytes of a process.
+func (s *Service) ReadStderr(ctx context.Context, req *agentapi.ReadStreamRequest) (*agentapi.ReadStreamResponse, error) {
+	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	data, eof, err := p.stderr.read(ctx, int(req.GetMaxBytes()))
+	if err != nil {
+		return nil, err
+	}
+	return &agentapi.ReadStreamResponse{Data: data, Eof: eof}, nil
+}
+
+// WriteStdin writes all of data to a process's stdin.
+func (s *Service) WriteStdin(ctx context.Context, req *agentapi.WriteStdinRequest) (*agentapi.WriteStdinResponse, error) {
+	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	n, err := p.stdin.write(req.GetData())
+	if err != nil {
+		return &agentapi.WriteStdinResponse{Written: uint32(n)}, fmt.Errorf("write stdin of %s: %w", p.name(req.GetContainerId()), err)
+	}
+	return &agentapi.WriteStdinResponse{Written: uint32(n)}, nil
+}

@@ -1,0 +1,94 @@
+// Package boot is c8s-agent's main program: as the VM's PID 1 it sets up the
+// guest (initsys), starts the reaper, and serves the agent's ttrpc services
+// on the host channel until the VM is powered off. It never returns.
+package boot
+
+import (
+	"context"
+	"os"
+	"time"
+
+	runc "github.com/containerd/go-runc"
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
+
+	"github.com/c8s-dev/c8s/guest/agent"
+	"github.com/c8s-dev/c8s/guest/channel"
+	"github.com/c8s-dev/c8s/guest/initsys"
+	"github.com/c8s-dev/c8s/guest/reaper"
+	"github.com/c8s-dev/c8s/guest/runtime"
+)
+
+// Guest paths.
+const (
+	StateDir      = "/run/c8s/containers"
+	RuncRoot      = "/run/runc"
+	CgroupsParent = "/c8s"
+	// portWait bounds the wait for the virtio-serial port after module load.
+	portWait = 5 * time.Second
+)
+
+// Main runs the agent.
+func Main() {
+	pid1 := os.Getpid() == 1
+	level := logrus.InfoLevel
+	if v, ok := initsys.KernelParam("c8s.log_level"); ok {
+		if l, err := logrus.ParseLevel(v); err == nil {
+			level = l
+		}
+	}
+	fatal := func(err error) {
+		if pid1 {
+			initsys.Fatal(err)
+		}
+		log.L.WithError(err).Fatal("c8s-agent failed")
+	}
+	if pid1 {
+		initsys.SetupConsoleLogging(level)
+		os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+		if err := initsys.MountAll(); err != nil {
+			fatal(err)
+		}
+		n := initsys.LoadModules(initsys.ModulesList)
+		log.L.Infof("loaded %d kernel modules", n)
+		if err := initsys.SetupNetwork(); err != nil {
+			log.L.WithError(err).Error("network setup failed")
+		}
+	} else {
+		logrus.SetLevel(level)
+	}
+	log.L.WithField("version", agent.Version).WithField("pid1", pid1).Info("c8s-agent starting")
+
+	r, err := reaper.New()
+	if err != nil {
+		fatal(err)
+	}
+	runc.Monitor = r
+	l, ch, err := channel.Listen(portWait)
+	if err != nil {
+		fatal(err)
+	}
+	cfg := agent.Config{
+		StateDir:      StateDir,
+		CgroupsParent: CgroupsParent,
+		Runtime:       &runtime.Runtime{Root: RuncRoot, Reaper: r},
+		Channel:       ch,
+	}
+	if pid1 {
+		cfg.PowerOff = initsys.PowerOff
+	}
+	svc, err := agent.New(cfg)
+	if err != nil {
+		fatal(err)
+	}
+	srv, err := svc.NewServer()
+	if err != nil {
+		fatal(err)
+	}
+	log.L.WithField("channel", ch).WithField("address", l.Addr().String()).Info("serving")
+	for {
+		err := srv.Serve(context.Background(), l)
+		log.L.WithError(err).Error("ttrpc server stopped; serving again in 1s")
+		time.Sleep(time.Second)
+	}
+}

@@ -1,0 +1,213 @@
+// Package initsys does what c8s-agent must do as the VM's PID 1 before it
+// can run containers: mount the API filesystems and cgroup2, load the
+// kernel modules the image lists, bring up loopback, set the hostname, log
+// to the console, and power the VM off when asked or when all is lost.
+package initsys
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
+)
+
+// ModulesList is the image's list of kernel modules, one path per line (under
+// /lib/modules/<release>/ unless absolute), in load order.
+const ModulesList = "/etc/c8s/modules"
+
+// Hostname is the guest's hostname; containers get their own UTS namespace.
+const Hostname = "c8s"
+
+type mount struct {
+	source, target, fstype string
+	flags                  uintptr
+	data                   string
+}
+
+var mounts = []mount{
+	{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+	{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+	{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+	{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"},
+	{"shm", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+	{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+	{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+	{"cgroup2", "/sys/fs/cgroup", "cgroup2", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RELATIME, "nsdelegate"},
+}
+
+// cgroupControllers are enabled for the containers' cgroups where the kernel
+// has them.
+var cgroupControllers = []string{"cpu", "memory", "pids", "io", "cpuset", "hugetlb"}
+
+// SetupConsoleLogging sends the logs to /dev/console (the serial port).
+func SetupConsoleLogging(level logrus.Level) {
+	if f, err := os.OpenFile("/dev/console", os.O_WRONLY|unix.O_NOCTTY, 0); err == nil {
+		logrus.SetOutput(f)
+	}
+	logrus.SetLevel(level)
+	logrus.SetFormatter(&logrus.TextFormatter{FullTimestamp: true, TimestampFormat: time.RFC3339Nano, DisableColors: true})
+}
+
+// MountAll mounts the API filesystems and cgroup2 and enables the cgroup
+// controllers. Mount points that are already mounted are left alone.
+func MountAll() error {
+	for _, m := range mounts {
+		if err := os.MkdirAll(m.target, 0o755); err != nil {
+			return fmt.Errorf("create mount point %s: %w", m.target, err)
+		}
+		err := unix.Mount(m.source, m.target, m.fstype, m.flags, m.data)
+		if errors.Is(err, unix.EBUSY) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err)
+		}
+	}
+	for _, l := range [][2]string{
+		{"/proc/self/fd", "/dev/fd"}, {"/proc/self/fd/0", "/dev/stdin"},
+		{"/proc/self/fd/1", "/dev/stdout"}, {"/proc/self/fd/2", "/dev/stderr"},
+	} {
+		if err := os.Symlink(l[0], l[1]); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("link %s: %w", l[1], err)
+		}
+	}
+	EnableControllers("/sys/fs/cgroup")
+	return nil
+}
+
+// EnableControllers enables, in the subtree_control of the cgroup at dir,
+// every controller of cgroupControllers that dir's cgroup.controllers offers.
+func EnableControllers(dir string) {
+	raw, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
+	if err != nil {
+		log.L.WithError(err).Warn("cannot read the available cgroup controllers")
+		return
+	}
+	available := strings.Fields(string(raw))
+	for _, c := range cgroupControllers {
+		found := false
+		for _, a := range available {
+			found = found || a == c
+		}
+		if !found {
+			log.L.Infof("cgroup controller %s is not available", c)
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+c), 0); err != nil {
+			log.L.WithError(err).Warnf("enable cgroup controller %s", c)
+		}
+	}
+}
+
+// LoadModules loads the modules listed in list with finit_module, in order.
+// Modules that are already loaded are skipped; failures are logged and the
+// rest are still loaded. It returns how many modules were loaded.
+func LoadModules(list string) int {
+	f, err := os.Open(list)
+	if errors.Is(err, os.ErrNotExist) {
+		log.L.Infof("no module list at %s", list)
+		return 0
+	}
+	if err != nil {
+		log.L.WithError(err).Error("open module list")
+		return 0
+	}
+	defer f.Close()
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	base := filepath.Join("/lib/modules", unix.ByteSliceToString(u.Release[:]))
+	loaded := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		path := strings.TrimSpace(sc.Text())
+		if path == "" || strings.HasPrefix(path, "#") {
+			continue
+		}
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(base, path)
+		}
+		if err := loadModule(path); err != nil {
+			log.L.WithError(err).Errorf("load kernel module %s", path)
+			continue
+		}
+		loaded++
+	}
+	return loaded
+}
+
+func loadModule(path string) error {
+	mod, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer mod.Close()
+	err = unix.FinitModule(int(mod.Fd()), "", 0)
+	if errors.Is(err, unix.EEXIST) {
+		return nil
+	}
+	return err
+}
+
+// SetupNetwork sets the hostname and brings up the loopback interface.
+func SetupNetwork() error {
+	if err := unix.Sethostname([]byte(Hostname)); err != nil {
+		return fmt.Errorf("set hostname: %w", err)
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket for interface setup: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get flags of lo: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up lo: %w", err)
+	}
+	return nil
+}
+
+// PowerOff syncs and powers the VM off. As PID 1 it never returns: should
+// the reboot call fail, it parks forever (exiting would panic the kernel).
+func PowerOff() {
+	log.L.Info("powering off")
+	unix.Sync()
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF); err != nil {
+		log.L.WithError(err).Error("power off failed")
+	}
+	select {}
+}
+
+// Fatal logs err and powers the VM off.
+func Fatal(err error) {
+	log.L.WithError(err).Error("fatal error in c8s-agent")
+	PowerOff()
+}
+
+// KernelParam returns the value of key=value on the kernel command line, and
+// whether key appears (a bare key has the value "").
+func KernelParam(key string) (string, bool) {
+	raw, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		return "", false
+	}
+	for _, f := range strings.Fields(string(raw)) {
+		k, v, _ := strings.Cut(f, "=")
+		if k == key {
+			return v, true
+		}
+	}
+	return "", false
+}

@@ -1,0 +1,126 @@
+// Package rootfs finds a container's root filesystem disk in the guest and
+// mounts it.
+package rootfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// FindSCSIDisk returns the /dev path of the disk at (target, lun) on the
+// guest's virtio-scsi controller (channel 0, any host number), waiting up to
+// timeout for a hotplugged disk and its device node to appear. sysfs and dev
+// are the mount points of sysfs and devtmpfs ("/sys", "/dev" in the guest).
+func FindSCSIDisk(ctx context.Context, sysfs, dev string, target, lun uint32, timeout time.Duration) (string, error) {
+	pattern := filepath.Join(sysfs, "bus/scsi/devices", fmt.Sprintf("*:0:%d:%d", target, lun), "block", "*")
+	deadline := time.Now().Add(timeout)
+	for {
+		matches, err := filepath.Glob(pattern)
+		if err != nil {
+			return "", fmt.Errorf("look for scsi disk %d:%d: %w", target, lun, err)
+		}
+		if len(matches) > 1 {
+			return "", fmt.Errorf("scsi address %d:%d is ambiguous: %s", target, lun, strings.Join(matches, ", "))
+		}
+		if len(matches) == 1 {
+			node := filepath.Join(dev, filepath.Base(matches[0]))
+			if _, err := os.Stat(node); err == nil {
+				return node, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("no disk at scsi target %d lun %d after %s (looked for %s): is the disk attached to the VM's virtio-scsi controller?", target, lun, timeout, pattern)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// flagOptions are mount options that are mount(2) flags rather than
+// filesystem data; the bool says whether the option clears the flag.
+var flagOptions = map[string]struct {
+	clear bool
+	flag  uintptr
+}{
+	"ro":          {false, unix.MS_RDONLY},
+	"rw":          {true, unix.MS_RDONLY},
+	"nosuid":      {false, unix.MS_NOSUID},
+	"suid":        {true, unix.MS_NOSUID},
+	"nodev":       {false, unix.MS_NODEV},
+	"dev":         {true, unix.MS_NODEV},
+	"noexec":      {false, unix.MS_NOEXEC},
+	"exec":        {true, unix.MS_NOEXEC},
+	"sync":        {false, unix.MS_SYNCHRONOUS},
+	"async":       {true, unix.MS_SYNCHRONOUS},
+	"dirsync":     {false, unix.MS_DIRSYNC},
+	"noatime":     {false, unix.MS_NOATIME},
+	"atime":       {true, unix.MS_NOATIME},
+	"nodiratime":  {false, unix.MS_NODIRATIME},
+	"diratime":    {true, unix.MS_NODIRATIME},
+	"relatime":    {false, unix.MS_RELATIME},
+	"norelatime":  {true, unix.MS_RELATIME},
+	"strictatime": {false, unix.MS_STRICTATIME},
+	"mand":        {false, unix.MS_MANDLOCK},
+	"nomand":      {true, unix.MS_MANDLOCK},
+	"lazytime":    {false, unix.MS_LAZYTIME},
+	"defaults":    {false, 0},
+}
+
+// ParseOptions splits fstab-style mount options into mount(2) flags and the
+// filesystem's data string.
+func ParseOptions(options []string) (uintptr, string) {
+	var (
+		flags uintptr
+		data  []string
+	)
+	for _, o := range options {
+		if f, ok := flagOptions[o]; ok {
+			if f.clear {
+				flags &^= f.flag
+			} else {
+				flags |= f.flag
+			}
+			continue
+		}
+		data = append(data, o)
+	}
+	return flags, strings.Join(data, ",")
+}
+
+// Mount mounts device (fstype, options) on target, creating target.
+func Mount(device, fstype string, options []string, target string) error {
+	if fstype == "" {
+		return fmt.Errorf("mount %s on %s: no filesystem type given", device, target)
+	}
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return err
+	}
+	flags, data := ParseOptions(options)
+	if err := unix.Mount(device, target, fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s (%s, options %q) on %s: %w", device, fstype, strings.Join(options, ","), target, err)
+	}
+	return nil
+}
+
+// Unmount unmounts target if something is mounted there, lazily if it is
+// busy. A target that does not exist or is not a mount point is not an error.
+func Unmount(target string) error {
+	err := unix.Unmount(target, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(target, unix.MNT_DETACH)
+	}
+	if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	return fmt.Errorf("unmount %s: %w", target, err)
+}

@@ -100,7 +100,7 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 	}
 }
 
-func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (v *VM, err error) {
+func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (_ *VM, err error) {
 	argv, err := Args(spec, backend)
 	if err != nil {
 		return nil, err
@@ -115,7 +115,7 @@ func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (v 
 		return nil, fmt.Errorf("vm: creating state dir: %w", err)
 	}
 
-	v = &VM{
+	v := &VM{
 		spec:    spec,
 		argv:    argv,
 		output:  newTailBuffer(64 << 10),

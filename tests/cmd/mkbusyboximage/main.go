@@ -1,0 +1,46 @@
+// Command mkbusyboximage writes the busybox test image as an OCI image layout
+// tarball, ready for `ctr images import`:
+//
+//	mkbusyboximage OUT.tar [--name REF] [--busybox PATH]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/c8s-dev/c8s/tests/internal/ociimage"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "mkbusyboximage:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("mkbusyboximage", flag.ContinueOnError)
+	name := fs.String("name", ociimage.DefaultName, "image reference recorded in the index")
+	busybox := fs.String("busybox", ociimage.DefaultBusybox, "static busybox binary to put in the image")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: mkbusyboximage OUT.tar [--name REF] [--busybox PATH]")
+		fs.PrintDefaults()
+	}
+	// Accept flags before and after the output path.
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var out string
+	if fs.NArg() > 0 {
+		out = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return err
+		}
+	}
+	if out == "" || fs.NArg() != 0 {
+		fs.Usage()
+		return fmt.Errorf("want exactly one output path")
+	}
+	return ociimage.WriteFile(out, ociimage.Options{Name: *name, Busybox: *busybox})
+}

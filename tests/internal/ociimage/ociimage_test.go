@@ -1,0 +1,246 @@
+package ociimage
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
+)
+
+// fakeBusybox writes a stand-in binary so that unit tests do not depend on
+// the host's busybox.
+func fakeBusybox(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "busybox")
+	if err := os.WriteFile(p, []byte("#!fake busybox\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func readTar(t *testing.T, data []byte) (map[string][]byte, map[string]*tar.Header, []string) {
+	t.Helper()
+	files := map[string][]byte{}
+	headers := map[string]*tar.Header{}
+	var order []string
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return files, headers, order
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[h.Name], headers[h.Name] = body, h
+		order = append(order, h.Name)
+	}
+}
+
+func decodeBlob(t *testing.T, files map[string][]byte, d ocispec.Descriptor, v any) []byte {
+	t.Helper()
+	blob, ok := files["blobs/sha256/"+d.Digest.Encoded()]
+	if !ok {
+		t.Fatalf("blob %s missing", d.Digest)
+	}
+	if digest.FromBytes(blob) != d.Digest || int64(len(blob)) != d.Size {
+		t.Fatalf("blob %s does not match its descriptor", d.Digest)
+	}
+	if v != nil {
+		if err := json.Unmarshal(blob, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return blob
+}
+
+func TestWriteLayout(t *testing.T) {
+	bb := fakeBusybox(t)
+	var out bytes.Buffer
+	if err := Write(&out, Options{Name: "docker.io/c8s/busybox:unit", Busybox: bb}); err != nil {
+		t.Fatal(err)
+	}
+	files, _, _ := readTar(t, out.Bytes())
+	if got := string(files["oci-layout"]); got != `{"imageLayoutVersion":"1.0.0"}` {
+		t.Errorf("oci-layout = %s", got)
+	}
+	var index ocispec.Index
+	if err := json.Unmarshal(files["index.json"], &index); err != nil {
+		t.Fatal(err)
+	}
+	if len(index.Manifests) != 1 {
+		t.Fatalf("index has %d manifests", len(index.Manifests))
+	}
+	ann := index.Manifests[0].Annotations
+	if ann[AnnotationImageName] != "docker.io/c8s/busybox:unit" || ann[ocispec.AnnotationRefName] != "unit" {
+		t.Errorf("index annotations = %v", ann)
+	}
+	var m ocispec.Manifest
+	decodeBlob(t, files, index.Manifests[0], &m)
+	var cfg ocispec.Image
+	decodeBlob(t, files, m.Config, &cfg)
+	if strings.Join(cfg.Config.Cmd, " ") != "sh" || !strings.HasPrefix(cfg.Config.Env[0], "PATH=") || cfg.OS != "linux" {
+		t.Errorf("config = %+v", cfg.Config)
+	}
+	if len(m.Layers) != 1 || m.Layers[0].MediaType != ocispec.MediaTypeImageLayerGzip {
+		t.Fatalf("layers = %+v", m.Layers)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(decodeBlob(t, files, m.Layers[0], nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if digest.FromBytes(layer) != cfg.RootFS.DiffIDs[0] {
+		t.Errorf("diff ID %s does not match the uncompressed layer", cfg.RootFS.DiffIDs[0])
+	}
+	lfiles, lheaders, _ := readTar(t, layer)
+	if string(lfiles["bin/busybox"]) != "#!fake busybox\n" || lheaders["bin/busybox"].Mode != 0o755 {
+		t.Errorf("bin/busybox missing or wrong mode")
+	}
+	for _, a := range []string{"sh", "echo", "cat", "sleep", "uname", "true", "false", "ls", "id", "env", "ps", "hostname"} {
+		h := lheaders["bin/"+a]
+		if h == nil || h.Typeflag != tar.TypeSymlink || h.Linkname != "busybox" {
+			t.Errorf("bin/%s is not a symlink to busybox: %+v", a, h)
+		}
+	}
+	if !strings.HasPrefix(string(lfiles["etc/passwd"]), "root:x:0:0:") || !strings.HasPrefix(string(lfiles["etc/group"]), "root:x:0:") {
+		t.Errorf("user database missing")
+	}
+	for name, h := range lheaders {
+		if h.Uid != 0 || h.Gid != 0 || h.ModTime.Unix() != 0 {
+			t.Errorf("%s: uid %d gid %d mtime %v", name, h.Uid, h.Gid, h.ModTime)
+		}
+	}
+}
+
+func TestWriteIsDeterministic(t *testing.T) {
+	bb := fakeBusybox(t)
+	var a, b bytes.Buffer
+	if err := Write(&a, Options{Busybox: bb}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Write(&b, Options{Busybox: bb}); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a.Bytes(), b.Bytes()) {
+		t.Error("two writes with the same options differ")
+	}
+	var c bytes.Buffer
+	if err := Write(&c, Options{Busybox: bb, Name: "docker.io/c8s/other:x"}); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(a.Bytes(), c.Bytes()) {
+		t.Error("the name does not reach the output")
+	}
+}
+
+func TestWriteRejectsBadInput(t *testing.T) {
+	if err := Write(io.Discard, Options{Busybox: filepath.Join(t.TempDir(), "missing")}); err == nil ||
+		!strings.Contains(err.Error(), "busybox-static") {
+		t.Errorf("missing busybox: %v", err)
+	}
+	if err := Write(io.Discard, Options{Busybox: fakeBusybox(t), Name: "busybox"}); err == nil {
+		t.Error("a short name was accepted")
+	}
+}
+
+func TestTagOf(t *testing.T) {
+	for ref, want := range map[string]string{
+		"docker.io/c8s/busybox:test":            "test",
+		"localhost:5000/busybox":                "latest",
+		"docker.io/c8s/busybox:v1@sha256:abcd":  "v1",
+		"registry.example:443/a/b/c:1.2.3-rc.1": "1.2.3-rc.1",
+	} {
+		if got := tagOf(ref); got != want {
+			t.Errorf("tagOf(%q) = %q, want %q", ref, got, want)
+		}
+	}
+}
+
+// TestImportAndRunWithContainerd imports the real busybox image into a
+// private containerd and runs containers from it with runc. It leaves one
+// container running and checks that the helper's cleanup ends it.
+func TestImportAndRunWithContainerd(t *testing.T) {
+	if _, err := os.Stat(DefaultBusybox); err != nil {
+		containerdtest.SkipOrFail(t, "%s missing: run make deps", DefaultBusybox)
+	}
+	var dir string
+	var shimPID int
+	t.Run("daemon", func(t *testing.T) {
+		d := containerdtest.Start(t, containerdtest.Options{})
+		dir = d.Dir
+		tarball := filepath.Join(t.TempDir(), "busybox.tar")
+		if err := WriteFile(tarball, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		d.Ctr(t, "images", "import", tarball)
+		if out := d.Ctr(t, "images", "ls", "--quiet"); !strings.Contains(out, DefaultName) {
+			t.Fatalf("image %s not listed after import: %s", DefaultName, out)
+		}
+		out := d.Ctr(t, "run", "--rm", DefaultName, "t1", "echo", "hi")
+		if out != "hi\n" {
+			t.Errorf("ctr run echo hi printed %q", out)
+		}
+		out = d.Ctr(t, "run", "--rm", DefaultName, "t2", "sh", "-c", "id -u; ls /bin/sh; hostname >/dev/null && echo ok")
+		if got := strings.Fields(out); len(got) != 3 || got[0] != "0" || got[1] != "/bin/sh" || got[2] != "ok" {
+			t.Errorf("applets in the container printed %q", out)
+		}
+		d.Ctr(t, "run", "--detach", DefaultName, "left-running", "sleep", "600")
+		fields := strings.Fields(d.Ctr(t, "tasks", "ls"))
+		if len(fields) < 6 || fields[3] != "left-running" || fields[5] != "RUNNING" {
+			t.Fatalf("tasks ls: %q", fields)
+		}
+		shimPID = processMentioning(t, dir)
+	})
+	if dir == "" {
+		return
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s still exists after cleanup (%v)", dir, err)
+	}
+	if shimPID == 0 {
+		t.Fatal("no shim process found while the container ran")
+	}
+	if pid := processMentioning(t, dir); pid != 0 {
+		t.Errorf("process %d started by the test daemon is still running", pid)
+	}
+}
+
+// processMentioning returns a live (non-zombie) process whose command line
+// contains s, or 0.
+func processMentioning(t *testing.T, s string) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte(s)) {
+			return pid
+		}
+	}
+	return 0
+}

@@ -196,12 +196,12 @@ func Parse(data []byte) (*Config, error) {
 	dec := toml.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&cfg); err != nil {
-		return nil, describeDecodeError(err)
+		return nil, describeDecodeError(data, err)
 	}
 	return &cfg, nil
 }
 
-func describeDecodeError(err error) error {
+func describeDecodeError(data []byte, err error) error {
 	var strict *toml.StrictMissingError
 	if errors.As(err, &strict) && len(strict.Errors) > 0 {
 		var parts []string
@@ -215,12 +215,28 @@ func describeDecodeError(err error) error {
 	if errors.As(err, &de) {
 		row, col := de.Position()
 		key := strings.Join(de.Key(), ".")
+		if key == "" {
+			key = keyOnLine(data, row)
+		}
 		if key != "" {
 			return fmt.Errorf("line %d column %d (key %q): %s", row, col, key, de.Error())
 		}
 		return fmt.Errorf("line %d column %d: %s", row, col, de.Error())
 	}
 	return err
+}
+
+// keyOnLine returns the key assigned on line row (1-based) of data, if any.
+func keyOnLine(data []byte, row int) string {
+	lines := strings.Split(string(data), "\n")
+	if row < 1 || row > len(lines) {
+		return ""
+	}
+	k, _, ok := strings.Cut(lines[row-1], "=")
+	if !ok {
+		return ""
+	}
+	return strings.Trim(strings.TrimSpace(k), `"'`)
 }
 
 // Validate checks values and that the files the VM needs exist.

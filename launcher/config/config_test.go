@@ -1,0 +1,218 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/kata-containers/kata-containers/src/runtime/virtcontainers/pkg/annotations"
+)
+
+func writeFile(t *testing.T, dir, name, content string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// validConfig returns a config whose files exist.
+func validConfig(t *testing.T) *Config {
+	t.Helper()
+	dir := t.TempDir()
+	c := Default()
+	c.Hypervisor.Path = writeFile(t, dir, "qemu", "")
+	c.Hypervisor.Kernel = writeFile(t, dir, "vmlinuz", "k")
+	c.Hypervisor.Initrd = writeFile(t, dir, "initrd", "i")
+	return &c
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := c.Hypervisor
+	if h.Path != "/usr/bin/qemu-system-x86_64" || h.DefaultVCPUs != 1 || h.DefaultMemoryMiB != 512 ||
+		h.Accel != "auto" || h.TEE != "sim" || c.Runtime.StateDir != "/run/c8s" ||
+		h.SNP.CBitPos != 51 || h.SNP.ReducedPhysBits != 1 || h.SNP.Policy != 0x30000 {
+		t.Fatalf("defaults = %+v", c)
+	}
+	if got := c.CachePath(); got != "/run/c8s/cache" {
+		t.Fatalf("CachePath = %q", got)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	p := writeFile(t, dir, "c8s.toml", `
+[hypervisor]
+path = "qemu-system-x86_64"
+kernel = "/k"
+initrd = "/i"
+kernel_params = "c8s.debug=1"
+default_vcpus = 4
+default_memory = 2048
+accel = "tcg"
+tee = "snp"
+enable_annotations = ["default_vcpus"]
+
+[hypervisor.snp]
+policy = 0x30001
+host_data = "00"
+
+[hypervisor.tdx]
+quote_generation_socket = "vsock:4050"
+
+[runtime]
+state_dir = "/tmp/c8s"
+debug = true
+`)
+	c, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	want.Hypervisor.Path = "qemu-system-x86_64"
+	want.Hypervisor.Kernel, want.Hypervisor.Initrd = "/k", "/i"
+	want.Hypervisor.KernelParams = "c8s.debug=1"
+	want.Hypervisor.DefaultVCPUs, want.Hypervisor.DefaultMemoryMiB = 4, 2048
+	want.Hypervisor.Accel, want.Hypervisor.TEE = "tcg", "snp"
+	want.Hypervisor.EnableAnnotations = []string{"default_vcpus"}
+	want.Hypervisor.SNP.Policy, want.Hypervisor.SNP.HostData = 0x30001, "00"
+	want.Hypervisor.TDX.QuoteGenerationSocket = "vsock:4050"
+	want.Runtime = Runtime{StateDir: "/tmp/c8s", Debug: true}
+	if !reflect.DeepEqual(*c, want) {
+		t.Fatalf("Load =\n%+v\nwant\n%+v", *c, want)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name, content string
+		want          []string
+	}{
+		{"unknown-key", "[hypervisor]\nkernel = \"/k\"\n\nkernal_params = \"x\"\n", []string{"line 4", `"hypervisor.kernal_params"`, "unknown key"}},
+		{"unknown-table", "[hypervisor]\n[hypervisor.sev]\ncbitpos = 1\n", []string{"line 2", `"hypervisor.sev"`}},
+		{"wrong-type", "[hypervisor]\ndefault_vcpus = \"two\"\n", []string{"line 2", "default_vcpus"}},
+		{"syntax", "[hypervisor\n", []string{"line 1"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := writeFile(t, dir, c.name+".toml", c.content)
+			_, err := Load(p)
+			if err == nil {
+				t.Fatal("Load succeeded")
+			}
+			for _, w := range append(c.want, p) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	missing := filepath.Join(dir, "nope.toml")
+	if _, err := Load(missing); err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("Load of a missing file: %v", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if err := validConfig(t).Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string
+	}{
+		{"unknown-tee", func(c *Config) { c.Hypervisor.TEE = "sgx" }, []string{`"sgx"`, "sim, snp, tdx"}},
+		{"unknown-accel", func(c *Config) { c.Hypervisor.Accel = "hvf" }, []string{`"hvf"`, "auto, kvm, tcg"}},
+		{"missing-kernel", func(c *Config) { c.Hypervisor.Kernel = "/nonexistent/vmlinuz" }, []string{"/nonexistent/vmlinuz", "make image", "hypervisor.kernel"}},
+		{"unset-initrd", func(c *Config) { c.Hypervisor.Initrd = "" }, []string{"hypervisor.initrd is not set", "make image"}},
+		{"kernel-is-dir", func(c *Config) { c.Hypervisor.Kernel = t.TempDir() }, []string{"is a directory"}},
+		{"snp-without-firmware", func(c *Config) { c.Hypervisor.TEE = "snp" }, []string{"hypervisor.firmware is not set"}},
+		{"zero-vcpus", func(c *Config) { c.Hypervisor.DefaultVCPUs = 0 }, []string{"default_vcpus 0"}},
+		{"tiny-memory", func(c *Config) { c.Hypervisor.DefaultMemoryMiB = 8 }, []string{"default_memory 8"}},
+		{"unknown-annotation", func(c *Config) { c.Hypervisor.EnableAnnotations = []string{"default_vcpu"} }, []string{`"default_vcpu"`, "default_memory, default_vcpus, kernel_params"}},
+		{"qemu-not-in-path", func(c *Config) { c.Hypervisor.Path = "no-such-qemu" }, []string{`"no-such-qemu"`, "PATH"}},
+		{"relative-state-dir", func(c *Config) { c.Runtime.StateDir = "run" }, []string{"runtime.state_dir"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := validConfig(t)
+			c.mutate(cfg)
+			err := cfg.Validate()
+			if err == nil {
+				t.Fatal("Validate succeeded")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestWithAnnotations(t *testing.T) {
+	base := Default()
+	base.Hypervisor.KernelParams = "a=1"
+	ann := map[string]string{
+		annotations.DefaultVCPUs:  "3",
+		annotations.DefaultMemory: "1024",
+		annotations.KernelParams:  "b=2",
+		annotations.KernelPath:    "/evil/vmlinuz", // never honoured
+		"io.example/unrelated":    "x",
+	}
+
+	t.Run("nothing-allowlisted", func(t *testing.T) {
+		got, err := base.WithAnnotations(ann)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, base) {
+			t.Fatalf("annotations applied without allowlist: %+v", got.Hypervisor)
+		}
+	})
+
+	t.Run("partly-allowlisted", func(t *testing.T) {
+		c := base
+		c.Hypervisor.EnableAnnotations = []string{"default_memory", "kernel_params"}
+		got, err := c.WithAnnotations(ann)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := got.Hypervisor
+		if h.DefaultVCPUs != 1 || h.DefaultMemoryMiB != 1024 || h.KernelParams != "a=1 b=2" || h.Kernel != "" {
+			t.Fatalf("got %+v", h)
+		}
+		if c.Hypervisor.KernelParams != "a=1" || c.Hypervisor.DefaultMemoryMiB != 512 {
+			t.Fatal("WithAnnotations modified its receiver")
+		}
+	})
+
+	t.Run("invalid-values", func(t *testing.T) {
+		c := base
+		c.Hypervisor.EnableAnnotations = []string{"default_vcpus", "default_memory", "kernel_params"}
+		for key, value := range map[string]string{
+			annotations.DefaultVCPUs:  "0",
+			annotations.DefaultMemory: "lots",
+			annotations.KernelParams:  "a\nb",
+		} {
+			_, err := c.WithAnnotations(map[string]string{key: value})
+			if err == nil || !strings.Contains(err.Error(), key) {
+				t.Errorf("%s=%q: err = %v, want one naming the annotation", key, value, err)
+			}
+		}
+		// Invalid values of annotations that are not allowlisted are ignored.
+		c.Hypervisor.EnableAnnotations = nil
+		if _, err := c.WithAnnotations(map[string]string{annotations.DefaultVCPUs: "0"}); err != nil {
+			t.Errorf("not allowlisted annotation caused %v", err)
+		}
+	})
+}

@@ -1,0 +1,112 @@
+package vm
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/tee"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+// goldenSpec is a fixed spec; paths need not exist since Args is pure.
+func goldenSpec(teeName, accel string) Spec {
+	h := config.Default().Hypervisor
+	h.Kernel = "/usr/share/c8s/vmlinuz"
+	h.Initrd = "/usr/share/c8s/initrd.img"
+	h.KernelParams = "c8s.debug=1"
+	h.DefaultVCPUs = 2
+	h.DefaultMemoryMiB = 1024
+	h.TEE = teeName
+	if teeName != "sim" {
+		h.Firmware = "/usr/share/ovmf/OVMF.fd"
+	}
+	h.SNP.HostData = strings.Repeat("ab", 32)
+	h.TDX.MRConfigID = strings.Repeat("cd", 48)
+	return Spec{
+		ID:         "pod-1",
+		StateDir:   "/run/c8s/pod-1",
+		Hypervisor: h,
+		Accel:      accel,
+		Disks: []Disk{
+			{ID: "rootfs", Path: "/var/lib/c8s/rootfs.erofs", ReadOnly: true},
+			{ID: "scratch", Path: "/var/lib/c8s/scratch,1.img"},
+		},
+	}
+}
+
+func TestArgsGolden(t *testing.T) {
+	cases := []struct {
+		name string
+		spec Spec
+	}{
+		{"sim", goldenSpec("sim", "tcg")},
+		{"sim-vsock", func() Spec { s := goldenSpec("sim", "kvm"); s.VsockCID = 7; s.Disks = nil; return s }()},
+		{"snp", goldenSpec("snp", "kvm")},
+		{"tdx", goldenSpec("tdx", "kvm")},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := tee.Lookup(c.spec.Hypervisor.TEE)
+			if err != nil {
+				t.Fatal(err)
+			}
+			argv, err := Args(c.spec, b)
+			if err != nil {
+				t.Fatalf("Args: %v", err)
+			}
+			got := strings.Join(argv, "\n") + "\n"
+			path := filepath.Join("testdata", c.name+".golden")
+			if *update {
+				if err := os.MkdirAll("testdata", 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./launcher/vm -update)", err)
+			}
+			if got != string(want) {
+				t.Fatalf("argv differs from %s (if intended, run go test ./launcher/vm -update):\ngot:\n%s\nwant:\n%s", path, got, want)
+			}
+		})
+	}
+}
+
+func TestArgsErrors(t *testing.T) {
+	sim, _ := tee.Lookup("sim")
+	snp, _ := tee.Lookup("snp")
+	cases := []struct {
+		name    string
+		mutate  func(*Spec)
+		backend tee.Backend
+		want    string
+	}{
+		{"snp-under-tcg", func(s *Spec) { s.Hypervisor.TEE = "snp"; s.Hypervisor.Firmware = "/fw"; s.Accel = "tcg" }, snp, "needs KVM"},
+		{"auto-accel", func(s *Spec) { s.Accel = "auto" }, sim, "resolve \"auto\""},
+		{"bad-id", func(s *Spec) { s.ID = "a/b" }, sim, "ID \"a/b\""},
+		{"relative-state-dir", func(s *Spec) { s.StateDir = "run/x" }, sim, "absolute path"},
+		{"long-state-dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 100) }, sim, "too long for unix sockets"},
+		{"duplicate-disk", func(s *Spec) { s.Disks = append(s.Disks, s.Disks[0]) }, sim, "used twice"},
+		{"relative-disk", func(s *Spec) { s.Disks[0].Path = "disk.img" }, sim, "must be absolute"},
+		{"no-kernel", func(s *Spec) { s.Hypervisor.Kernel = "" }, sim, "make image"},
+		{"no-backend", func(*Spec) {}, nil, "no TEE backend"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := goldenSpec("sim", "tcg")
+			c.mutate(&s)
+			_, err := Args(s, c.backend)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Args error = %v, want it to contain %q", err, c.want)
+			}
+		})
+	}
+}

@@ -31,6 +31,10 @@ PACKAGES=(
 	diffutils
 	python3
 	python3-cryptography
+	systemd
+	osslsigncode
+	openssl
+	linux-image-amd64
 )
 
 missing=()

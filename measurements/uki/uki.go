@@ -85,10 +85,11 @@ const PCRIndex = 11
 // in an .sdmagic section: the newest behaviour this package models.
 const DefaultStubVersion = 256
 
-// maxZeroFill bounds the zeros a section may gain when loaded (VirtualSize
-// beyond SizeOfRawData). UKI sections hold file payloads, so anything large
-// is a malformed image rather than a real UKI.
-const maxZeroFill = 64 << 20
+// maxZeroFill bounds the zeros the stub's sections may gain in total when
+// loaded (VirtualSize beyond SizeOfRawData). UKI sections hold file
+// payloads whose VirtualSize is their exact size, so anything large is a
+// malformed image rather than a real UKI (and would only burn CPU).
+const maxZeroFill = 1 << 20
 
 // canonical is systemd-stub's measurement order, with the first stub
 // version that measures each section.
@@ -221,13 +222,17 @@ func Measure(img []byte, opts Options) (*Report, error) {
 		measured[n] = true
 	}
 	var order []pecoff.Section
+	zeroFill := uint64(0)
 	for _, name := range known {
 		s, ok := f.Section(name)
 		if !ok {
 			continue
 		}
-		if s.VirtualSize > s.SizeOfRawData && s.VirtualSize-s.SizeOfRawData > maxZeroFill {
-			return nil, fmt.Errorf("uki: section %s has VirtualSize %#x but only %#x bytes of data; refusing to zero-fill more than %d MiB",
+		if s.VirtualSize > s.SizeOfRawData {
+			zeroFill += uint64(s.VirtualSize - s.SizeOfRawData)
+		}
+		if zeroFill > maxZeroFill {
+			return nil, fmt.Errorf("uki: section %s has VirtualSize %#x but only %#x bytes of data; refusing to zero-fill more than %d MiB in all",
 				name, s.VirtualSize, s.SizeOfRawData, maxZeroFill>>20)
 		}
 		d256, d384 := sha256.New(), sha512.New384()

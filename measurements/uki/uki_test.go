@@ -8,6 +8,7 @@ package uki
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -295,6 +296,27 @@ func TestMeasureRejects(t *testing.T) {
 	}
 	if _, err := Measure(stub[:1000], Options{}); err == nil {
 		t.Error("Measure(truncated stub) succeeded")
+	}
+	// Turn the stub's .sbat section into a .linux section whose VirtualSize
+	// asks for 2 MiB of zero fill.
+	big := append([]byte(nil), stub...)
+	pe := int(binary.LittleEndian.Uint32(big[0x3c:]))
+	nsec := int(binary.LittleEndian.Uint16(big[pe+6:]))
+	secTab := pe + 24 + int(binary.LittleEndian.Uint16(big[pe+20:]))
+	renamed := false
+	for i := 0; i < nsec; i++ {
+		h := big[secTab+40*i:]
+		if string(bytes.TrimRight(h[:8], "\x00")) == ".sbat" {
+			copy(h[:8], ".linux\x00\x00")
+			binary.LittleEndian.PutUint32(h[8:], 2<<20)
+			renamed = true
+		}
+	}
+	if !renamed {
+		t.Fatal("the stub has no .sbat section to rename")
+	}
+	if _, err := Measure(big, Options{}); err == nil || !strings.Contains(err.Error(), "zero-fill") {
+		t.Errorf("Measure(2 MiB zero fill) = %v, want a zero-fill error", err)
 	}
 	if _, err := PCR11(SHA256, 252, map[string][]byte{".kernel": []byte("x")}); err == nil {
 		t.Error("PCR11 accepted an unknown section name")

@@ -189,6 +189,11 @@ func (f *File) Section(name string) (Section, bool) {
 // EFI loader copies from the file.
 func (f *File) FileData(s Section) []byte {
 	n := min(s.VirtualSize, s.SizeOfRawData)
+	if n == 0 {
+		// Parse only bounds-checks sections with raw data; an empty one
+		// may carry any PointerToRawData.
+		return nil
+	}
 	return f.data[s.PointerToRawData : s.PointerToRawData+n]
 }
 

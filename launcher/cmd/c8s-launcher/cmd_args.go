@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 
 	"github.com/c8s-dev/c8s/launcher/accel"
@@ -16,7 +17,7 @@ func init() {
 	register("args", "print the QEMU argv for a configuration, one argument per line", runArgs)
 }
 
-func runArgs(ctx context.Context, args []string) error {
+func runArgs(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlags("args")
 	cfgPath := fs.String("config", "", "configuration file (TOML)")
 	id := fs.String("id", "example", "VM ID (names the state directory)")
@@ -60,7 +61,7 @@ func runArgs(ctx context.Context, args []string) error {
 		return err
 	}
 	for _, a := range argv {
-		fmt.Println(a)
+		fmt.Fprintln(stdout, a)
 	}
 	return nil
 }

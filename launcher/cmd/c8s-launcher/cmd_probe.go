@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
@@ -13,7 +14,7 @@ func init() {
 	register("probe-accel", "choose the accelerator (probing KVM for \"auto\") and print it", runProbeAccel)
 }
 
-func runProbeAccel(ctx context.Context, args []string) error {
+func runProbeAccel(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlags("probe-accel")
 	cfgPath := fs.String("config", "", "configuration file (TOML); default: built-in defaults")
 	kernel := fs.String("kernel", "", "guest kernel to probe with (default: hypervisor.kernel)")
@@ -51,6 +52,6 @@ func runProbeAccel(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("accel: %s\nreason: %s\ncached: %v\n", res.Accel, res.Reason, res.Cached)
+	fmt.Fprintf(stdout, "accel: %s\nreason: %s\ncached: %v\n", res.Accel, res.Reason, res.Cached)
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 )
@@ -15,12 +16,12 @@ import (
 // command is one subcommand.
 type command struct {
 	summary string
-	run     func(ctx context.Context, args []string) error
+	run     func(ctx context.Context, args []string, stdout io.Writer) error
 }
 
 var commands = map[string]command{}
 
-func register(name, summary string, run func(ctx context.Context, args []string) error) {
+func register(name, summary string, run func(ctx context.Context, args []string, stdout io.Writer) error) {
 	if _, dup := commands[name]; dup {
 		panic("c8s-launcher: duplicate subcommand " + name)
 	}
@@ -61,7 +62,7 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
-	if err := cmd.run(context.Background(), os.Args[2:]); err != nil {
+	if err := cmd.run(context.Background(), os.Args[2:], os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "c8s-launcher %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}

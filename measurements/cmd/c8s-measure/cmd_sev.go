@@ -30,7 +30,7 @@ func runSEVES(args []string) error {
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	counts, err := vcpuCounts(f.vcpus)
+	counts, err := sevVCPUCounts(f.vcpus)
 	if err != nil {
 		return err
 	}

@@ -22,7 +22,7 @@ func runSNP(args []string) error {
 	if f.svsm != "" || f.varsSize != "" || f.varsFile != "" {
 		return runSVSM(f)
 	}
-	counts, err := vcpuCounts(f.vcpus)
+	counts, err := sevVCPUCounts(f.vcpus)
 	if err != nil {
 		return err
 	}
@@ -34,7 +34,7 @@ func runSNP(args []string) error {
 	if err != nil {
 		return err
 	}
-	features, err := parseInt("guest-features", f.guestFeatures, 64)
+	features, err := sevParseInt("guest-features", f.guestFeatures, 64)
 	if err != nil {
 		return err
 	}
@@ -81,7 +81,7 @@ func runSVSM(f *sevFlags) error {
 		return errors.New("--snp-ovmf-hash is not supported in SNP+SVSM mode")
 	}
 	if f.isSet("guest-features") {
-		if v, err := parseInt("guest-features", f.guestFeatures, 64); err != nil || v != snp.SVSMFeatures {
+		if v, err := sevParseInt("guest-features", f.guestFeatures, 64); err != nil || v != snp.SVSMFeatures {
 			return fmt.Errorf("--guest-features: SNP+SVSM mode always uses SEV_FEATURES %#x", snp.SVSMFeatures)
 		}
 	}
@@ -92,7 +92,7 @@ func runSVSM(f *sevFlags) error {
 	if vmm != snp.VMMQEMU {
 		return fmt.Errorf("SNP+SVSM mode is only defined for QEMU, not --vmm-type %s", vmm)
 	}
-	counts, err := vcpuCounts(f.vcpus)
+	counts, err := sevVCPUCounts(f.vcpus)
 	if err != nil {
 		return err
 	}
@@ -107,7 +107,7 @@ func runSVSM(f *sevFlags) error {
 			return err
 		}
 		vars = uint64(st.Size())
-	} else if vars, err = parseInt("vars-size", f.varsSize, 64); err != nil {
+	} else if vars, err = sevParseInt("vars-size", f.varsSize, 64); err != nil {
 		return err
 	}
 	in, err := f.load()

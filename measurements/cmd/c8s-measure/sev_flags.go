@@ -108,9 +108,9 @@ func (f *sevFlags) isSet(name string) bool {
 	return set
 }
 
-// parseInt parses an integer the way Python's int(s, 0) does for the
+// sevParseInt parses an integer the way Python's int(s, 0) does for the
 // common cases: decimal, or 0x/0o/0b prefixed.
-func parseInt(flagName, s string, bits int) (uint64, error) {
+func sevParseInt(flagName, s string, bits int) (uint64, error) {
 	v, err := strconv.ParseUint(strings.TrimSpace(s), 0, bits)
 	if err != nil {
 		return 0, fmt.Errorf("--%s %q: want a non-negative integer of at most %d bits (decimal or 0x-prefixed hex)", flagName, s, bits)
@@ -118,9 +118,9 @@ func parseInt(flagName, s string, bits int) (uint64, error) {
 	return v, nil
 }
 
-// vcpuCounts parses --vcpus: "4", "1,2,4,8", "1-8" or a mix ("1,2,4-8").
+// sevVCPUCounts parses --vcpus: "4", "1,2,4,8", "1-8" or a mix ("1,2,4-8").
 // The counts are returned in the order given, ranges expanded.
-func vcpuCounts(s string) ([]int, error) {
+func sevVCPUCounts(s string) ([]int, error) {
 	if s == "" {
 		return nil, errors.New("--vcpus N is required")
 	}
@@ -161,21 +161,21 @@ func (f *sevFlags) signature(vmm snp.VMMType) (uint64, error) {
 		if f.vcpuModel == "" || f.vcpuStep == "" {
 			return 0, errors.New("--vcpu-family needs --vcpu-model and --vcpu-stepping")
 		}
-		fam, err := parseDecimal("vcpu-family", f.vcpuFamily)
+		fam, err := sevParseDecimal("vcpu-family", f.vcpuFamily)
 		if err != nil {
 			return 0, err
 		}
-		model, err := parseDecimal("vcpu-model", f.vcpuModel)
+		model, err := sevParseDecimal("vcpu-model", f.vcpuModel)
 		if err != nil {
 			return 0, err
 		}
-		step, err := parseDecimal("vcpu-stepping", f.vcpuStep)
+		step, err := sevParseDecimal("vcpu-stepping", f.vcpuStep)
 		if err != nil {
 			return 0, err
 		}
 		return uint64(snp.CPUSig(fam, model, step)), nil
 	case f.vcpuSig != "":
-		return parseInt("vcpu-sig", f.vcpuSig, 64)
+		return sevParseInt("vcpu-sig", f.vcpuSig, 64)
 	case f.vcpuType != "":
 		sig, err := snp.VCPUTypeSig(f.vcpuType)
 		if err != nil {
@@ -188,7 +188,7 @@ func (f *sevFlags) signature(vmm snp.VMMType) (uint64, error) {
 	return 0, nil
 }
 
-func parseDecimal(flagName, s string) (uint32, error) {
+func sevParseDecimal(flagName, s string) (uint32, error) {
 	v, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
 	if err != nil {
 		return 0, fmt.Errorf("--%s %q: want a decimal number", flagName, s)
@@ -215,14 +215,14 @@ func (f *sevFlags) load() (amdInputs, error) {
 	)
 	if f.kernel != "" {
 		wg.Add(2)
-		go func() { defer wg.Done(); kHash, kErr = sha256File(f.kernel) }()
+		go func() { defer wg.Done(); kHash, kErr = sevHashFile(f.kernel) }()
 		go func() {
 			defer wg.Done()
 			if f.initrd == "" {
 				iHash = sha256.Sum256(nil)
 				return
 			}
-			iHash, iErr = sha256File(f.initrd)
+			iHash, iErr = sevHashFile(f.initrd)
 		}()
 	}
 	fwData, fwErr = os.ReadFile(f.ovmf)
@@ -241,8 +241,8 @@ func (f *sevFlags) load() (amdInputs, error) {
 	return in, nil
 }
 
-// sha256Stream hashes r (the file at path) with 1 MiB reads.
-func sha256Stream(r io.Reader, path string) ([sha256.Size]byte, error) {
+// sevHashStream hashes r (the file at path) with 1 MiB reads.
+func sevHashStream(r io.Reader, path string) ([sha256.Size]byte, error) {
 	var d [sha256.Size]byte
 	h := sha256.New()
 	buf := make([]byte, 1<<20)
@@ -259,8 +259,8 @@ type sevResult struct {
 	Digest []byte
 }
 
-// modeNames are the names the reference tool prints with --verbose.
-var modeNames = map[string]string{"snp": "SEV_SNP", "snp:svsm": "SEV_SNP_SVSM", "sev": "SEV", "seves": "SEV_ES", "snp:ovmf-hash": "SNP OVMF hash"}
+// sevModeNames are the names the reference tool prints with --verbose.
+var sevModeNames = map[string]string{"snp": "SEV_SNP", "snp:svsm": "SEV_SNP_SVSM", "sev": "SEV", "seves": "SEV_ES", "snp:ovmf-hash": "SNP OVMF hash"}
 
 // print writes the results: the digest alone for one result, a "vcpus
 // digest" table for several (sorted by vCPU count, duplicates dropped), or
@@ -305,7 +305,7 @@ func (f *sevFlags) print(mode string, results []sevResult) error {
 	if len(results) == 1 {
 		m := enc(results[0].Digest)
 		if f.verbose {
-			_, err := fmt.Fprintf(sevOut, "Calculated %s guest measurement: %s\n", modeNames[mode], m)
+			_, err := fmt.Fprintf(sevOut, "Calculated %s guest measurement: %s\n", sevModeNames[mode], m)
 			return err
 		}
 		_, err := fmt.Fprintln(sevOut, m)

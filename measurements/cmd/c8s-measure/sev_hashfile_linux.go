@@ -8,10 +8,10 @@ import (
 	"syscall"
 )
 
-// sha256File hashes a file through a read-only shared mapping of it, which
+// sevHashFile hashes a file through a read-only shared mapping of it, which
 // spares copying the (often tens of MiB) kernel and initrd out of the page
 // cache. It falls back to streaming reads when the file cannot be mapped.
-func sha256File(path string) ([sha256.Size]byte, error) {
+func sevHashFile(path string) ([sha256.Size]byte, error) {
 	file, err := os.Open(path)
 	if err != nil {
 		return [sha256.Size]byte{}, err
@@ -23,11 +23,11 @@ func sha256File(path string) ([sha256.Size]byte, error) {
 	}
 	size := st.Size()
 	if !st.Mode().IsRegular() || size == 0 || int64(int(size)) != size {
-		return sha256Stream(file, path)
+		return sevHashStream(file, path)
 	}
 	data, err := syscall.Mmap(int(file.Fd()), 0, int(size), syscall.PROT_READ, syscall.MAP_SHARED|syscall.MAP_POPULATE)
 	if err != nil {
-		return sha256Stream(file, path)
+		return sevHashStream(file, path)
 	}
 	defer syscall.Munmap(data)
 	return sha256.Sum256(data), nil

@@ -7,12 +7,12 @@ import (
 	"os"
 )
 
-// sha256File streams a file through SHA-256.
-func sha256File(path string) ([sha256.Size]byte, error) {
+// sevHashFile streams a file through SHA-256.
+func sevHashFile(path string) ([sha256.Size]byte, error) {
 	file, err := os.Open(path)
 	if err != nil {
 		return [sha256.Size]byte{}, err
 	}
 	defer file.Close()
-	return sha256Stream(file, path)
+	return sevHashStream(file, path)
 }

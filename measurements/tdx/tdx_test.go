@@ -72,6 +72,11 @@ func TestDebianOVMF(t *testing.T) {
 	if hex.EncodeToString(got[:]) != debianOVMFMRTD {
 		t.Errorf("MRTD %x, want %s (gce-tcb-verifier)", got, debianOVMFMRTD)
 	}
+	// The image cut to its last 64 KiB still has the footer table and the
+	// metadata, but the firmware volumes no longer fit.
+	if _, err := FirmwareMRTD(fw[len(fw)-0x10000:], PerPage); err == nil || !strings.Contains(err.Error(), "runs past the end") {
+		t.Errorf("MRTD of a truncated image: %v, want a runs-past-the-end error", err)
+	}
 	two, err := FirmwareMRTD(fw, TwoPass)
 	if err != nil {
 		t.Fatal(err)
@@ -297,4 +302,17 @@ func FuzzParse(f *testing.F) {
 		_, _ = MRTD(fw, md, PerPage)
 		_, _ = MRTD(fw, md, TwoPass)
 	})
+}
+
+func BenchmarkMRTDDebianOVMF(b *testing.B) {
+	fw, err := os.ReadFile(debianOVMF)
+	if err != nil {
+		b.Skipf("%s: %v", debianOVMF, err)
+	}
+	b.SetBytes(int64(len(fw)))
+	for b.Loop() {
+		if _, err := FirmwareMRTD(fw, PerPage); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -26,7 +26,7 @@ const (
 	systemdMeasure = "/usr/lib/systemd/systemd-measure"
 )
 
-func need(t *testing.T, path, pkg string) string {
+func need(t testing.TB, path, pkg string) string {
 	t.Helper()
 	if filepath.IsAbs(path) {
 		if _, err := os.Stat(path); err != nil {
@@ -42,7 +42,7 @@ func need(t *testing.T, path, pkg string) string {
 }
 
 // kernel returns the path of an installed Debian kernel image.
-func kernel(t *testing.T) string {
+func kernel(t testing.TB) string {
 	t.Helper()
 	m, _ := filepath.Glob("/boot/vmlinuz-*")
 	if len(m) == 0 {
@@ -56,7 +56,7 @@ type payload struct {
 }
 
 // testPayloads writes the section payloads of a test UKI into dir.
-func testPayloads(t *testing.T, dir string, all bool) []payload {
+func testPayloads(t testing.TB, dir string, all bool) []payload {
 	t.Helper()
 	write := func(name string, data []byte) string {
 		p := filepath.Join(dir, strings.TrimPrefix(name, "."))
@@ -89,7 +89,7 @@ func testPayloads(t *testing.T, dir string, all bool) []payload {
 
 // buildUKI assembles a UKI from the Debian stub with objcopy, placing each
 // section at its own virtual address above the stub's sections.
-func buildUKI(t *testing.T, dir string, ps []payload) string {
+func buildUKI(t testing.TB, dir string, ps []payload) string {
 	t.Helper()
 	objcopy := need(t, "objcopy", "binutils")
 	need(t, stubPath, "systemd-boot-efi")
@@ -334,4 +334,18 @@ func FuzzMeasure(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, _ = Measure(data, Options{})
 	})
+}
+
+func BenchmarkMeasure(b *testing.B) {
+	dir := b.TempDir()
+	img, err := os.ReadFile(buildUKI(b, dir, testPayloads(b, dir, true)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(img)))
+	for b.Loop() {
+		if _, err := Measure(img, Options{}); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

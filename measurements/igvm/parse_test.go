@@ -15,6 +15,14 @@ import (
 // 0x1000 and one VP context.
 func handFile(t *testing.T) []byte {
 	t.Helper()
+	b := handFileBytes()
+	if len(b) != 136+2*PageSize {
+		t.Fatalf("hand-built file is %d bytes; the variable headers must be 112", len(b))
+	}
+	return b
+}
+
+func handFileBytes() []byte {
 	le := binary.LittleEndian
 	var vh []byte
 	tlv := func(typ HeaderType, body []byte) {
@@ -46,9 +54,6 @@ func handFile(t *testing.T) []byte {
 	vp = le.AppendUint32(vp, dataStart+PageSize)
 	vp = le.AppendUint16(vp, 0)
 	tlv(TypeVPContext, le.AppendUint16(vp, 0))
-	if len(vh) != 112 {
-		t.Fatalf("hand-built variable headers are %d bytes, the test assumes 112", len(vh))
-	}
 	page := bytes.Repeat([]byte{0xAB}, PageSize)
 	vmsa := bytes.Repeat([]byte{0xCD}, PageSize)
 	total := dataStart + 2*PageSize

@@ -37,12 +37,24 @@ func (o Ordering) String() string {
 	return "per-page"
 }
 
+// Options selects the VMM behaviour MRTD models. The zero value is
+// upstream QEMU with KVM.
+type Options struct {
+	Ordering Ordering
+	// SkipPageAug leaves out sections with the PAGE.AUG attribute, as the
+	// TDVF design guide intends and virtee/tdx-measure does. Upstream QEMU
+	// ignores the attribute and adds such sections like any other. The two
+	// agree on firmware without PAGE.AUG sections, such as Debian 12's OVMF.
+	SkipPageAug bool
+}
+
 // MRTD computes the MRTD of a TD whose firmware is fw with metadata md.
-func MRTD(fw []byte, md *Metadata, order Ordering) ([48]byte, error) {
+func MRTD(fw []byte, md *Metadata, opts Options) ([48]byte, error) {
 	var out [48]byte
 	var added, extended uint64
+	skip := func(s Section) bool { return opts.SkipPageAug && s.Attributes&AttrPageAug != 0 }
 	for i, s := range md.Sections {
-		if s.Attributes&AttrPageAug == 0 {
+		if !skip(s) {
 			added += s.MemoryDataSize / pageSize
 		}
 		if s.Attributes&AttrMRExtend != 0 {
@@ -58,13 +70,13 @@ func MRTD(fw []byte, md *Metadata, order Ordering) ([48]byte, error) {
 	}
 	h := sha512.New384()
 	for _, s := range md.Sections {
-		if s.Attributes&AttrPageAug != 0 {
+		if skip(s) {
 			continue
 		}
 		raw := fw[s.DataOffset : s.DataOffset+s.RawDataSize]
 		pages := s.MemoryDataSize / pageSize
 		extend := s.Attributes&AttrMRExtend != 0
-		switch order {
+		switch opts.Ordering {
 		case PerPage:
 			for p := uint64(0); p < pages; p++ {
 				pageAdd(h, s.MemoryAddress+p*pageSize)
@@ -82,7 +94,7 @@ func MRTD(fw []byte, md *Metadata, order Ordering) ([48]byte, error) {
 				}
 			}
 		default:
-			return out, fmt.Errorf("tdx: unknown ordering %d", order)
+			return out, fmt.Errorf("tdx: unknown ordering %d", opts.Ordering)
 		}
 	}
 	copy(out[:], h.Sum(nil))
@@ -115,10 +127,10 @@ func mrExtendPage(h hash.Hash, gpa uint64, raw []byte, off uint64) {
 }
 
 // FirmwareMRTD parses fw's TDVF metadata and computes its MRTD.
-func FirmwareMRTD(fw []byte, order Ordering) ([48]byte, error) {
+func FirmwareMRTD(fw []byte, opts Options) ([48]byte, error) {
 	md, err := Parse(fw)
 	if err != nil {
 		return [48]byte{}, err
 	}
-	return MRTD(fw, md, order)
+	return MRTD(fw, md, opts)
 }

@@ -13,13 +13,13 @@
 //     measures the page in sixteen 256-byte chunks, each as a record holding
 //     "MR.EXTEND" and the chunk's GPA, followed by the 256 bytes.
 //
-// Sections with the PAGE.AUG attribute are not added before the TD runs
-// (the guest accepts them later) and contribute nothing. Section contents
-// are the raw data from the firmware file, zero-filled to the section's
-// memory size. This is the order of upstream QEMU and KVM, which add and
-// extend page by page (KVM_TDX_INIT_MEM_REGION). The QEMU 8.x TDX patch
-// series instead added all pages of a section before extending any of
-// them; Ordering selects that variant.
+// Section contents are the raw data from the firmware file, zero-filled to
+// the section's memory size. This is what upstream QEMU and KVM do: every
+// section is added and, if marked, extended, page by page
+// (KVM_TDX_INIT_MEM_REGION), whatever its PAGE.AUG attribute. The QEMU 8.x
+// TDX patch series instead added all pages of a section before extending
+// any of them (Options.Ordering), and the TDVF design guide means PAGE.AUG
+// sections to be left out of the measurement (Options.SkipPageAug).
 //
 // # RTMRs
 //

@@ -65,7 +65,7 @@ func TestDebianOVMF(t *testing.T) {
 	}
 	t.Logf("%d sections, %d KiB extended", len(md.Sections), extended>>10)
 
-	got, err := MRTD(fw, md, PerPage)
+	got, err := MRTD(fw, md, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +74,10 @@ func TestDebianOVMF(t *testing.T) {
 	}
 	// The image cut to its last 64 KiB still has the footer table and the
 	// metadata, but the firmware volumes no longer fit.
-	if _, err := FirmwareMRTD(fw[len(fw)-0x10000:], PerPage); err == nil || !strings.Contains(err.Error(), "runs past the end") {
+	if _, err := FirmwareMRTD(fw[len(fw)-0x10000:], Options{}); err == nil || !strings.Contains(err.Error(), "runs past the end") {
 		t.Errorf("MRTD of a truncated image: %v, want a runs-past-the-end error", err)
 	}
-	two, err := FirmwareMRTD(fw, TwoPass)
+	two, err := FirmwareMRTD(fw, Options{Ordering: TwoPass})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,8 @@ func (b fwBuilder) build() []byte {
 }
 
 // smallFirmware: a 16 KiB image mapped below 4 GiB and measured, a
-// two-page TD HOB and a three-page PAGE.AUG section.
+// two-page TD HOB, a three-page PAGE.AUG section and a measured payload
+// shorter than its memory.
 func smallFirmware() fwBuilder {
 	return fwBuilder{size: 0x4000, descOff: 0x1000, sections: []Section{
 		{DataOffset: 0, RawDataSize: 0x4000, MemoryAddress: 0xffffc000, MemoryDataSize: 0x4000, Type: SectionBFV, Attributes: AttrMRExtend},
@@ -150,7 +151,7 @@ func smallFirmware() fwBuilder {
 
 // expectedMRTD writes the TDX module's records for the synthetic image
 // directly from the TDX module specification's description.
-func expectedMRTD(fw []byte, twoPass bool) [48]byte {
+func expectedMRTD(fw []byte, twoPass, skipAug bool) [48]byte {
 	h := sha512.New384()
 	rec := func(op string, gpa uint64) {
 		b := make([]byte, 128)
@@ -182,6 +183,11 @@ func expectedMRTD(fw []byte, twoPass bool) [48]byte {
 	}
 	rec("MEM.PAGE.ADD", 0x800000)
 	rec("MEM.PAGE.ADD", 0x801000)
+	if !skipAug {
+		for p := uint64(0); p < 3; p++ {
+			rec("MEM.PAGE.ADD", 0x900000+p*4096)
+		}
+	}
 	rec("MEM.PAGE.ADD", 0xa00000)
 	ext(0xa00000, payload)
 	var out [48]byte
@@ -191,13 +197,21 @@ func expectedMRTD(fw []byte, twoPass bool) [48]byte {
 
 func TestMRTDOrderings(t *testing.T) {
 	fw := smallFirmware().build()
-	for _, o := range []Ordering{PerPage, TwoPass} {
+	for _, o := range []Options{{}, {Ordering: TwoPass}, {SkipPageAug: true}, {Ordering: TwoPass, SkipPageAug: true}} {
 		got, err := FirmwareMRTD(fw, o)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := expectedMRTD(fw, o == TwoPass); got != want {
-			t.Errorf("%s: MRTD %x, want %x", o, got, want)
+		if want := expectedMRTD(fw, o.Ordering == TwoPass, o.SkipPageAug); got != want {
+			t.Errorf("%+v: MRTD %x, want %x", o, got, want)
+		}
+	}
+	// Debian's OVMF has no PAGE.AUG section, so both conventions agree.
+	if ovmf, err := os.ReadFile(debianOVMF); err == nil {
+		a, errA := FirmwareMRTD(ovmf, Options{})
+		b, errB := FirmwareMRTD(ovmf, Options{SkipPageAug: true})
+		if errA != nil || errB != nil || a != b {
+			t.Errorf("Debian OVMF: %x (%v) with PAGE.AUG sections added, %x (%v) skipped", a, errA, b, errB)
 		}
 	}
 }
@@ -256,7 +270,7 @@ func TestParseErrors(t *testing.T) {
 		b.sections[1].MemoryDataSize = 1 << 40
 		b.sections[1].Attributes = AttrMRExtend
 	})
-	if _, err := FirmwareMRTD(huge, PerPage); err == nil || !strings.Contains(err.Error(), "limits") {
+	if _, err := FirmwareMRTD(huge, Options{}); err == nil || !strings.Contains(err.Error(), "limits") {
 		t.Errorf("FirmwareMRTD of a 1 TiB section: %v, want a limit error", err)
 	}
 }
@@ -299,8 +313,8 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		_, _ = MRTD(fw, md, PerPage)
-		_, _ = MRTD(fw, md, TwoPass)
+		_, _ = MRTD(fw, md, Options{})
+		_, _ = MRTD(fw, md, Options{Ordering: TwoPass, SkipPageAug: true})
 	})
 }
 
@@ -311,7 +325,7 @@ func BenchmarkMRTDDebianOVMF(b *testing.B) {
 	}
 	b.SetBytes(int64(len(fw)))
 	for b.Loop() {
-		if _, err := FirmwareMRTD(fw, PerPage); err != nil {
+		if _, err := FirmwareMRTD(fw, Options{}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -73,6 +73,7 @@ func runTDX(args []string) error {
 	fs := flag.NewFlagSet("tdx", flag.ContinueOnError)
 	fw := fs.String("ovmf", "", "TDVF/OVMF firmware `PATH` (required)")
 	twoPass := fs.Bool("two-pass", false, "use the QEMU 8.x TDX patches' ordering: per section all PAGE.ADDs, then all MR.EXTENDs")
+	skipAug := fs.Bool("skip-page-aug", false, "leave PAGE.AUG sections out of MRTD (TDVF design guide, virtee/tdx-measure); upstream QEMU adds them")
 	kernel := fs.String("kernel", "", "kernel `PATH` of a direct boot (json output predicts RTMR1/RTMR2)")
 	initrd := fs.String("initrd", "", "initrd `PATH` (with --kernel)")
 	appendLine := fs.String("append", "", "kernel command line (with --kernel)")
@@ -90,9 +91,9 @@ func runTDX(args []string) error {
 	case *kernel == "" && (*initrd != "" || isFlagSet(fs, "append")):
 		return errors.New("--initrd and --append need --kernel")
 	}
-	order := tdx.PerPage
+	opts := tdx.Options{SkipPageAug: *skipAug}
 	if *twoPass {
-		order = tdx.TwoPass
+		opts.Ordering = tdx.TwoPass
 	}
 	image, err := os.ReadFile(*fw)
 	if err != nil {
@@ -102,7 +103,7 @@ func runTDX(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", *fw, err)
 	}
-	mrtd, err := tdx.MRTD(image, md, order)
+	mrtd, err := tdx.MRTD(image, md, opts)
 	if err != nil {
 		return fmt.Errorf("%s: %w", *fw, err)
 	}
@@ -113,9 +114,9 @@ func runTDX(args []string) error {
 
 	out := tdxJSON{
 		MRTD:        hex.EncodeToString(mrtd[:]),
-		Ordering:    order.String(),
+		Ordering:    opts.Ordering.String(),
 		RTMR0Note:   rtmr0Note,
-		Assumptions: []string{"MRTD: " + order.String() + " ordering; PAGE.AUG sections are not added"},
+		Assumptions: []string{mrtdAssumption(opts)},
 	}
 	for _, s := range md.Sections {
 		out.Sections = append(out.Sections, tdxSectionJSON{
@@ -144,6 +145,14 @@ func runTDX(args []string) error {
 	enc := json.NewEncoder(tdxOut)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
+}
+
+func mrtdAssumption(o tdx.Options) string {
+	aug := "PAGE.AUG sections added like the others (upstream QEMU)"
+	if o.SkipPageAug {
+		aug = "PAGE.AUG sections left out"
+	}
+	return "MRTD: " + o.Ordering.String() + " ordering of PAGE.ADD and MR.EXTEND; " + aug
 }
 
 func isFlagSet(fs *flag.FlagSet, name string) bool {

@@ -20,6 +20,8 @@ TARGETS=(
 	"./measurements/uki/pecoff FuzzParse"
 	"./measurements/uki FuzzMeasure"
 	"./measurements/igvm FuzzParse"
+	"./measurements/ovmf FuzzParse"
+	"./measurements/ovmf FuzzSevMetadata"
 )
 
 status=0

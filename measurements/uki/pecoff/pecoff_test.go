@@ -184,6 +184,16 @@ func TestParseMalformed(t *testing.T) {
 	if _, err := Parse([]byte("hello")); !errors.Is(err, ErrNotPE) {
 		t.Errorf("Parse(text) = %v, want ErrNotPE", err)
 	}
+	// With fewer than five data directories there is no certificate entry.
+	few := put32(tOpt+108, 4)
+	if f, err := Parse(few); err != nil {
+		t.Errorf("Parse(4 data directories): %v", err)
+	} else if f.CertificateTable() != (DataDirectory{}) || f.certDirOff != -1 {
+		t.Errorf("Parse(4 data directories): certificate table %+v at %d", f.CertificateTable(), f.certDirOff)
+	}
+	if _, err := Parse([]byte("MZ")); !errors.Is(err, ErrNotPE) {
+		t.Errorf("Parse(MZ) = %v, want ErrNotPE", err)
+	}
 }
 
 // seedImages are the fuzz seeds: synthetic images, plus the systemd-stub
@@ -218,4 +228,38 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAuthenticodePE32 checks the PE32 (32-bit) header layout, whose data
+// directory starts 16 bytes earlier than PE32+'s.
+func TestAuthenticodePE32(t *testing.T) {
+	// Rewrite the PE32+ image's optional header as PE32: same size, magic
+	// 0x10b, NumberOfRvaAndSizes at 92 and the directory at 96.
+	img := minimalPE([]string{".text"}, [][]byte{[]byte("code32")})
+	binary.LittleEndian.PutUint16(img[tOpt:], magicPE32)
+	binary.LittleEndian.PutUint32(img[tOpt+108:], 0)
+	binary.LittleEndian.PutUint32(img[tOpt+92:], 16)
+	cert := bytes.Repeat([]byte{0xcc}, 8)
+	signed := append(append([]byte(nil), img...), cert...)
+	binary.LittleEndian.PutUint32(signed[tOpt+96+4*8:], uint32(len(img)))
+	binary.LittleEndian.PutUint32(signed[tOpt+96+4*8+4:], uint32(len(cert)))
+	f, err := Parse(signed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.PE32Plus || f.CertificateTable().Size != 8 {
+		t.Fatalf("parsed PE32 as %+v", f)
+	}
+	got, err := f.AuthenticodeSHA256()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sha256.New()
+	want.Write(signed[:tOpt+64])
+	want.Write(signed[tOpt+68 : tOpt+96+4*8])
+	want.Write(signed[tOpt+96+5*8 : tHeaders])
+	want.Write(signed[tRawStart:len(img)])
+	if !bytes.Equal(got, want.Sum(nil)) {
+		t.Errorf("PE32 digest %x, want %x computed by hand", got, want.Sum(nil))
+	}
 }

@@ -316,7 +316,7 @@ func (m *measurer) qemuVMSAs() error {
 		}
 		if resetVMSA == nil {
 			if m.opt.ResetVCPUSig == 0 {
-				return fmt.Errorf("igvm: vCPU %d has no VP context in the file (it has %d); QEMU starts it from the reset state, which needs the vCPU signature (give the vCPU type), or measure with %d vCPUs", i, len(m.vmsas), max(len(m.vmsas), 1))
+				return fmt.Errorf("igvm: vCPU %d has no VP context in the file (it has %d); QEMU starts it from the reset state, which needs its vCPU signature (the vCPU type, --vcpu-type), or measure with %d vCPUs", i, len(m.vmsas), max(len(m.vmsas), 1))
 			}
 			var features uint64
 			if bsp, ok := m.vmsas[0]; ok {

@@ -27,11 +27,21 @@ func newStdio(stdio Stdio, uid, gid int) (*stdioSetup, error) {
 		return s, nil
 	}
 	if !stdio.Stdin && !stdio.Stdout && !stdio.Stderr {
+		// /dev/null for all three. Leaving them unset would make go-runc
+		// capture runc's output through a pipe the container inherits,
+		// and wait for its EOF forever.
+		null, err := runc.NewNullIO()
+		if err != nil {
+			return nil, fmt.Errorf("open /dev/null for stdio: %w", err)
+		}
+		s.pipes = null
 		return s, nil
 	}
-	pipes, err := runc.NewPipeIO(uid, gid, func(o *runc.IOOption) {
-		o.OpenStdin, o.OpenStdout, o.OpenStderr = stdio.Stdin, stdio.Stdout, stdio.Stderr
-	})
+	// All three pipes, whatever was asked for: go-runc captures runc's
+	// output itself when neither stdout nor stderr is set, through a pipe
+	// the container would inherit. Unrequested streams are closed (stdin)
+	// or discarded (outputs) in collect.
+	pipes, err := runc.NewPipeIO(uid, gid)
 	if err != nil {
 		return nil, fmt.Errorf("create stdio pipes: %w", err)
 	}
@@ -65,22 +75,30 @@ func (s *stdioSetup) collect() (*ProcessIO, error) {
 		return pio, nil
 	}
 	pio := &ProcessIO{pipes: s.pipes}
-	if s.pipes == nil {
+	if !s.stdio.Stdin && !s.stdio.Stdout && !s.stdio.Stderr {
 		return pio, nil
 	}
 	// go-runc closed the child's write ends of stdout and stderr after
 	// starting runc. The agent's copy of stdin's read end stays open until
 	// Close; it does not keep the process from seeing EOF.
-	if in := s.pipes.Stdin(); in != nil {
-		pio.Stdin = in
+	if s.stdio.Stdin {
+		pio.Stdin = s.pipes.Stdin()
+	} else {
+		_ = s.pipes.Stdin().Close()
 	}
-	if out := s.pipes.Stdout(); out != nil {
-		pio.Stdout = out
-	}
-	if errR := s.pipes.Stderr(); errR != nil {
-		pio.Stderr = errR
-	}
+	pio.Stdout = requested(s.stdio.Stdout, s.pipes.Stdout())
+	pio.Stderr = requested(s.stdio.Stderr, s.pipes.Stderr())
 	return pio, nil
+}
+
+// requested returns r if the stream was asked for; otherwise it discards
+// what the process writes there and returns nil.
+func requested(asked bool, r io.ReadCloser) io.ReadCloser {
+	if asked {
+		return r
+	}
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	return nil
 }
 
 // Close releases all of the agent's ends of the process's stdio.

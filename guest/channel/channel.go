@@ -15,6 +15,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,8 +24,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// VirtioPort is the guest path of the agent's virtio-serial port.
-const VirtioPort = "/dev/virtio-ports/c8s.agent"
+// PortName is the name of the agent's virtio-serial port.
+const PortName = "c8s.agent"
+
+// VirtioPort is where udev links the agent's virtio-serial port. The
+// initramfs has no udev, so FindPort also looks the port up by name in
+// sysfs.
+const VirtioPort = "/dev/virtio-ports/" + PortName
 
 // VsockPort is the agent's vsock port.
 const VsockPort = 1024
@@ -34,8 +41,8 @@ const VsockPort = 1024
 func Listen(wait time.Duration) (net.Listener, string, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		if _, err := os.Stat(VirtioPort); err == nil {
-			return NewSerialListener(VirtioPort), "virtio-serial", nil
+		if path, ok := FindPort("/", PortName); ok {
+			return NewSerialListener(path), "virtio-serial", nil
 		}
 		if time.Now().After(deadline) {
 			break
@@ -47,6 +54,32 @@ func Listen(wait time.Duration) (net.Listener, string, error) {
 		return nil, "", fmt.Errorf("no virtio-serial port %s and cannot listen on vsock port %d: %w", VirtioPort, VsockPort, err)
 	}
 	return l, "vsock", nil
+}
+
+// FindPort returns the device node of the virtio-serial port called name,
+// below the filesystem root root: udev's /dev/virtio-ports/NAME link if
+// there is one, else the /dev/vportNpM node whose sysfs name matches.
+func FindPort(root, name string) (string, bool) {
+	if link := filepath.Join(root, "dev/virtio-ports", name); exists(link) {
+		return link, true
+	}
+	names, _ := filepath.Glob(filepath.Join(root, "sys/class/virtio-ports/*/name"))
+	for _, n := range names {
+		data, err := os.ReadFile(n)
+		if err != nil || strings.TrimSpace(string(data)) != name {
+			continue
+		}
+		dev := filepath.Join(root, "dev", filepath.Base(filepath.Dir(n)))
+		if exists(dev) {
+			return dev, true
+		}
+	}
+	return "", false
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // SerialListener serves one character device as a sequence of connections.

@@ -140,3 +140,35 @@ func FromOVMF(b OVMFBoot) (*File, error) {
 	}
 	return f, nil
 }
+
+// WriteOVMF is FromOVMF followed by Marshal, for callers that want the file
+// bytes (such as the guest image build). It measures the written bytes and
+// returns their SEV-SNP launch digest, after checking that it equals
+// snp.LaunchDigestSNP for the same boot, so a file is never returned that
+// would measure differently from the OVMF boot it stands for.
+func WriteOVMF(b OVMFBoot) ([]byte, snp.Digest, error) {
+	f, err := FromOVMF(b)
+	if err != nil {
+		return nil, snp.Digest{}, err
+	}
+	data, err := Marshal(f)
+	if err != nil {
+		return nil, snp.Digest{}, err
+	}
+	parsed, err := Parse(data)
+	if err != nil {
+		return nil, snp.Digest{}, fmt.Errorf("igvm: internal error: the written file does not parse: %w", err)
+	}
+	m, err := SNPLaunchDigest(parsed, MeasureOptions{VCPUs: b.VCPUs})
+	if err != nil {
+		return nil, snp.Digest{}, err
+	}
+	want, err := snp.LaunchDigestSNP(b.Firmware, snp.Params{VCPUs: b.VCPUs, VCPUSig: b.VCPUSig, VMM: snp.VMMQEMU, GuestFeatures: b.GuestFeatures, Kernel: b.Kernel})
+	if err != nil {
+		return nil, snp.Digest{}, err
+	}
+	if m.Digest != want {
+		return nil, snp.Digest{}, fmt.Errorf("igvm: internal error: the IGVM file measures %s but the OVMF boot %s", m.Digest, want)
+	}
+	return data, m.Digest, nil
+}

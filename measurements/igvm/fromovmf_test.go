@@ -89,13 +89,12 @@ func TestFromOVMFVectors(t *testing.T) {
 // TestFromOVMFGolden compares the written file with the golden one.
 func TestFromOVMFGolden(t *testing.T) {
 	kc := snp.NewKernelHashes(nil, nil, "console=ttyS0 loglevel=7")
-	f, err := FromOVMF(OVMFBoot{Firmware: firmware(t, "ovmf_AmdSev_suffix.bin"), Kernel: &kc, VCPUs: 1, VCPUSig: epycV4(t), GuestFeatures: 1})
+	b, digest, err := WriteOVMF(OVMFBoot{Firmware: firmware(t, "ovmf_AmdSev_suffix.bin"), Kernel: &kc, VCPUs: 1, VCPUSig: epycV4(t), GuestFeatures: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Marshal(f)
-	if err != nil {
-		t.Fatal(err)
+	if want := "6d287813eb5222d770f75005c664e34c204f385ce832cc2ce7d0d6f354454362f390ef83a92046c042e706363b4b08fa"; digest.String() != want {
+		t.Errorf("WriteOVMF digest %s, want %s", digest, want)
 	}
 	if *update {
 		if err := os.MkdirAll(filepath.Dir(goldenIGVM), 0o755); err != nil {
@@ -148,6 +147,40 @@ func TestFromOVMFRealKernel(t *testing.T) {
 		}
 		if got := measureBytes(t, f, MeasureOptions{}).Digest; got != ref {
 			t.Errorf("%s, %d vCPUs: IGVM %s, snp %s", kernels[0], vcpus, got, ref)
+		}
+	}
+}
+
+// TestFromOVMFDebianFirmware writes the IGVM file of Debian's whole 2 MiB
+// OvmfPkgX64 image (no kernel: it has no SNP_KERNEL_HASHES section).
+func TestFromOVMFDebianFirmware(t *testing.T) {
+	const path = "/usr/share/ovmf/OVMF.fd"
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Skipf("%v (install the ovmf package)", err)
+	}
+	fw, err := ovmf.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, vcpus := range []int{1, 3} {
+		b, digest, err := WriteOVMF(OVMFBoot{Firmware: fw, VCPUs: vcpus, VCPUSig: epycV4(t), GuestFeatures: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref, err := snp.LaunchDigestSNP(fw, snp.Params{VCPUs: vcpus, VCPUSig: epycV4(t), VMM: snp.VMMQEMU, GuestFeatures: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if digest != ref {
+			t.Errorf("%d vCPUs: IGVM %s, snp %s", vcpus, digest, ref)
+		}
+		f, err := Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, err := SNPLaunchDigest(f, MeasureOptions{}); err != nil || m.Digest != ref || m.Pages[snp.PageNormal] != len(data)/PageSize {
+			t.Errorf("%d vCPUs: measuring the file: %v, %v", vcpus, m, err)
 		}
 	}
 }

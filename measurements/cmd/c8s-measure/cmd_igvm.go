@@ -223,29 +223,19 @@ func runIGVMFromOVMF(args []string) error {
 		return err
 	}
 	boot.Firmware, boot.Kernel = in.fw, in.kernel
-	file, err := igvm.FromOVMF(boot)
+	data, _, err := igvm.WriteOVMF(boot)
 	if err != nil {
 		return err
 	}
-	data, err := igvm.Marshal(file)
-	if err != nil {
-		return err
-	}
-	// Measure what was written, and check it against the OVMF boot's digest.
+	// Print the measurement of the bytes written (WriteOVMF has checked it
+	// against the OVMF boot's digest).
 	parsed, err := igvm.Parse(data)
 	if err != nil {
-		return fmt.Errorf("internal error: the written IGVM file does not parse: %w", err)
+		return err
 	}
 	m, err := igvm.SNPLaunchDigest(parsed, igvm.MeasureOptions{})
 	if err != nil {
 		return err
-	}
-	want, err := snp.LaunchDigestSNP(in.fw, snp.Params{VCPUs: counts[0], VCPUSig: sig, VMM: vmm, GuestFeatures: features, Kernel: in.kernel})
-	if err != nil {
-		return err
-	}
-	if m.Digest != want {
-		return fmt.Errorf("internal error: the IGVM file measures %s but the OVMF boot %s; not writing %s", m.Digest, want, out)
 	}
 	if err := igvmWriteFile(out, data); err != nil {
 		return err

@@ -23,15 +23,7 @@ func snpFile(ds ...Header) *File {
 // goes through the file format.
 func measureBytes(t *testing.T, f *File, opt MeasureOptions) *Measurement {
 	t.Helper()
-	b, err := Marshal(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := Parse(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := SNPLaunchDigest(g, opt)
+	m, err := SNPLaunchDigest(mustParse(t, f), opt)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,22 +38,6 @@ func runIGVM(args []string) error {
 	return runIGVMMeasure(args)
 }
 
-// igvmParseInterspersed parses args with fs, allowing positional arguments
-// between flags, and returns the positional ones.
-func igvmParseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			return pos, nil
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-}
-
 func runIGVMMeasure(args []string) error {
 	fs := flag.NewFlagSet("igvm", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), igvmUsage); fs.PrintDefaults() }
@@ -62,7 +46,7 @@ func runIGVMMeasure(args []string) error {
 	loaderName := fs.String("loader", "qemu", "whose measuring rules to follow: qemu (QEMU igvm-cfg with KVM) or igvmmeasure (coconut-svsm)")
 	zero := fs.String("zero-pages", "native", "how PAGE_DATA without data is measured: native (SNP zero page) or normal (normal page of zeros)")
 	format := fs.String("output-format", "hex", "output format: hex or json")
-	pos, err := igvmParseInterspersed(fs, args)
+	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,9 @@ import (
 )
 
 // Loader selects whose rules SNPLaunchDigest follows where the reference
-// implementations differ.
+// implementations differ. Neither QEMU nor igvmmeasure looks at the
+// PAGE_DATA shared flag, so neither loader here does: a shared page is
+// measured like any other.
 type Loader int
 
 const (
@@ -136,7 +138,7 @@ func SNPLaunchDigest(f *File, opt MeasureOptions) (*Measurement, error) {
 	if opt.VCPUs < 0 {
 		return nil, fmt.Errorf("igvm: %d vCPUs", opt.VCPUs)
 	}
-	m := &measurer{opt: opt, mask: mask, ld: snp.NewLaunchDigest(), areas: map[uint32]uint64{},
+	m := &measurer{opt: opt, mask: mask, ld: snp.NewLaunchDigest(), areas: map[uint32]uint64{}, used: map[uint32]bool{},
 		res: &Measurement{Mask: mask, Pages: map[snp.PageType]int{}}, vmsas: map[uint16]*VPContext{}}
 	for _, h := range f.Initialization {
 		if p, ok := h.(*GuestPolicy); ok && p.CompatibilityMask&mask != 0 {
@@ -167,6 +169,7 @@ type measurer struct {
 	ld    *snp.LaunchDigest
 	res   *Measurement
 	areas map[uint32]uint64 // parameter area index -> size
+	used  map[uint32]bool   // parameter areas already inserted
 	vmsas map[uint16]*VPContext
 
 	// The pending QEMU page region.
@@ -208,6 +211,10 @@ func (m *measurer) directive(i int, h Header) error {
 		if !ok {
 			return fmt.Errorf("PARAMETER_INSERT of undeclared parameter area %d", h.Index)
 		}
+		if m.used[h.Index] {
+			return fmt.Errorf("parameter area %d inserted twice; an area can be inserted once", h.Index)
+		}
+		m.used[h.Index] = true
 		if m.opt.Loader == LoaderIGVMMeasure {
 			size = PageSize
 		}

@@ -240,6 +240,7 @@ func TestMeasureErrors(t *testing.T) {
 		want string
 	}{
 		{"undeclared area", []Header{&ParameterInsert{CompatibilityMask: 1, Index: 3}}, "undeclared parameter area 3"},
+		{"insert twice", []Header{&ParameterArea{NumberOfBytes: PageSize, Index: 1}, &ParameterInsert{CompatibilityMask: 1, Index: 1}, &ParameterInsert{GPA: PageSize, CompatibilityMask: 1, Index: 1}}, "inserted twice"},
 		{"short vmsa", []Header{&VPContext{CompatibilityMask: 1, Data: []byte{1}}}, "want a 4096-byte page"},
 		{"bad data type", []Header{&PageData{CompatibilityMask: 1, DataType: 9}}, "unknown data type"},
 		{"two id blocks", []Header{&SNPIDBlock{CompatibilityMask: 1}, &SNPIDBlock{CompatibilityMask: 1}}, "more than one SNP ID block"},

@@ -63,12 +63,15 @@ type MeasureOptions struct {
 	// Zero means one per VP context in the file (at least 1).
 	VCPUs int
 	// NormalZeroPages measures a PAGE_DATA directive without data as a
-	// normal page full of zeros instead of as a native SNP zero page. The
-	// IGVM specification asks loaders for the former; QEMU passes such
-	// pages as "zero" pages to its confidential-guest backend, and
-	// igvmmeasure offers both (--native-zero). The default (false, native
-	// zero pages) is the one under which an OVMF direct boot written by
-	// FromOVMF measures like the OVMF boot itself.
+	// normal page full of zeros instead of as a native SNP zero page.
+	// The IGVM specification asks loaders for the former; igvmmeasure
+	// offers both (--native-zero); QEMU's loader hands such pages to its
+	// confidential-guest backend as "zero" pages, and the SEV backend of
+	// the QEMU IGVM series read for this package launch-updates those as
+	// normal pages (set this to predict that QEMU). The default (false,
+	// native zero pages, igvmmeasure --native-zero) is the only rule under
+	// which an IGVM file can reproduce an OVMF boot's digest, whose
+	// SNP_SEC_MEM pages are native zero pages; FromOVMF files rely on it.
 	NormalZeroPages bool
 	// ResetVCPUSig is the CPUID signature QEMU puts in RDX of a vCPU the
 	// file gives no VP context (LoaderQEMU, VCPUs above the contexts):

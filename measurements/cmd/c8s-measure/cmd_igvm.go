@@ -44,7 +44,7 @@ func runIGVMMeasure(args []string) error {
 	vcpus := fs.Int("vcpus", 0, "vCPUs the guest starts with (default: one per VP context in the file); qemu loader only")
 	vcpuType := fs.String("vcpu-type", "", "vCPU type of vCPUs without a VP context in the file (they start from the reset state): "+strings.Join(snp.VCPUTypes(), ", "))
 	loaderName := fs.String("loader", "qemu", "whose measuring rules to follow: qemu (QEMU igvm-cfg with KVM) or igvmmeasure (coconut-svsm)")
-	zero := fs.String("zero-pages", "native", "how PAGE_DATA without data is measured: native (SNP zero page) or normal (normal page of zeros)")
+	zero := fs.String("zero-pages", "native", "how PAGE_DATA without data is measured: native (SNP zero page, igvmmeasure --native-zero; what --from-ovmf files need) or normal (normal page of zeros, as QEMU's SEV backend launch-updates IGVM zero pages)")
 	format := fs.String("output-format", "hex", "output format: hex or json")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {

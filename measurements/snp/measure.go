@@ -46,9 +46,7 @@ func OVMFHash(fw *ovmf.Firmware) (Digest, error) {
 // the hashes table page for SNP_KERNEL_HASHES (zero pages without a
 // kernel), and zero pages for SVSM_CAA.
 func UpdateMetadataSections(c *LaunchDigest, fw *ovmf.Firmware, vmm VMMType, kernel *KernelHashes) error {
-	if vmm == 0 {
-		vmm = VMMQEMU
-	}
+	vmm = orQEMU(vmm)
 	if kernel != nil && !fw.HasSection(ovmf.SectionSNPKernelHashes) {
 		return ErrNoKernelHashesSection
 	}
@@ -162,11 +160,7 @@ func checkCounts(counts []int) (int, error) {
 // LaunchDigestSNP computes the SNP launch digest of a guest booting the
 // firmware fw with parameters p.
 func LaunchDigestSNP(fw *ovmf.Firmware, p Params) (Digest, error) {
-	ds, err := LaunchDigestsSNP(fw, p, []int{p.VCPUs})
-	if err != nil {
-		return Digest{}, err
-	}
-	return ds[0], nil
+	return single(LaunchDigestsSNP(fw, p, []int{p.VCPUs}))
 }
 
 // LaunchDigestsSNP computes the SNP launch digests for several vCPU counts
@@ -178,11 +172,7 @@ func LaunchDigestsSNP(fw *ovmf.Firmware, p Params, counts []int) ([]Digest, erro
 	if err != nil {
 		return nil, err
 	}
-	vmm := p.VMM
-	if vmm == 0 {
-		vmm = VMMQEMU
-	}
-	bsp, ap, err := vmsaPages(fw, p, vmm, p.GuestFeatures, hi)
+	bsp, ap, err := vmsaPages(fw, p, orQEMU(p.VMM), p.GuestFeatures, hi)
 	if err != nil {
 		return nil, err
 	}
@@ -196,22 +186,49 @@ func LaunchDigestsSNP(fw *ovmf.Firmware, p Params, counts []int) ([]Digest, erro
 // appendVMSAs measures hi VMSA pages (bsp, then ap) and returns the digest
 // after each count in counts.
 func appendVMSAs(c *LaunchDigest, counts []int, hi int, bsp, ap []byte) ([]Digest, error) {
-	after := make([]Digest, hi+1)
-	for i := 1; i <= hi; i++ {
+	return perCount(counts, hi, func(i int) (Digest, error) {
 		page := ap
 		if i == 1 {
 			page = bsp
 		}
-		if err := c.UpdateVMSAPage(page); err != nil {
+		err := c.UpdateVMSAPage(page)
+		return c.Digest(), err
+	})
+}
+
+// perCount runs step for vCPUs 1..hi in order (each adds that vCPU's VMSA)
+// and returns, in the order of counts, the value after counts[k] vCPUs.
+func perCount[T any](counts []int, hi int, step func(vcpu int) (T, error)) ([]T, error) {
+	after := make([]T, hi+1)
+	for i := 1; i <= hi; i++ {
+		d, err := step(i)
+		if err != nil {
 			return nil, err
 		}
-		after[i] = c.Digest()
+		after[i] = d
 	}
-	out := make([]Digest, len(counts))
-	for i, n := range counts {
-		out[i] = after[n]
+	out := make([]T, len(counts))
+	for k, n := range counts {
+		out[k] = after[n]
 	}
 	return out, nil
+}
+
+// single returns the only digest of a one-count computation.
+func single[T any](ds []T, err error) (T, error) {
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return ds[0], nil
+}
+
+// orQEMU defaults an unset VMM type to QEMU.
+func orQEMU(vmm VMMType) VMMType {
+	if vmm == 0 {
+		return VMMQEMU
+	}
+	return vmm
 }
 
 // SVSMParams are the launch parameters of an SNP guest that boots a
@@ -260,9 +277,5 @@ func LaunchDigestsSVSM(ovmfFw, svsm *ovmf.Firmware, p SVSMParams, counts []int) 
 
 // LaunchDigestSVSM is LaunchDigestsSVSM for p.VCPUs.
 func LaunchDigestSVSM(ovmfFw, svsm *ovmf.Firmware, p SVSMParams) (Digest, error) {
-	ds, err := LaunchDigestsSVSM(ovmfFw, svsm, p, []int{p.VCPUs})
-	if err != nil {
-		return Digest{}, err
-	}
-	return ds[0], nil
+	return single(LaunchDigestsSVSM(ovmfFw, svsm, p, []int{p.VCPUs}))
 }

@@ -52,11 +52,7 @@ func LaunchDigestsSEVES(fw *ovmf.Firmware, p SEVESParams, counts []int) ([]SEVDi
 	if err != nil {
 		return nil, err
 	}
-	vmm := p.VMM
-	if vmm == 0 {
-		vmm = VMMQEMU
-	}
-	bsp, ap, err := vmsaPages(fw, Params{VCPUSig: p.VCPUSig}, vmm, 0, hi)
+	bsp, ap, err := vmsaPages(fw, Params{VCPUSig: p.VCPUSig}, orQEMU(p.VMM), 0, hi)
 	if err != nil {
 		return nil, err
 	}
@@ -68,27 +64,19 @@ func LaunchDigestsSEVES(fw *ovmf.Firmware, p SEVESParams, counts []int) ([]SEVDi
 	if p.Kernel != nil {
 		h.Write(p.Kernel.Table())
 	}
-	after := make([]SEVDigest, hi+1)
-	for i := 1; i <= hi; i++ {
+	return perCount(counts, hi, func(i int) (SEVDigest, error) {
 		if i == 1 {
 			h.Write(bsp)
 		} else {
 			h.Write(ap)
 		}
-		h.Sum(after[i][:0])
-	}
-	out := make([]SEVDigest, len(counts))
-	for i, n := range counts {
-		out[i] = after[n]
-	}
-	return out, nil
+		var d SEVDigest
+		h.Sum(d[:0])
+		return d, nil
+	})
 }
 
 // LaunchDigestSEVES is LaunchDigestsSEVES for p.VCPUs.
 func LaunchDigestSEVES(fw *ovmf.Firmware, p SEVESParams) (SEVDigest, error) {
-	ds, err := LaunchDigestsSEVES(fw, p, []int{p.VCPUs})
-	if err != nil {
-		return SEVDigest{}, err
-	}
-	return ds[0], nil
+	return single(LaunchDigestsSEVES(fw, p, []int{p.VCPUs}))
 }

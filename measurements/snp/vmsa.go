@@ -88,6 +88,23 @@ func (v vmsaBuilder) u64(off int, x uint64) { binary.LittleEndian.PutUint64(v[of
 func (v vmsaBuilder) u32(off int, x uint32) { binary.LittleEndian.PutUint32(v[off:], x) }
 func (v vmsaBuilder) u16(off int, x uint16) { binary.LittleEndian.PutUint16(v[off:], x) }
 
+// newVMSA returns a VMSA page with the fields every reset state here shares:
+// empty descriptor tables, EFER.SVME and CR4.MCE (set by KVM), the
+// architectural DR6/DR7/RFLAGS reset values and XCR0 = x87.
+func newVMSA() vmsaBuilder {
+	v := vmsaBuilder(make([]byte, PageSize))
+	v.seg(vmsaGDTR, 0, 0, 0xffff, 0)
+	v.seg(vmsaLDTR, 0, 0x82, 0xffff, 0)
+	v.seg(vmsaIDTR, 0, 0, 0xffff, 0)
+	v.u64(vmsaEFER, 0x1000)
+	v.u64(vmsaCR4, 0x40)
+	v.u64(vmsaDR7, 0x400)
+	v.u64(vmsaDR6, 0xffff0ff0)
+	v.u64(vmsaRFLAGS, 0x2)
+	v.u64(vmsaXCR0, 0x1)
+	return v
+}
+
 // VMSAParams describes one vCPU's initial state.
 type VMSAParams struct {
 	VMM VMMType
@@ -127,28 +144,20 @@ func BuildVMSA(p VMSAParams) ([]byte, error) {
 	default:
 		return nil, fmt.Errorf("snp: unknown VMM type %d (want VMMQEMU, VMMEC2 or VMMGCE)", int(p.VMM))
 	}
-	v := vmsaBuilder(make([]byte, PageSize))
+	// Real mode at the reset vector: CS base holds the upper EIP bits.
+	v := newVMSA()
 	v.seg(vmsaES, 0, 0x93, 0xffff, 0)
 	v.seg(vmsaCS, 0xf000, csFlags, 0xffff, uint64(p.EIP&0xffff0000))
 	v.seg(vmsaSS, 0, ssFlags, 0xffff, 0)
 	v.seg(vmsaDS, 0, 0x93, 0xffff, 0)
 	v.seg(vmsaFS, 0, 0x93, 0xffff, 0)
 	v.seg(vmsaGS, 0, 0x93, 0xffff, 0)
-	v.seg(vmsaGDTR, 0, 0, 0xffff, 0)
-	v.seg(vmsaLDTR, 0, 0x82, 0xffff, 0)
-	v.seg(vmsaIDTR, 0, 0, 0xffff, 0)
 	v.seg(vmsaTR, 0, trFlags, 0xffff, 0)
-	v.u64(vmsaEFER, 0x1000) // KVM sets EFER.SVME
-	v.u64(vmsaCR4, 0x40)    // KVM sets CR4.MCE
 	v.u64(vmsaCR0, 0x10)
-	v.u64(vmsaDR7, 0x400)
-	v.u64(vmsaDR6, 0xffff0ff0)
-	v.u64(vmsaRFLAGS, 0x2)
 	v.u64(vmsaRIP, uint64(p.EIP&0xffff))
 	v.u64(vmsaGPAT, gPAT)
 	v.u64(vmsaRDX, rdx)
 	v.u64(vmsaSEVFeatures, p.Features)
-	v.u64(vmsaXCR0, 0x1)
 	v.u32(vmsaMXCSR, mxcsr)
 	v.u16(vmsaX87FCW, fcw)
 	return v, nil
@@ -177,28 +186,18 @@ const SVSMFeatures = 0x1
 // with flat segments, starting at eip. Like the reference tool, it leaves
 // the x87 control word at 0.
 func SVSMVMSA(eip uint64, vcpuSig uint64) []byte {
-	v := vmsaBuilder(make([]byte, PageSize))
-	v.seg(vmsaES, 16, 0xc93, 0xffffffff, 0)
-	v.seg(vmsaCS, 8, 0xc9b, 0xffffffff, 0)
-	v.seg(vmsaSS, 16, 0xc93, 0xffffffff, 0)
-	v.seg(vmsaDS, 16, 0xc93, 0xffffffff, 0)
-	v.seg(vmsaFS, 16, 0xc93, 0xffffffff, 0)
+	v := newVMSA()
+	for _, off := range []int{vmsaES, vmsaSS, vmsaDS, vmsaFS} {
+		v.seg(off, 16, 0xc93, 0xffffffff, 0) // flat 32-bit data
+	}
+	v.seg(vmsaCS, 8, 0xc9b, 0xffffffff, 0) // flat 32-bit code
 	v.seg(vmsaGS, 0, 0x93, 0xffff, 0)
-	v.seg(vmsaGDTR, 0, 0, 0xffff, 0)
-	v.seg(vmsaLDTR, 0, 0x82, 0xffff, 0)
-	v.seg(vmsaIDTR, 0, 0, 0xffff, 0)
 	v.seg(vmsaTR, 0, 0x8b, 0xffff, 0)
-	v.u64(vmsaEFER, 0x1000)
-	v.u64(vmsaCR4, 0x40)
-	v.u64(vmsaCR0, 0x11)
-	v.u64(vmsaDR7, 0x400)
-	v.u64(vmsaDR6, 0xffff0ff0)
-	v.u64(vmsaRFLAGS, 0x2)
+	v.u64(vmsaCR0, 0x11) // PE
 	v.u64(vmsaRIP, eip)
 	v.u64(vmsaGPAT, 0x0007040600070406)
 	v.u64(vmsaRDX, vcpuSig)
 	v.u64(vmsaSEVFeatures, SVSMFeatures)
-	v.u64(vmsaXCR0, 0x1)
 	v.u32(vmsaMXCSR, 0x1f80)
 	return v
 }

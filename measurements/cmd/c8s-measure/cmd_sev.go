@@ -30,15 +30,7 @@ func runSEVES(args []string) error {
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	counts, err := sevVCPUCounts(f.vcpus)
-	if err != nil {
-		return err
-	}
-	vmm, err := f.vmm()
-	if err != nil {
-		return err
-	}
-	sig, err := f.signature(vmm)
+	counts, vmm, sig, err := f.shape()
 	if err != nil {
 		return err
 	}

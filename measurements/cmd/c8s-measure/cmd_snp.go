@@ -22,15 +22,7 @@ func runSNP(args []string) error {
 	if f.svsm != "" || f.varsSize != "" || f.varsFile != "" {
 		return runSVSM(f)
 	}
-	counts, err := sevVCPUCounts(f.vcpus)
-	if err != nil {
-		return err
-	}
-	vmm, err := f.vmm()
-	if err != nil {
-		return err
-	}
-	sig, err := f.signature(vmm)
+	counts, vmm, sig, err := f.shape()
 	if err != nil {
 		return err
 	}
@@ -85,20 +77,12 @@ func runSVSM(f *sevFlags) error {
 			return fmt.Errorf("--guest-features: SNP+SVSM mode always uses SEV_FEATURES %#x", snp.SVSMFeatures)
 		}
 	}
-	vmm, err := f.vmm()
+	counts, vmm, sig, err := f.shape()
 	if err != nil {
 		return err
 	}
 	if vmm != snp.VMMQEMU {
 		return fmt.Errorf("SNP+SVSM mode is only defined for QEMU, not --vmm-type %s", vmm)
-	}
-	counts, err := sevVCPUCounts(f.vcpus)
-	if err != nil {
-		return err
-	}
-	sig, err := f.signature(vmm)
-	if err != nil {
-		return err
 	}
 	var vars uint64
 	if f.varsFile != "" {

@@ -188,6 +188,20 @@ func (f *sevFlags) signature(vmm snp.VMMType) (uint64, error) {
 	return 0, nil
 }
 
+// shape returns the vCPU counts, VMM type and vCPU signature.
+func (f *sevFlags) shape() (counts []int, vmm snp.VMMType, sig uint64, err error) {
+	if counts, err = sevVCPUCounts(f.vcpus); err != nil {
+		return nil, 0, 0, err
+	}
+	if vmm, err = f.vmm(); err != nil {
+		return nil, 0, 0, err
+	}
+	if sig, err = f.signature(vmm); err != nil {
+		return nil, 0, 0, err
+	}
+	return counts, vmm, sig, nil
+}
+
 func sevParseDecimal(flagName, s string) (uint32, error) {
 	v, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
 	if err != nil {

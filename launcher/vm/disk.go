@@ -87,7 +87,7 @@ func (v *VM) RemoveDisk(ctx context.Context, id string) error {
 	dev := deviceID(addr.Target)
 	events, cancel := v.qmp.Subscribe("DEVICE_DELETED")
 	defer cancel()
-	if err := v.qmp.Raw().DeviceDel(dev); err != nil {
+	if err := v.qmp.Execute(ctx, "device_del", map[string]any{"id": dev}, nil); err != nil {
 		return fmt.Errorf("vm: unplugging disk %q: %w", id, err)
 	}
 	if _, ok := ctx.Deadline(); !ok {
@@ -113,7 +113,7 @@ func (v *VM) RemoveDisk(ctx context.Context, id string) error {
 			return fmt.Errorf("vm: qemu exited while unplugging disk %q", id)
 		}
 	}
-	if err := v.qmp.Raw().BlockdevDel(nodeName(addr.Target)); err != nil {
+	if err := v.qmp.Execute(ctx, "blockdev-del", map[string]any{"node-name": nodeName(addr.Target)}, nil); err != nil {
 		return fmt.Errorf("vm: releasing disk %q: %w", id, err)
 	}
 	v.mu.Lock()

@@ -30,6 +30,8 @@ import (
 
 // Timeouts. Start's QMP wait is bounded by its context only.
 const (
+	// qmpTimeout bounds Start's wait for QMP when ctx has no deadline.
+	qmpTimeout = 30 * time.Second
 	// stopGrace is how long Stop waits after QMP quit before SIGKILL.
 	stopGrace = 3 * time.Second
 	// stderrLines is how many lines of QEMU's stderr errors carry.
@@ -149,7 +151,13 @@ func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (_ 
 			os.RemoveAll(spec.StateDir)
 		}
 	}()
-	if err := v.connectQMP(ctx); err != nil {
+	qctx := ctx
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		qctx, cancel = context.WithTimeout(ctx, qmpTimeout)
+		defer cancel()
+	}
+	if err := v.connectQMP(qctx); err != nil {
 		return nil, err
 	}
 	log.G(ctx).WithField("pid", v.Pid()).WithField("accel", spec.Accel).WithField("tee", backend.Name()).Debug("vm started")

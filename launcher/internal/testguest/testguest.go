@@ -12,6 +12,7 @@ package testguest
 import (
 	"bytes"
 	"compress/gzip"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -76,7 +77,7 @@ func GetKernel(t testing.TB) Kernel {
 		return k
 	}
 	if err := fetchKernel(dir); err != nil {
-		t.Fatalf("fetching the test kernel %s: %v\n(needs apt access to Debian bookworm; or extract the package into %s yourself)", KernelPackage, err, dir)
+		t.Fatalf("fetching the test kernel %s: %v\n(needs apt access to Debian bookworm, or %s=<path to the .deb>)", KernelPackage, err, KernelDebEnv)
 	}
 	k, ok = findKernel(dir)
 	if !ok {
@@ -101,23 +102,30 @@ func findKernel(dir string) (Kernel, bool) {
 	return k, true
 }
 
+// KernelDebEnv names an environment variable that may point at an already
+// downloaded KernelPackage .deb, to avoid apt access.
+const KernelDebEnv = "C8S_TEST_KERNEL_DEB"
+
 func fetchKernel(dir string) error {
 	tmp, err := os.MkdirTemp(dir, ".download-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if err := os.Chmod(tmp, 0o755); err != nil { // apt's _apt user writes here
-		return err
-	}
-	cmd := exec.Command("apt-get", "download", KernelPackage)
-	cmd.Dir = tmp
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("apt-get download: %v: %s", err, bytes.TrimSpace(out))
-	}
-	debs, _ := filepath.Glob(filepath.Join(tmp, "*.deb"))
-	if len(debs) != 1 {
-		return fmt.Errorf("apt-get download left %d .deb files", len(debs))
+	debs := []string{os.Getenv(KernelDebEnv)}
+	if debs[0] == "" {
+		if err := os.Chmod(tmp, 0o755); err != nil { // apt's _apt user writes here
+			return err
+		}
+		cmd := exec.Command("apt-get", "download", KernelPackage)
+		cmd.Dir = tmp
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("apt-get download: %v: %s", err, bytes.TrimSpace(out))
+		}
+		debs, _ = filepath.Glob(filepath.Join(tmp, "*.deb"))
+		if len(debs) != 1 {
+			return fmt.Errorf("apt-get download left %d .deb files", len(debs))
+		}
 	}
 	// Extract only the kernel and the SCSI modules (the whole package is ~150 MB).
 	script := `dpkg-deb --fsys-tarfile "$1" | tar -x -C "$2" --wildcards './boot/vmlinuz-*' './lib/modules/*/kernel/drivers/scsi/*'`
@@ -135,6 +143,15 @@ func Initramfs(t testing.TB, init string, files map[string]string) string {
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
 		t.Skip("busybox is not installed (apt-get install busybox-static); skipping VM test")
+	}
+	if f, err := elf.Open(busybox); err == nil {
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP {
+				f.Close()
+				t.Skipf("%s is dynamically linked; the test initramfs needs busybox-static", busybox)
+			}
+		}
+		f.Close()
 	}
 	if _, err := exec.LookPath("cpio"); err != nil {
 		t.Skip("cpio is not installed (apt-get install cpio); skipping VM test")

@@ -4,7 +4,7 @@
 # Builds the c8s guest image into OUTDIR, reproducibly, from pinned Debian
 # packages and the guest agent built by `make build`:
 #   vmlinuz        the kernel of KERNEL_PKG at KERNEL_VERSION
-#   initrd.img     zstd-compressed newc cpio: /init (the agent), runc and the
+#   initrd.img     zstd -9 compressed newc cpio: /init (the agent), runc and the
 #                  libraries it links, the kernel modules the agent loads
 #                  (listed in load order in /etc/c8s/modules), /etc/c8s/image.json
 #   manifest.json  sizes and sha256 of every artefact plus version information
@@ -187,19 +187,27 @@ chmod 0644 "$R/etc/c8s/modules" "$R/etc/c8s/image.json"
 find "$R" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 (cd "$R" && find . -mindepth 1 -printf '%P\n' | sort |
 	cpio --quiet -o -H newc -R 0:0 --reproducible) >"$WORK/initrd.cpio"
-zstd -q -19 -T1 "$WORK/initrd.cpio" -o "$WORK/initrd.img"
+zstd -q -9 -T1 "$WORK/initrd.cpio" -o "$WORK/initrd.img"
 
 # --- outputs -----------------------------------------------------------------
-rm -f "$OUTDIR/vmlinuz" "$OUTDIR/initrd.img" "$OUTDIR/manifest.json"
-install -m 0644 "$WORK/kpkg/boot/vmlinuz-$KREL" "$OUTDIR/vmlinuz"
-install -m 0644 "$WORK/initrd.img" "$OUTDIR/initrd.img"
+# Assemble in WORK, then rename into OUTDIR, manifest last, so that a reader
+# never sees a manifest that describes other files.
+mkdir -p "$WORK/out"
+cp "$WORK/kpkg/boot/vmlinuz-$KREL" "$WORK/out/vmlinuz"
+mv "$WORK/initrd.img" "$WORK/out/initrd.img"
+chmod 0644 "$WORK/out/vmlinuz" "$WORK/out/initrd.img"
 (cd "$ROOT" && go run ./images/cmd/mkmanifest \
-	-dir "$OUTDIR" \
+	-dir "$WORK/out" \
 	-kernel vmlinuz -initrd initrd.img \
 	-kernel-package "$KERNEL_PKG" -kernel-version "$KERNEL_VERSION" -kernel-release "$KREL" \
 	-runc-package "$RUNC_PKG" -runc-version "$RUNC_VERSION" \
 	-cmdline "$CMDLINE" -agent-sha256 "$AGENT_SHA256" \
 	-source-date-epoch "$SOURCE_DATE_EPOCH")
+rm -f "$OUTDIR/manifest.json"
+for f in vmlinuz initrd.img manifest.json; do
+	cp "$WORK/out/$f" "$OUTDIR/.$f.tmp"
+	mv -f "$OUTDIR/.$f.tmp" "$OUTDIR/$f"
+done
 
 echo "images: built $KREL image in $OUTDIR:"
 (cd "$OUTDIR" && ls -l vmlinuz initrd.img manifest.json && sha256sum vmlinuz initrd.img)

@@ -10,10 +10,11 @@ func init() {
 }
 
 func runSEV(args []string) error {
-	f := newSevFlags("sev").withKernel()
+	f := newSevFlags("sev").withKernel().withVCPUs()
 	if err := f.parse(args); err != nil {
 		return err
 	}
+	f.ignored("an SEV launch digest covers no vCPU state", "vcpus", "vcpu-type", "vcpu-sig", "vcpu-family", "vcpu-model", "vcpu-stepping", "vmm-type")
 	in, err := f.load()
 	if err != nil {
 		return err
@@ -27,9 +28,11 @@ func runSEV(args []string) error {
 
 func runSEVES(args []string) error {
 	f := newSevFlags("seves").withKernel().withVCPUs()
+	f.fs.StringVar(&f.guestFeatures, "guest-features", "", "accepted for compatibility; SEV-ES VMSAs have SEV_FEATURES 0")
 	if err := f.parse(args); err != nil {
 		return err
 	}
+	f.ignored("SEV-ES VMSAs are measured with SEV_FEATURES 0", "guest-features")
 	counts, vmm, sig, err := f.shape()
 	if err != nil {
 		return err

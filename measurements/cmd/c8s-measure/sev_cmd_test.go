@@ -168,6 +168,33 @@ func TestSEVCommands(t *testing.T) {
 	}
 }
 
+// TestSEVIgnoredFlags checks that flags the reference tool accepts but
+// ignores in a mode are accepted with a warning and change nothing.
+func TestSEVIgnoredFlags(t *testing.T) {
+	dir := fixtures.Dir(t, "snp")
+	amd := filepath.Join(dir, "ovmf_AmdSev_suffix.bin")
+	var warn bytes.Buffer
+	old := sevWarn
+	sevWarn = &warn
+	t.Cleanup(func() { sevWarn = old })
+	k := sevEmpty(t)
+	out, err := sevRun(t, runSEV, "--ovmf", amd, "--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--append", "console=ttyS0 loglevel=7")
+	if err != nil || strings.TrimSpace(out) != "82a3ee5d537c3620628270c292ae30cb40c3c878666a7890ee7ef2a08fb535ff" {
+		t.Errorf("sev with --vcpus = %q, %v", out, err)
+	}
+	if !strings.Contains(warn.String(), "ignoring --vcpus") || !strings.Contains(warn.String(), "ignoring --vcpu-type") {
+		t.Errorf("warnings %q", warn.String())
+	}
+	warn.Reset()
+	out, err = sevRun(t, runSEVES, "--ovmf", amd, "--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--guest-features", "0x21")
+	if err != nil || strings.TrimSpace(out) != "0dccbcaba8e90b261bd0d2e1863a2f9da714768b7b2a19363cd6ae35aa90de91" {
+		t.Errorf("seves with --guest-features = %q, %v", out, err)
+	}
+	if !strings.Contains(warn.String(), "ignoring --guest-features") {
+		t.Errorf("warnings %q", warn.String())
+	}
+}
+
 func TestSEVCommandErrors(t *testing.T) {
 	dir := fixtures.Dir(t, "snp")
 	amd, x64 := filepath.Join(dir, "ovmf_AmdSev_suffix.bin"), filepath.Join(dir, "ovmf_OvmfX64_suffix.bin")

@@ -22,8 +22,12 @@ import (
 	"github.com/c8s-dev/c8s/measurements/snp"
 )
 
-// sevOut is where the AMD subcommands print results (tests replace it).
-var sevOut io.Writer = os.Stdout
+// sevOut is where the AMD subcommands print results, sevWarn where they
+// print warnings (tests replace them).
+var (
+	sevOut  io.Writer = os.Stdout
+	sevWarn io.Writer = os.Stderr
+)
 
 // sevFlags are the flags of the AMD subcommands; each subcommand defines the
 // subset it accepts.
@@ -100,6 +104,16 @@ func (f *sevFlags) parse(args []string) error {
 		return errors.New("--initrd and --append need --kernel")
 	}
 	return nil
+}
+
+// ignored warns about flags the reference tool accepts in this mode but
+// that do not affect its measurement.
+func (f *sevFlags) ignored(why string, names ...string) {
+	for _, n := range names {
+		if f.isSet(n) {
+			fmt.Fprintf(sevWarn, "c8s-measure %s: ignoring --%s: %s\n", f.fs.Name(), n, why)
+		}
+	}
 }
 
 func (f *sevFlags) isSet(name string) bool {

@@ -316,6 +316,9 @@ func (m *measurer) qemuVMSAs() error {
 	for i := 0; i < n; i++ {
 		if vp, ok := m.vmsas[uint16(i)]; ok {
 			m.res.VMSAs = append(m.res.VMSAs, VCPUSource{VCPU: i, FromFile: true, GPA: snp.VMSAGPA})
+			if f := binary.LittleEndian.Uint64(vp.Data[sevFeaturesOffset:]); f != 1 {
+				m.res.Notes = append(m.res.Notes, fmt.Sprintf("VP %d: SEV_FEATURES is %#x; QEMU's IGVM loader, as introduced, accepts only 0x1 (SNPActive) in an SEV-SNP VMSA", i, f))
+			}
 			if vp.GPA != snp.VMSAGPA {
 				m.res.Notes = append(m.res.Notes, fmt.Sprintf("VP %d: the file places its VMSA at GPA %#x; KVM measures every VMSA at %#x", i, vp.GPA, uint64(snp.VMSAGPA)))
 			}

@@ -137,8 +137,8 @@ func TestQEMURegionOrder(t *testing.T) {
 	if m.Digest != qemu.Digest() {
 		t.Errorf("qemu order digest = %s, want %s", m.Digest, qemu.Digest())
 	}
-	if len(m.Notes) != 1 || !strings.Contains(m.Notes[0], "0x20000") {
-		t.Errorf("notes = %q, want one about the VMSA GPA", m.Notes)
+	if len(m.Notes) != 2 || !strings.Contains(m.Notes[0], "SEV_FEATURES is 0x202020202020202") || !strings.Contains(m.Notes[1], "0x20000") {
+		t.Errorf("notes = %q, want one about SEV_FEATURES and one about the VMSA GPA", m.Notes)
 	}
 	file := snp.NewLaunchDigest()
 	if err := errors.Join(
@@ -176,6 +176,8 @@ func TestVCPUs(t *testing.T) {
 	}
 	if m := measureBytes(t, f, MeasureOptions{}); m.Digest != two.Digest() || len(m.VMSAs) != 2 {
 		t.Errorf("default vCPUs: %s (%d VMSAs), want %s", m.Digest, len(m.VMSAs), two.Digest())
+	} else if len(m.Notes) != 2 || !strings.Contains(m.Notes[0], "VP 0: SEV_FEATURES is 0x21") {
+		t.Errorf("notes = %q, want SEV_FEATURES notes for both VPs", m.Notes)
 	}
 	// Three vCPUs: the third starts from the reset state, with the BSP's
 	// SEV_FEATURES, which is the BSP VMSA itself for signature 0x800f12.
@@ -252,7 +254,9 @@ func TestMeasureErrors(t *testing.T) {
 		}
 	}
 	// QEMU refuses directive types it does not handle; the measurement says so.
-	m, err := SNPLaunchDigest(snpFile(&ErrorRange{CompatibilityMask: 1}, &VPContext{CompatibilityMask: 1, GPA: snp.VMSAGPA, Data: make([]byte, PageSize)}), MeasureOptions{})
+	vmsa := make([]byte, PageSize)
+	vmsa[0x3B0] = 1 // SEV_FEATURES = SNPActive
+	m, err := SNPLaunchDigest(snpFile(&ErrorRange{CompatibilityMask: 1}, &VPContext{CompatibilityMask: 1, GPA: snp.VMSAGPA, Data: vmsa}), MeasureOptions{})
 	if err != nil || len(m.Notes) != 1 || !strings.Contains(m.Notes[0], "ERROR_RANGE") {
 		t.Errorf("ERROR_RANGE note: %v, %v", m, err)
 	}

@@ -224,6 +224,9 @@ func runIGVMFromOVMF(args []string) error {
 	if err := igvmWriteFile(out, data); err != nil {
 		return err
 	}
+	for _, n := range m.Notes {
+		fmt.Fprintf(os.Stderr, "c8s-measure igvm: note: %s\n", n)
+	}
 	return igvmPrint(f.outputFormat, igvm.LoaderQEMU, m, out)
 }
 

@@ -243,6 +243,9 @@ func (p *parser) decode(typ HeaderType, b []byte) (Header, error) {
 		return h, nil
 	case TypeVPContext:
 		h := &VPContext{GPA: u64(0), CompatibilityMask: u32(8), FileOffset: u32(12), VPIndex: u16(16)}
+		if h.FileOffset == 0 {
+			return nil, fmt.Errorf("VP context for VP %d has no data (file offset 0)", h.VPIndex)
+		}
 		size := uint64(PageSize)
 		if rest := uint64(len(p.file)) - uint64(h.FileOffset); h.FileOffset != 0 && uint64(h.FileOffset) <= uint64(len(p.file)) && rest < size {
 			size = rest // contexts of other platforms can be smaller than a page

@@ -275,6 +275,7 @@ func TestParseErrors(t *testing.T) {
 		{"nonzero padding", edit(func(b []byte) []byte { b[135] = 1; return b }, true), "non-zero alignment padding"},
 		{"page offset past end", edit(func(b []byte) []byte { le.PutUint32(b[92:], uint32(len(b)-100)); return b }, true), "data offset past the end"},
 		{"page offset in headers", edit(func(b []byte) []byte { le.PutUint32(b[92:], 64); return b }, true), "points into the headers"},
+		{"vp without data", edit(func(b []byte) []byte { le.PutUint32(b[124:], 0); return b }, true), "has no data"},
 		{"vp offset past end", edit(func(b []byte) []byte { le.PutUint32(b[124:], uint32(len(b)+1)); return b }, true), "data offset past the end"},
 		{"unaligned page gpa", edit(func(b []byte) []byte { le.PutUint64(b[80:], 0x1800); return b }, true), "not aligned"},
 		{"section order", edit(func(b []byte) []byte { le.PutUint32(b[104:], uint32(TypeGuestPolicy)); return b }, true), "sections must be in the order"},

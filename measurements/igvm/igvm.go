@@ -16,8 +16,11 @@
 // Parse checks the structure strictly and returns errors (never panics) on
 // malformed input; Marshal writes a File back, laying out file data and
 // computing offsets, sizes and the checksum. SNPLaunchDigest measures the
-// directives of one platform the way QEMU's igvm-cfg loader and KVM do, and
-// FromOVMF writes the IGVM equivalent of an OVMF direct boot.
+// SEV-SNP directives the way QEMU's igvm-cfg loader with KVM does (or, with
+// LoaderIGVMMeasure, as coconut-svsm's igvmmeasure does), on top of the
+// launch digest chain of package snp. FromOVMF (and WriteOVMF, which also
+// marshals and checks the result) writes the IGVM equivalent of a QEMU
+// SEV-SNP boot of OVMF, with or without a direct kernel boot.
 //
 // The package does no file I/O.
 package igvm

@@ -73,7 +73,12 @@ trap 'rm -rf "$WORK"' EXIT
 deb="$CACHE/${KERNEL_PKG}_${KERNEL_VERSION//:/%3a}_amd64.deb"
 if [[ ! -f "$deb" ]]; then
 	echo "images: downloading $KERNEL_PKG=$KERNEL_VERSION"
-	if ! (cd "$WORK" && apt-get download -q "$KERNEL_PKG=$KERNEL_VERSION" >/dev/null 2>"$WORK/apt.log"); then
+	fetch() { (cd "$WORK" && apt-get download -q "$KERNEL_PKG=$KERNEL_VERSION" >/dev/null 2>"$WORK/apt.log"); }
+	if ! fetch && [[ $(id -u) -eq 0 ]]; then
+		echo "images: apt-get download failed; refreshing the package lists once"
+		apt-get update -qq && fetch || true
+	fi
+	if [[ ! -f "$(echo "$WORK"/"${KERNEL_PKG}"_*.deb)" ]]; then
 		cat "$WORK/apt.log" >&2
 		die "cannot fetch $KERNEL_PKG=$KERNEL_VERSION with apt-get download.
 Run 'apt-get update' and retry; if Debian no longer serves that version, pin the

@@ -49,10 +49,13 @@ type VM struct {
 	qmp    *QMP
 
 	done    chan struct{}
-	exitErr error // set before done is closed
+	waitErr error // cmd.Wait's result, set before done is closed
+	exitErr error // waitErr explained, set before done is closed
 
+	stopMu   sync.Mutex // serialises Stop
 	mu       sync.Mutex
-	stopping bool
+	stopping bool // Stop has asked QEMU to quit
+	killSent bool // kill sent SIGKILL
 	stopped  bool
 	stopErr  error
 	disks    map[string]DiskAddress
@@ -196,13 +199,8 @@ func (v *VM) connectQMP(ctx context.Context) error {
 
 // supervise reaps QEMU and records why it exited.
 func (v *VM) supervise() {
-	err := v.cmd.Wait()
-	v.mu.Lock()
-	clean := v.stopping
-	v.mu.Unlock()
-	if !clean {
-		v.exitErr = v.describeExit(err)
-	}
+	v.waitErr = v.cmd.Wait()
+	v.exitErr = v.describeExit(v.waitErr)
 	close(v.done)
 }
 
@@ -235,14 +233,28 @@ func (v *VM) Pid() int { return v.cmd.Process.Pid }
 func (v *VM) Done() <-chan struct{} { return v.done }
 
 // Err says why QEMU exited; valid after Done is closed. It is nil when the
-// VM was stopped with Stop.
+// VM was stopped with Stop (QEMU quit cleanly or was killed by Stop).
 func (v *VM) Err() error {
 	select {
 	case <-v.done:
-		return v.exitErr
 	default:
 		return nil
 	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.stopping && (v.waitErr == nil || (v.killSent && killedBySIGKILL(v.waitErr))) {
+		return nil
+	}
+	return v.exitErr
+}
+
+func killedBySIGKILL(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
 // Argv is the QEMU command line the VM runs with.
@@ -261,6 +273,8 @@ func (v *VM) QMP() *QMP { return v.qmp }
 // it, and removes the sockets and the state directory. It is idempotent and
 // safe to call after QEMU died on its own.
 func (v *VM) Stop(ctx context.Context) error {
+	v.stopMu.Lock()
+	defer v.stopMu.Unlock()
 	v.mu.Lock()
 	if v.stopped {
 		err := v.stopErr
@@ -304,6 +318,9 @@ func (v *VM) kill() {
 		return
 	default:
 	}
+	v.mu.Lock()
+	v.killSent = true
+	v.mu.Unlock()
 	if err := syscall.Kill(-v.cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		_ = v.cmd.Process.Kill()
 	}

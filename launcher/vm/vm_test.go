@@ -367,3 +367,34 @@ func TestStartFailures(t *testing.T) {
 		}
 	})
 }
+
+// TestStopUnresponsive checks that Stop kills a QEMU that does not answer
+// QMP quit (here: stopped with SIGSTOP) once the grace period or the
+// caller's context runs out, and that this counts as a clean stop.
+func TestStopUnresponsive(t *testing.T) {
+	env := newTestEnv(t)
+	spec := env.spec("vm3")
+	v, err := Start(context.Background(), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { _ = v.Stop(context.Background()) })
+	pid := v.Pid()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := v.Stop(ctx); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if !processGone(pid) {
+		t.Fatalf("qemu pid %d survived Stop", pid)
+	}
+	if err := v.Err(); err != nil {
+		t.Fatalf("Err after Stop had to kill qemu = %v, want nil", err)
+	}
+	if _, err := os.Stat(spec.StateDir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("state dir after Stop: %v, want it removed", err)
+	}
+}

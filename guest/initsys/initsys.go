@@ -134,6 +134,12 @@ func LoadModules(list string) int {
 			path = filepath.Join(base, path)
 		}
 		if err := loadModule(path); err != nil {
+			if errors.Is(err, unix.ENODEV) {
+				// Platform drivers (sev-guest, tdx-guest) refuse to load
+				// on other platforms.
+				log.L.Infof("kernel module %s: no such device on this machine", path)
+				continue
+			}
 			log.L.WithError(err).Errorf("load kernel module %s", path)
 			continue
 		}

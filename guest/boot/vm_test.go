@@ -1,0 +1,273 @@
+package boot_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
+	"github.com/containerd/ttrpc"
+	"github.com/containerd/typeurl/v2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+)
+
+// TestAgentInVM boots the guest image under QEMU (TCG) with the agent built
+// from this tree as /init, and drives it over virtio-serial the way the shim
+// will: GetInfo, a container from a virtio-scsi ext4 disk, output, exit
+// status, exec, stats, remove, reconnect, shutdown. It needs a built image
+// (make image) and takes a while, so it runs only with C8S_AGENT_VM_TEST=1;
+// C8S_IMAGE_DIR overrides the image (default _output/image).
+func TestAgentInVM(t *testing.T) {
+	if os.Getenv("C8S_AGENT_VM_TEST") != "1" {
+		t.Skip("set C8S_AGENT_VM_TEST=1 to boot the guest image (needs make image, qemu-system-x86_64)")
+	}
+	imgDir := os.Getenv("C8S_IMAGE_DIR")
+	if imgDir == "" {
+		imgDir = filepath.Join("..", "..", "_output", "image")
+	}
+	imgDir, err := filepath.Abs(imgDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	initrd := agentInitrd(t, imgDir, dir)
+	disk := busyboxDisk(t, dir)
+
+	sock := filepath.Join(dir, "agent.sock")
+	consoleLog := filepath.Join(dir, "console.log")
+	qemu := exec.Command("qemu-system-x86_64", "-accel", "tcg", "-m", "1024", "-smp", "2",
+		"-kernel", filepath.Join(imgDir, "vmlinuz"), "-initrd", initrd,
+		"-append", "console=ttyS0 panic=-1 c8s.log_level=debug",
+		"-nographic", "-no-reboot", "-nodefaults",
+		"-serial", "file:"+consoleLog,
+		"-chardev", "socket,id=agent,path="+sock+",server=on,wait=off",
+		"-device", "virtio-serial", "-device", "virtserialport,chardev=agent,name=c8s.agent",
+		"-device", "virtio-scsi-pci,id=scsi0",
+		"-drive", "file="+disk+",format=raw,if=none,id=d0,readonly=on",
+		"-device", "scsi-hd,drive=d0,bus=scsi0.0,channel=0,scsi-id=2,lun=1",
+	)
+	if err := qemu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	qemuDone := make(chan error, 1)
+	go func() { qemuDone <- qemu.Wait() }()
+	t.Cleanup(func() {
+		_ = qemu.Process.Kill()
+		<-qemuDone
+		if t.Failed() {
+			out, _ := os.ReadFile(consoleLog)
+			t.Logf("guest console:\n%s", out)
+		}
+	})
+
+	booted := time.Now()
+	agent, io, closeConn := dialAgent(t, sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var info *agentapi.GetInfoResponse
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
+		var err error
+		info, err = agent.GetInfo(cctx, &agentapi.GetInfoRequest{})
+		ccancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("agent never answered GetInfo: %v", err)
+		}
+		closeConn()
+		agent, io, closeConn = dialAgent(t, sock)
+	}
+	t.Logf("GetInfo after %s: %+v", time.Since(booted).Round(time.Millisecond), info)
+	if info.GetChannel() != "virtio-serial" || !strings.Contains(info.GetKernelRelease(), "cloud-amd64") {
+		t.Errorf("info = %+v", info)
+	}
+
+	s := specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: "/host/rootfs", Readonly: true},
+		Process: &specs.Process{
+			Args: []string{"sh", "-c", "echo out; cat /etc/hosts; echo err >&2; exit 3"},
+			Env:  []string{"PATH=/bin"}, Cwd: "/",
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
+			{Destination: "/etc/hosts", Type: "bind", Source: "/host/hosts", Options: []string{"rbind", "ro"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "system.slice:cri:x",
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.NetworkNamespace, Path: "/var/run/netns/host"},
+			},
+		},
+	}
+	raw, _ := json.Marshal(&s)
+	rootfs := &agentapi.Rootfs{Fstype: "ext4", Options: []string{"ro"},
+		Source: &agentapi.Rootfs_Scsi{Scsi: &agentapi.ScsiDisk{Target: 2, Lun: 1}}}
+	created := time.Now()
+	cr, err := agent.CreateContainer(ctx, &agentapi.CreateContainerRequest{
+		ContainerId: "vm1", Spec: raw, Rootfs: rootfs,
+		Stdio: &agentapi.Stdio{Stdout: true, Stderr: true},
+		Files: []*agentapi.File{{Source: "/host/hosts", Content: []byte("10.0.0.1 vm\n"), Mode: 0o644}},
+	})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	if _, err := agent.StartContainer(ctx, &agentapi.StartContainerRequest{ContainerId: "vm1"}); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	w, err := agent.WaitProcess(ctx, &agentapi.ProcessRequest{ContainerId: "vm1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("create+start+exit of pid %d took %s", cr.GetPid(), time.Since(created).Round(time.Millisecond))
+	if w.GetExitStatus() != 3 {
+		t.Errorf("exit status = %d, want 3", w.GetExitStatus())
+	}
+	if out := readAll(t, ctx, io.ReadStdout, "vm1", ""); out != "out\n10.0.0.1 vm\n" {
+		t.Errorf("stdout = %q", out)
+	}
+	if out := readAll(t, ctx, io.ReadStderr, "vm1", ""); out != "err\n" {
+		t.Errorf("stderr = %q", out)
+	}
+	if _, err := agent.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{ContainerId: "vm1"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A long-running container: exec, stats, signal; across a reconnect.
+	s.Process.Args = []string{"sleep", "100000"}
+	raw, _ = json.Marshal(&s)
+	if _, err := agent.CreateContainer(ctx, &agentapi.CreateContainerRequest{ContainerId: "vm2", Spec: raw, Rootfs: rootfs, Stdio: &agentapi.Stdio{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.StartContainer(ctx, &agentapi.StartContainerRequest{ContainerId: "vm2"}); err != nil {
+		t.Fatal(err)
+	}
+	closeConn()
+	agent, io, closeConn = dialAgent(t, sock)
+	defer closeConn()
+	proc, _ := json.Marshal(&specs.Process{Args: []string{"sh", "-c", "echo exec; exit 4"}, Env: []string{"PATH=/bin"}, Cwd: "/"})
+	if _, err := agent.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "vm2", ExecId: "x", Process: proc, Stdio: &agentapi.Stdio{Stdout: true}}); err != nil {
+		t.Fatalf("exec after reconnect: %v", err)
+	}
+	if out := readAll(t, ctx, io.ReadStdout, "vm2", "x"); out != "exec\n" {
+		t.Errorf("exec stdout = %q", out)
+	}
+	if w, err := agent.WaitProcess(ctx, &agentapi.ProcessRequest{ContainerId: "vm2", ExecId: "x"}); err != nil || w.GetExitStatus() != 4 {
+		t.Errorf("exec wait: %v, %v", w, err)
+	}
+	st, err := agent.Stats(ctx, &agentapi.StatsRequest{ContainerId: "vm2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := typeurl.UnmarshalAny(st.GetStats())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v2, ok := m.(*v2stats.Metrics); !ok || v2.GetPids().GetCurrent() != 1 || v2.GetMemory().GetUsage() == 0 {
+		t.Errorf("stats = %T %+v, want v2 metrics with 1 pid and memory usage", m, m)
+	}
+	if _, err := agent.SignalProcess(ctx, &agentapi.SignalProcessRequest{ContainerId: "vm2", Signal: 9}); err != nil {
+		t.Fatal(err)
+	}
+	if w, err := agent.WaitProcess(ctx, &agentapi.ProcessRequest{ContainerId: "vm2"}); err != nil || w.GetExitStatus() != 137 {
+		t.Errorf("wait after SIGKILL: %v, %v", w, err)
+	}
+	if _, err := agent.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{ContainerId: "vm2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.Shutdown(ctx, &agentapi.Empty{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-qemuDone:
+		qemuDone <- nil
+	case <-time.After(time.Minute):
+		t.Error("VM did not power off after Shutdown")
+	}
+}
+
+func dialAgent(t *testing.T, sock string) (agentapi.AgentService, agentapi.IOService, func()) {
+	t.Helper()
+	var conn net.Conn
+	for i := 0; ; i++ {
+		var err error
+		if conn, err = net.Dial("unix", sock); err == nil {
+			break
+		}
+		if i > 200 {
+			t.Fatalf("dial %s: %v", sock, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c := ttrpc.NewClient(conn)
+	return agentapi.NewAgentClient(c), agentapi.NewIOClient(c), func() { c.Close() }
+}
+
+func readAll(t *testing.T, ctx context.Context, read func(context.Context, *agentapi.ReadStreamRequest) (*agentapi.ReadStreamResponse, error), id, execID string) string {
+	t.Helper()
+	var out bytes.Buffer
+	for {
+		r, err := read(ctx, &agentapi.ReadStreamRequest{ContainerId: id, ExecId: execID})
+		if err != nil {
+			t.Fatalf("read %s/%s: %v", id, execID, err)
+		}
+		out.Write(r.GetData())
+		if r.GetEof() {
+			return out.String()
+		}
+	}
+}
+
+func sh(t *testing.T, dir, script string) {
+	t.Helper()
+	c := exec.Command("/bin/sh", "-ec", script)
+	c.Dir = dir
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", script, err, out)
+	}
+}
+
+// agentInitrd appends a cpio archive holding the freshly built agent as
+// /init to the image's initramfs; the kernel unpacks both, the later /init
+// wins.
+func agentInitrd(t *testing.T, imgDir, dir string) string {
+	t.Helper()
+	stage := filepath.Join(dir, "stage")
+	if err := os.MkdirAll(stage, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(stage, "init"), "github.com/c8s-dev/c8s/guest/cmd/c8s-agent")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build agent: %v\n%s", err, out)
+	}
+	initrd := filepath.Join(dir, "initrd.img")
+	sh(t, stage, fmt.Sprintf("cat %s > %s && echo init | cpio -o -H newc --quiet >> %s",
+		filepath.Join(imgDir, "initrd.img"), initrd, initrd))
+	return initrd
+}
+
+// busyboxDisk makes an ext4 disk image with a busybox rootfs.
+func busyboxDisk(t *testing.T, dir string) string {
+	t.Helper()
+	sh(t, dir, `mkdir -p rootfs/bin rootfs/proc rootfs/dev rootfs/sys rootfs/etc rootfs/tmp
+cp /bin/busybox rootfs/bin/busybox
+for a in sh echo cat sleep; do ln -s busybox rootfs/bin/$a; done
+echo image > rootfs/etc/hosts
+mkfs.ext4 -q -F -d rootfs disk.ext4 32M`)
+	return filepath.Join(dir, "disk.ext4")
+}

@@ -12,8 +12,8 @@ const (
 	chunkSize  = 256
 	// Bounds on the work a metadata table may ask for; real TDVF images
 	// stay far below (a few MiB extended, a few thousand pages added).
-	maxExtendBytes = 256 << 20
-	maxAddedPages  = 1 << 22 // 16 GiB
+	maxExtendBytes = 64 << 20
+	maxAddedPages  = 1 << 18 // 1 GiB
 )
 
 // Ordering selects how the VMM interleaves TDH.MEM.PAGE.ADD and
@@ -54,6 +54,10 @@ func MRTD(fw []byte, md *Metadata, opts Options) ([48]byte, error) {
 	var added, extended uint64
 	skip := func(s Section) bool { return opts.SkipPageAug && s.Attributes&AttrPageAug != 0 }
 	for i, s := range md.Sections {
+		// Check each section on its own first, so the sums cannot wrap.
+		if s.MemoryDataSize > maxExtendBytes && s.MemoryDataSize/pageSize > maxAddedPages {
+			return out, fmt.Errorf("tdx: TDVF section %d (%s) is %d MiB, beyond this tool's limits; the metadata is probably corrupt", i, s.Type, s.MemoryDataSize>>20)
+		}
 		if !skip(s) {
 			added += s.MemoryDataSize / pageSize
 		}

@@ -273,6 +273,15 @@ func TestParseErrors(t *testing.T) {
 	if _, err := FirmwareMRTD(huge, Options{}); err == nil || !strings.Contains(err.Error(), "limits") {
 		t.Errorf("FirmwareMRTD of a 1 TiB section: %v, want a limit error", err)
 	}
+	// Metadata built by hand skips Parse's checks; sizes whose sum wraps
+	// around must still be refused before any hashing.
+	wrap := &Metadata{Sections: []Section{
+		{MemoryDataSize: 1 << 63, Attributes: AttrMRExtend},
+		{MemoryAddress: 1 << 63, MemoryDataSize: 1 << 63, Attributes: AttrMRExtend},
+	}}
+	if _, err := MRTD(good, wrap, Options{}); err == nil || !strings.Contains(err.Error(), "limits") {
+		t.Errorf("MRTD with wrapping sizes: %v, want a limit error", err)
+	}
 }
 
 func TestDirectBoot(t *testing.T) {
@@ -312,6 +321,15 @@ func FuzzParse(f *testing.F) {
 		md, err := Parse(fw)
 		if err != nil {
 			return
+		}
+		// Keep executions fast: hashing large (valid) sections teaches the
+		// fuzzer nothing, and the limit checks run before any hashing.
+		total := uint64(0)
+		for _, s := range md.Sections {
+			total += s.MemoryDataSize
+		}
+		if total > 1<<20 {
+			md.Sections[0].MemoryDataSize = 1 << 40
 		}
 		_, _ = MRTD(fw, md, Options{})
 		_, _ = MRTD(fw, md, Options{Ordering: TwoPass, SkipPageAug: true})

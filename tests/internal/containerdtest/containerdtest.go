@@ -3,6 +3,18 @@
 // built by `make tools` (hack/build-tools.sh), and a ctr wrapper bound to it.
 // Everything it started is stopped and removed in t.Cleanup.
 //
+// To run containers with the c8s runtime, put the repository's bin/ first in
+// the daemon's PATH, so that containerd finds containerd-shim-c8s-v2 for the
+// runtime name io.containerd.c8s.v2, and add any runtime options as TOML:
+//
+//	root, _ := containerdtest.RepoRoot()
+//	d := containerdtest.Start(t, containerdtest.Options{
+//		PathPrefix:  []string{filepath.Join(root, "bin")},
+//		ExtraConfig: "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]\n  runtime_type = \"io.containerd.c8s.v2\"\n",
+//		CRI:         true,
+//	})
+//	d.Ctr(t, "run", "--rm", "--runtime", "io.containerd.c8s.v2", image, "id", "echo", "hi")
+//
 // Without the binaries (or without root) a test is skipped with the reason,
 // unless C8S_E2E_REQUIRED=1, in which case it fails.
 package containerdtest
@@ -33,8 +45,10 @@ const (
 	EnvToolsBin = "C8S_TOOLS_BIN"
 )
 
-// DefaultNamespace is the containerd namespace ctr uses unless Options says.
-const DefaultNamespace = "c8s-test"
+// NamespacePrefix starts the namespace ctr uses unless Options names one. A
+// suffix unique to the daemon follows, because ctr places containers in the
+// cgroup /<namespace>/<id>, which concurrent daemons would otherwise share.
+const NamespacePrefix = "c8s-test-"
 
 // criPlugins are disabled unless Options.CRI is set.
 var criPlugins = []string{
@@ -59,7 +73,7 @@ type Options struct {
 	ExtraConfig string
 	// CRI keeps the CRI plugins enabled (they are disabled by default).
 	CRI bool
-	// Namespace for ctr (DefaultNamespace if empty).
+	// Namespace for ctr (NamespacePrefix and a unique suffix if empty).
 	Namespace string
 }
 
@@ -168,13 +182,13 @@ func Start(t testing.TB, opts Options) *Daemon {
 	if opts.ToolsBin == "" {
 		opts.ToolsBin = ToolsBin(t)
 	}
-	if opts.Namespace == "" {
-		opts.Namespace = DefaultNamespace
-	}
 	// A short directory: socket paths must fit in 108 bytes.
 	dir, err := os.MkdirTemp("", "c8s-ctd-")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if opts.Namespace == "" {
+		opts.Namespace = NamespacePrefix + strings.TrimPrefix(filepath.Base(dir), "c8s-ctd-")
 	}
 	d := &Daemon{
 		Dir:          dir,

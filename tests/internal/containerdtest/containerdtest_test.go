@@ -86,3 +86,25 @@ func TestDaemonLifecycle(t *testing.T) {
 		t.Errorf("%s still exists after cleanup (%v)", dir, err)
 	}
 }
+
+// TestDaemonWithCRIAndExtraRuntime starts the daemon with the CRI plugins
+// and a runtime registered through ExtraConfig, as the c8s e2e tests do.
+func TestDaemonWithCRIAndExtraRuntime(t *testing.T) {
+	d := Start(t, Options{
+		CRI: true,
+		ExtraConfig: "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]\n" +
+			"  runtime_type = \"io.containerd.c8s.v2\"\n",
+	})
+	plugins := d.Ctr(t, "plugins", "ls")
+	for _, line := range strings.Split(plugins, "\n") {
+		if f := strings.Fields(line); len(f) >= 4 && f[0] == "io.containerd.grpc.v1" && f[1] == "cri" && f[3] != "ok" {
+			t.Errorf("CRI plugin not ok: %s", line)
+		}
+	}
+	if !strings.Contains(plugins, "io.containerd.grpc.v1") || !strings.Contains(plugins, " cri ") {
+		t.Errorf("CRI plugin not listed:\n%s", plugins)
+	}
+	if !strings.Contains(d.Log(), "io.containerd.c8s.v2") {
+		t.Errorf("the c8s runtime from ExtraConfig does not appear in the daemon's config dump")
+	}
+}

@@ -44,6 +44,9 @@ func Main() {
 		log.L.WithError(err).Fatal("c8s-agent failed")
 	}
 	if pid1 {
+		if err := initsys.SwitchRoot(); err != nil {
+			fatal(err)
+		}
 		initsys.SetupConsoleLogging(level)
 		os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 		if err := initsys.MountAll(); err != nil {

@@ -38,7 +38,16 @@ func runSNP(args []string) error {
 		}
 		p.OVMFHash = &seed
 	}
-	in, err := f.load()
+	// Measure the firmware's pages while the kernel and initrd are hashed.
+	seed := func(fw *ovmf.Firmware) error {
+		if p.OVMFHash != nil || f.kernel == "" {
+			return nil
+		}
+		h, err := snp.OVMFHash(fw)
+		p.OVMFHash = &h
+		return err
+	}
+	in, err := f.load(seed)
 	if err != nil {
 		return err
 	}

@@ -231,15 +231,16 @@ type amdInputs struct {
 }
 
 // load reads the firmware and, with --kernel, hashes the kernel and initrd.
-// The three files are read concurrently; kernel and initrd are streamed
-// through SHA-256 rather than held in memory.
-func (f *sevFlags) load() (amdInputs, error) {
+// The kernel and initrd are hashed on their own goroutines (through a
+// read-only mapping, not copied into memory); meanwhile the firmware is
+// read and parsed, and then whileHashing, if set, runs on it, so that work
+// on the firmware overlaps the kernel hashes.
+func (f *sevFlags) load(whileHashing ...func(*ovmf.Firmware) error) (amdInputs, error) {
 	var (
-		in                amdInputs
-		fwData            []byte
-		kHash, iHash      [sha256.Size]byte
-		fwErr, kErr, iErr error
-		wg                sync.WaitGroup
+		in           amdInputs
+		kHash, iHash [sha256.Size]byte
+		kErr, iErr   error
+		wg           sync.WaitGroup
 	)
 	if f.kernel != "" {
 		wg.Add(2)
@@ -253,20 +254,35 @@ func (f *sevFlags) load() (amdInputs, error) {
 			iHash, iErr = sevHashFile(f.initrd)
 		}()
 	}
-	fwData, fwErr = os.ReadFile(f.ovmf)
+	fw, fwErr := f.readFirmware()
+	if fwErr == nil {
+		for _, fn := range whileHashing {
+			if fwErr = fn(fw); fwErr != nil {
+				break
+			}
+		}
+	}
 	wg.Wait()
 	if err := errors.Join(fwErr, kErr, iErr); err != nil {
 		return in, err
-	}
-	fw, err := ovmf.Parse(fwData)
-	if err != nil {
-		return in, fmt.Errorf("%s: %w", f.ovmf, err)
 	}
 	in.fw = fw
 	if f.kernel != "" {
 		in.kernel = &snp.KernelHashes{Kernel: kHash, Initrd: iHash, Cmdline: snp.CmdlineHash(f.appendLine)}
 	}
 	return in, nil
+}
+
+func (f *sevFlags) readFirmware() (*ovmf.Firmware, error) {
+	data, err := os.ReadFile(f.ovmf)
+	if err != nil {
+		return nil, err
+	}
+	fw, err := ovmf.Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", f.ovmf, err)
+	}
+	return fw, nil
 }
 
 // sevHashStream hashes r (the file at path) with 1 MiB reads.

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/c8s-dev/c8s/images/manifest"
+)
+
+func TestRunWritesVerifiableManifest(t *testing.T) {
+	dir := t.TempDir()
+	for name, content := range map[string]string{"vmlinuz": "k", "initrd.img": "i"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{
+		"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12.0-x",
+		"-cmdline", "console=ttyS0", "-agent-sha256", strings.Repeat("0", 64), "-source-date-epoch", "42",
+	}
+	if err := run(args); err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Verify(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Kernel.Release != "6.12.0-x" || m.SourceDateEpoch != 42 || m.Artifacts[manifest.RoleInitrd].Size != 1 {
+		t.Errorf("manifest = %+v", m)
+	}
+}
+
+func TestRunRequiresFlags(t *testing.T) {
+	err := run([]string{"-dir", t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "is required") {
+		t.Errorf("run without metadata flags: %v", err)
+	}
+}

@@ -9,7 +9,8 @@
 //   - the SHA-256 and SHA-384 digest of every section systemd-stub knows;
 //   - the PCR 11 value systemd-stub leaves behind, in the SHA-1, SHA-256,
 //     SHA-384 and SHA-512 banks, as `systemd-measure calculate --phase=`
-//     computes it from the same inputs.
+//     computes it from the same inputs, and after each of the boot phases
+//     systemd-pcrphase measures later (DefaultPhases).
 //
 // systemd-stub's PCR 11 convention: starting from an all-zero PCR, for each
 // section it measures, in the stub's canonical order
@@ -161,6 +162,8 @@ type Report struct {
 	// PCR11 maps each bank to the predicted PCR 11 value after systemd-stub
 	// ran (before systemd-pcrphase extends any boot phase).
 	PCR11 map[Bank][]byte
+	// Phases holds PCR 11 after each of the DefaultPhases.
+	Phases []PhaseValue
 }
 
 var sdmagicRE = regexp.MustCompile(`systemd-stub ([0-9]+)`)
@@ -256,6 +259,9 @@ func Measure(img []byte, opts Options) (*Report, error) {
 			return nil, err
 		}
 		r.PCR11[b] = pcr
+	}
+	if r.Phases, err = phaseValues(r.PCR11); err != nil {
+		return nil, err
 	}
 	return r, nil
 }

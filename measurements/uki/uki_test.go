@@ -113,11 +113,15 @@ func buildUKI(t testing.TB, dir string, ps []payload) string {
 }
 
 // referencePCR11 runs systemd-measure calculate for the payloads and
-// returns the PCR 11 value per bank after the stub (no boot phase).
-func referencePCR11(t *testing.T, ps []payload) map[Bank]string {
+// returns PCR 11 per phase path and bank: with stubOnly the value right
+// after the stub (phase ""), otherwise the tool's default phase paths.
+func referencePCR11(t testing.TB, ps []payload, stubOnly bool) map[string]map[Bank]string {
 	t.Helper()
 	tool := need(t, systemdMeasure, "systemd")
-	args := []string{"calculate", "--phase=", "--json=short"}
+	args := []string{"calculate", "--json=short"}
+	if stubOnly {
+		args = append(args, "--phase=")
+	}
 	for _, b := range Banks {
 		args = append(args, "--bank="+string(b))
 	}
@@ -132,19 +136,27 @@ func referencePCR11(t *testing.T, ps []payload) map[Bank]string {
 		t.Fatalf("systemd-measure %v: %v", args, err)
 	}
 	var res map[string][]struct {
-		PCR  int    `json:"pcr"`
-		Hash string `json:"hash"`
+		Phase string `json:"phase"`
+		PCR   int    `json:"pcr"`
+		Hash  string `json:"hash"`
 	}
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("systemd-measure output %q: %v", out, err)
 	}
-	got := map[Bank]string{}
+	got := map[string]map[Bank]string{}
 	for _, b := range Banks {
-		e := res[string(b)]
-		if len(e) != 1 || e[0].PCR != PCRIndex {
-			t.Fatalf("systemd-measure bank %s: %+v", b, e)
+		if len(res[string(b)]) == 0 {
+			t.Fatalf("systemd-measure printed nothing for bank %s: %s", b, out)
 		}
-		got[b] = e[0].Hash
+		for _, e := range res[string(b)] {
+			if e.PCR != PCRIndex {
+				t.Fatalf("systemd-measure bank %s: %+v", b, e)
+			}
+			if got[e.Phase] == nil {
+				got[e.Phase] = map[Bank]string{}
+			}
+			got[e.Phase][b] = e.Hash
+		}
 	}
 	return got
 }
@@ -165,7 +177,7 @@ func TestPCR11MatchesSystemdMeasure(t *testing.T) {
 			if r.StubVersion != 252 || r.StubVersionSource != ".sdmagic" {
 				t.Errorf("stub version %d from %s, want 252 from .sdmagic (Debian 12 stub)", r.StubVersion, r.StubVersionSource)
 			}
-			want := referencePCR11(t, ps)
+			want := referencePCR11(t, ps, true)[""]
 			contents := map[string][]byte{}
 			for _, p := range ps {
 				if contents[p.name], err = os.ReadFile(p.file); err != nil {
@@ -182,6 +194,17 @@ func TestPCR11MatchesSystemdMeasure(t *testing.T) {
 				}
 				if got := hex.EncodeToString(direct); got != want[b] {
 					t.Errorf("PCR11(%s) from section contents = %s, systemd-measure says %s", b, got, want[b])
+				}
+			}
+			phased := referencePCR11(t, ps, false)
+			if len(phased) != len(DefaultPhases) || len(r.Phases) != len(DefaultPhases) {
+				t.Fatalf("phases: systemd-measure %d, ours %d, want %d", len(phased), len(r.Phases), len(DefaultPhases))
+			}
+			for _, pv := range r.Phases {
+				for _, b := range Banks {
+					if got := hex.EncodeToString(pv.PCR11[b]); got != phased[pv.Phase][b] {
+						t.Errorf("PCR 11 %s after phase %s = %s, systemd-measure says %s", b, pv.Phase, got, phased[pv.Phase][b])
+					}
 				}
 			}
 			// The stub's own .sbat section is reported but not measured by 252.
@@ -320,6 +343,9 @@ func TestMeasureRejects(t *testing.T) {
 	}
 	if _, err := PCR11(SHA256, 252, map[string][]byte{".kernel": []byte("x")}); err == nil {
 		t.Error("PCR11 accepted an unknown section name")
+	}
+	if _, err := ExtendPhase(SHA256, make([]byte, 32), "enter-initrd::ready"); err == nil {
+		t.Error("ExtendPhase accepted an empty phase word")
 	}
 	if _, err := PCR11("md5", 252, nil); err == nil {
 		t.Error("PCR11 accepted an unknown bank")

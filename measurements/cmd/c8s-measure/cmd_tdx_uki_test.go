@@ -134,6 +134,11 @@ func TestUKICommand(t *testing.T) {
 	if err := json.Unmarshal([]byte(js), &res); err != nil {
 		t.Fatalf("json output %q: %v", js, err)
 	}
+	if len(res.Phases) != len(uki.DefaultPhases) || res.Phases[0].Phase != "enter-initrd" {
+		t.Errorf("uki json phases %+v", res.Phases)
+	} else if enter, _ := uki.ExtendPhase(uki.SHA256, want, "enter-initrd"); res.Phases[0].PCR11["sha256"] != hex.EncodeToString(enter) {
+		t.Errorf("PCR 11 after enter-initrd %s, want %x", res.Phases[0].PCR11["sha256"], enter)
+	}
 	if res.PCR11["sha256"] != hex.EncodeToString(want) || res.StubVersion != 252 || len(res.Sections) != 3 {
 		t.Errorf("uki json %+v, want PCR 11 sha256 %x from stub 252 and sections .linux .cmdline .sbat", res, want)
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 func init() {
-	register("uki", "UKI Authenticode digests, systemd-stub section digests and predicted PCR 11", runUKI)
+	register("uki", "UKI Authenticode digests, systemd-stub section digests and predicted PCR 11 (after the stub and each boot phase)", runUKI)
 }
 
 type ukiSectionJSON struct {
@@ -33,6 +33,12 @@ type ukiJSON struct {
 	AuthenticodeSHA384 string            `json:"authenticodeSHA384"`
 	Sections           []ukiSectionJSON  `json:"sections"`
 	PCR11              map[string]string `json:"pcr11"`
+	Phases             []ukiPhaseJSON    `json:"pcr11Phases"`
+}
+
+type ukiPhaseJSON struct {
+	Phase string            `json:"phase"`
+	PCR11 map[string]string `json:"pcr11"`
 }
 
 // parseInterleaved parses flags that may come before or after positional
@@ -93,6 +99,13 @@ func runUKI(args []string) error {
 	for _, b := range uki.Banks {
 		out.PCR11[string(b)] = hex.EncodeToString(r.PCR11[b])
 	}
+	for _, p := range r.Phases {
+		pj := ukiPhaseJSON{Phase: p.Phase, PCR11: map[string]string{}}
+		for _, b := range uki.Banks {
+			pj.PCR11[string(b)] = hex.EncodeToString(p.PCR11[b])
+		}
+		out.Phases = append(out.Phases, pj)
+	}
 	if *format == "json" {
 		enc := json.NewEncoder(tdxOut)
 		enc.SetIndent("", "  ")
@@ -114,6 +127,12 @@ func runUKI(args []string) error {
 	}
 	for _, b := range uki.Banks {
 		fmt.Fprintf(w, "pcr11 %s\t%s\n", b, out.PCR11[string(b)])
+	}
+	for _, p := range out.Phases {
+		fmt.Fprintf(w, "pcr11 after %s\n", p.Phase)
+		for _, b := range uki.Banks {
+			fmt.Fprintf(w, "  %s\t%s\n", b, p.PCR11[string(b)])
+		}
 	}
 	return w.Flush()
 }

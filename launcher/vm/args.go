@@ -38,6 +38,8 @@ const (
 	scsiControllerID = "scsi0"
 	scsiBus          = scsiControllerID + ".0"
 	maxSCSITarget    = 255
+	// maxIDLen is containerd's identifier limit.
+	maxIDLen = 76
 	// unixPathMax is sun_path's size minus the terminating NUL.
 	unixPathMax = 107
 )
@@ -164,7 +166,7 @@ func checkSpec(spec Spec) error {
 	h := spec.Hypervisor
 	var errs []error
 	if !validID(spec.ID) {
-		errs = append(errs, fmt.Errorf("vm: ID %q must be 1-64 letters, digits, '-', '_' or '.'", spec.ID))
+		errs = append(errs, fmt.Errorf("vm: ID %q must be 1-%d letters, digits, '-', '_' or '.'", spec.ID, maxIDLen))
 	}
 	if !filepath.IsAbs(spec.StateDir) || strings.ContainsAny(spec.StateDir, ",\n") {
 		errs = append(errs, fmt.Errorf("vm: state dir %q must be an absolute path without commas", spec.StateDir))
@@ -210,7 +212,7 @@ func checkDisk(d Disk) error {
 }
 
 func validID(id string) bool {
-	if id == "" || len(id) > 64 {
+	if id == "" || len(id) > maxIDLen {
 		return false
 	}
 	for _, r := range id {

@@ -27,7 +27,9 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 for m in scsi_common scsi_mod sd_mod virtio_scsi; do
-	xzcat /lib/modules/$m.ko.xz > /tmp/$m.ko && insmod /tmp/$m.ko || echo "C8S-INSMOD-FAILED $m"
+	ko=/lib/modules/$m.ko
+	[ -e $ko ] || { xzcat $ko.xz > /tmp/$m.ko; ko=/tmp/$m.ko; }
+	insmod $ko || echo "C8S-INSMOD-FAILED $m"
 done
 mkdir -p /dev/virtio-ports
 for p in /sys/class/virtio-ports/*; do
@@ -54,13 +56,13 @@ type testEnv struct {
 	workDir string
 }
 
-func newTestEnv(t *testing.T) testEnv {
+func newTestEnv(t testing.TB) testEnv {
 	t.Helper()
 	qemu := testguest.QEMU(t)
 	k := testguest.GetKernel(t)
 	files := map[string]string{}
-	for name, path := range k.Modules {
-		files["lib/modules/"+name+".ko.xz"] = path
+	for _, path := range k.Modules {
+		files["lib/modules/"+filepath.Base(path)] = path // name.ko or name.ko.xz
 	}
 	return testEnv{
 		qemu:    qemu,
@@ -99,7 +101,7 @@ type agentShell struct {
 }
 
 // run runs a shell command in the guest and returns its output.
-func (s *agentShell) run(t *testing.T, cmd string) string {
+func (s *agentShell) run(t testing.TB, cmd string) string {
 	t.Helper()
 	s.n++
 	end := fmt.Sprintf("C8S-END-%d", s.n)

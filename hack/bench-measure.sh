@@ -13,6 +13,7 @@
 # repository, copied to a scratch directory for the run (never into the
 # repository); it needs python3 (Debian's, with python3-cryptography: see
 # hack/install-deps.sh). Without the mirror the c8s figures are still printed.
+# REFERENCE_MIRROR overrides the mirror's git directory.
 #
 # Goals: >= 20x faster than the reference; within 1.5x of the hash floor.
 set -euo pipefail
@@ -70,7 +71,7 @@ go test -run '^$' -bench 'BenchmarkSNPKernel' -benchtime "${BENCHTIME:-10x}" ./m
 	awk '/^BenchmarkSNPKernel/{sub(/-[0-9]+$/, "", $1); t[$1]=$3/1e6; printf "go %-32s %8.1f ms\n", $1, $3/1e6}
 	     END{if (t["BenchmarkSNPKernelFloorSHA256"]) printf "go library/SHA-256 floor = %.2f\n", t["BenchmarkSNPKernel"]/t["BenchmarkSNPKernelFloorSHA256"]}'
 
-mirror=$ROOT/../.mirror/virtee+sev-snp-measure/repo
+mirror=${REFERENCE_MIRROR:-$ROOT/../.mirror/virtee+sev-snp-measure/repo}
 py=/usr/bin/python3
 [[ -x $py ]] || py=$(command -v python3 || true)
 if [[ ! -d $mirror || -z $py ]]; then

@@ -2,22 +2,18 @@ package ovmf
 
 import (
 	"encoding/binary"
-	"os"
-	"path/filepath"
 	"testing"
+
+	"github.com/c8s-dev/c8s/measurements/internal/fixtures"
 )
 
-// fuzzSeeds returns the fixture firmwares' last 0x600 bytes (where the footer
-// table and, for the suffix fixtures, the SEV metadata live) plus small
-// hand-made tables. Absent fixtures only shrink the corpus.
+// fuzzSeeds adds the fixture firmwares' last 0x600 bytes (where the footer
+// table and, for the suffix fixtures, the SEV metadata live) and small
+// hand-made tables.
 func fuzzSeeds(f *testing.F) {
 	for _, name := range []string{"ovmf_AmdSev_suffix.bin", "ovmf_OvmfX64_suffix.bin", "svsm.bin"} {
-		if b, err := os.ReadFile(filepath.Join("..", "..", "..", "shared", "fixtures", "snp", name)); err == nil {
-			if len(b) > 0x600 {
-				b = b[len(b)-0x600:]
-			}
-			f.Add(b)
-		}
+		b := fixtures.Read(f, "snp", name)
+		f.Add(b[max(0, len(b)-0x600):])
 	}
 	empty := make([]byte, 64)
 	binary.LittleEndian.PutUint16(empty[64-0x20-18:], 18)

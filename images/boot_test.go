@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +25,7 @@ const (
 
 // imageDir returns the built image directory; without one it fails with the
 // hint to build it, or skips when envSkipImage says so.
-func imageDir(t *testing.T) string {
+func imageDir(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv(envImageDir)
 	if dir == "" {
@@ -61,66 +62,106 @@ var moduleLine = regexp.MustCompile(`^C8S-TESTINIT MODULE (\S+) (loaded|exists|n
 // confidential-computing guest drivers), the virtio-serial port appears, and
 // runc from the initramfs runs.
 func TestBootImage(t *testing.T) {
-	dir := imageDir(t)
+	kernel, testInitrd, modules := prepareBoot(t)
+	r := bootTestInit(t, kernel, testInitrd)
+	t.Logf("boot to power-off took %v wall (TCG)", r.wall.Round(time.Millisecond))
+	checkReport(t, r.lines, modules, r.console)
+}
+
+// BenchmarkBootImage measures a TCG boot of the image kernel and initramfs
+// (with the test init) up to power-off, QEMU start included.
+func BenchmarkBootImage(b *testing.B) {
+	kernel, testInitrd, _ := prepareBoot(b)
+	var total time.Duration
+	n := 0
+	for b.Loop() {
+		r := bootTestInit(b, kernel, testInitrd)
+		if !slices.Contains(r.lines, "C8S-TESTINIT OK") {
+			b.Fatalf("test init did not report success; console:\n%s", r.console)
+		}
+		total += r.wall
+		n++
+	}
+	b.ReportMetric(total.Seconds()/float64(n), "s/boot")
+}
+
+// prepareBoot verifies the built image and returns its kernel, the test
+// initramfs and the image's module list.
+func prepareBoot(tb testing.TB) (kernel, testInitrd string, modules []string) {
+	tb.Helper()
+	dir := imageDir(tb)
 	m, err := manifest.Verify(dir)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
+	kernel, _ = m.Path(dir, manifest.RoleKernel)
+	initrd, _ := m.Path(dir, manifest.RoleInitrd)
+	testInitrd, modules = buildTestInitrd(tb, initrd)
+	return kernel, testInitrd, modules
+}
+
+type bootResult struct {
+	lines   []string // the C8S-TESTINIT lines, in order
+	console string   // everything QEMU printed
+	wall    time.Duration
+}
+
+// bootTestInit boots kernel and initrd under TCG until the guest powers off.
+// QEMU is killed in Cleanup if it is still running.
+func bootTestInit(tb testing.TB, kernel, initrd string) bootResult {
+	tb.Helper()
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
-		t.Fatalf("qemu-system-x86_64 not found: run make deps")
+		tb.Fatalf("qemu-system-x86_64 not found: run make deps")
 	}
-	kernel, _ := m.Path(dir, manifest.RoleKernel)
-	initrd, _ := m.Path(dir, manifest.RoleInitrd)
-	testInitrd, modules := buildTestInitrd(t, initrd)
-
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
+	tb.Cleanup(cancel)
 	cmd := exec.CommandContext(ctx, qemu,
 		"-accel", "tcg", "-machine", "q35", "-m", "512", "-smp", "1",
 		"-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
-		"-kernel", kernel, "-initrd", testInitrd,
+		"-kernel", kernel, "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1",
 		"-device", "virtio-serial",
 		"-chardev", "null,id=boottest",
 		"-device", "virtserialport,chardev=boottest,name="+bootPortName,
 		"-device", "virtio-scsi-pci",
 	)
-	var log bytes.Buffer
+	var console, stderr bytes.Buffer
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	cmd.Stderr = &log
+	cmd.Stderr = &stderr
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start qemu: %v", err)
+		tb.Fatalf("start qemu: %v", err)
 	}
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		}
 	})
-	var lines []string
-	sc := bufio.NewScanner(io.TeeReader(stdout, &log))
+	var r bootResult
+	sc := bufio.NewScanner(io.TeeReader(stdout, &console))
 	for sc.Scan() {
 		if line := strings.TrimRight(sc.Text(), "\r"); strings.HasPrefix(line, "C8S-TESTINIT") {
-			lines = append(lines, line)
+			r.lines = append(r.lines, line)
 		}
 	}
 	waitErr := cmd.Wait()
-	t.Logf("boot to power-off took %v wall (TCG)", time.Since(start).Round(time.Millisecond))
+	r.wall = time.Since(start)
+	r.console = console.String() + stderr.String()
 	if ctx.Err() != nil {
-		t.Fatalf("qemu did not power off within the limit; console:\n%s", log.String())
+		tb.Fatalf("qemu did not power off within the limit; console:\n%s", r.console)
 	}
 	if waitErr != nil {
-		t.Fatalf("qemu: %v; console:\n%s", waitErr, log.String())
+		tb.Fatalf("qemu: %v; console:\n%s", waitErr, r.console)
 	}
-	checkReport(t, lines, modules, log.String())
+	return r
 }
 
-func checkReport(t *testing.T, lines, modules []string, console string) {
+func checkReport(t testing.TB, lines, modules []string, console string) {
 	t.Helper()
 	ok := false
 	status := map[string]string{}
@@ -172,7 +213,7 @@ func platformModule(mod string) bool {
 // appends a second archive holding only /init (the kernel unpacks archives in
 // order, so the later /init replaces the agent) and compresses the result.
 // (The kernel rejects an archive appended after a zstd stream.)
-func buildTestInitrd(t *testing.T, initrd string) (path string, modules []string) {
+func buildTestInitrd(t testing.TB, initrd string) (path string, modules []string) {
 	t.Helper()
 	tmp := t.TempDir()
 	cpioPath := filepath.Join(tmp, "initrd-test.cpio")

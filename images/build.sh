@@ -166,9 +166,26 @@ for file in "${order[@]}"; do
 done
 
 pkgver() { dpkg-query -W -f='${Version}' "$1"; }
-RUNC_PKG=$(dpkg-query -S "$(readlink -f "$RUNC")" 2>/dev/null | cut -d: -f1 || true)
-[[ -n "$RUNC_PKG" ]] || RUNC_PKG=$(dpkg-query -S "$RUNC" | cut -d: -f1)
+owner() { # PATH: the Debian package that ships PATH (usrmerge: try both spellings)
+	local real p
+	real=$(readlink -f "$1")
+	for p in "$1" "$real" "${real#/usr}"; do
+		dpkg-query -S "$p" 2>/dev/null | head -n1 | cut -d: -f1 && return 0
+	done
+	die "no Debian package owns $1; install it from a package (make deps)"
+}
+RUNC_PKG=$(owner "$RUNC")
 RUNC_VERSION=$(pkgver "$RUNC_PKG")
+# Every package whose files end up in the image, for provenance.
+PACKAGES=("$KERNEL_PKG=$KERNEL_VERSION")
+declare -A owners=()
+while read -r f; do
+	pkg=$(owner "$f")
+	owners[$pkg]=1
+done < <(echo "$RUNC"; ldd "$RUNC" | grep -oE '/[^ ]+')
+for pkg in $(printf '%s\n' "${!owners[@]}" | sort); do
+	PACKAGES+=("$pkg=$(pkgver "$pkg")")
+done
 AGENT_SHA256=$(sha256sum "$AGENT" | cut -d' ' -f1)
 cat >"$R/etc/c8s/image.json" <<EOF
 {
@@ -182,6 +199,7 @@ cat >"$R/etc/c8s/image.json" <<EOF
     "package": "$RUNC_PKG",
     "version": "$RUNC_VERSION"
   },
+  "packages": [$(printf '"%s", ' "${PACKAGES[@]}" | sed 's/, $//')],
   "agent_sha256": "$AGENT_SHA256",
   "source_date_epoch": $SOURCE_DATE_EPOCH
 }
@@ -207,6 +225,7 @@ chmod 0644 "$WORK/out/vmlinuz" "$WORK/out/initrd.img"
 	-kernel-package "$KERNEL_PKG" -kernel-version "$KERNEL_VERSION" -kernel-release "$KREL" \
 	-runc-package "$RUNC_PKG" -runc-version "$RUNC_VERSION" \
 	-cmdline "$CMDLINE" -agent-sha256 "$AGENT_SHA256" \
+	$(printf -- '-package %s ' "${PACKAGES[@]}") \
 	-source-date-epoch "$SOURCE_DATE_EPOCH")
 rm -f "$OUTDIR/manifest.json"
 for f in vmlinuz initrd.img manifest.json; do

@@ -40,6 +40,10 @@ type Manifest struct {
 	Kernel Kernel `json:"kernel"`
 	// Runc names the Debian package runc in the initramfs comes from.
 	Runc Package `json:"runc"`
+	// Packages lists every Debian package whose files are in the image
+	// (kernel, runc and the libraries it links), sorted by name after the
+	// kernel: the provenance needed to rebuild the image byte for byte.
+	Packages []Package `json:"packages"`
 	// Cmdline is the recommended kernel command line.
 	Cmdline string `json:"cmdline"`
 	// AgentSHA256 is the hex sha256 of the agent binary used as /init.
@@ -96,6 +100,11 @@ func (m *Manifest) Validate() error {
 		}
 		if a.Size < 0 {
 			return fmt.Errorf("manifest artifact %q has negative size %d", role, a.Size)
+		}
+	}
+	for _, p := range m.Packages {
+		if p.Package == "" || p.Version == "" {
+			return fmt.Errorf("manifest package entry %+v lacks a name or version", p)
 		}
 	}
 	if m.AgentSHA256 != "" && !isSHA256(m.AgentSHA256) {

@@ -29,6 +29,7 @@ func writeImage(t *testing.T) (string, *Manifest) {
 		Artifacts:       map[string]Artifact{},
 		Kernel:          Kernel{Package: "linux-image-test", Version: "1.0", Release: "6.12.0-test"},
 		Runc:            Package{Package: "runc", Version: "1.1.5"},
+		Packages:        []Package{{Package: "linux-image-test", Version: "1.0"}, {Package: "runc", Version: "1.1.5"}},
 		Cmdline:         "console=ttyS0 quiet panic=-1",
 		AgentSHA256:     strings.Repeat("ab", 32),
 		SourceDateEpoch: 1700000000,
@@ -155,6 +156,7 @@ func TestParseRejectsBadManifests(t *testing.T) {
 		"short sha256":   edit(func(v map[string]any) { artifact(v, RoleKernel)["sha256"] = "abcd" }),
 		"negative size":  edit(func(v map[string]any) { artifact(v, RoleKernel)["size"] = -1 }),
 		"bad agent hash": edit(func(v map[string]any) { v["agent_sha256"] = "xyz" }),
+		"bad package":    edit(func(v map[string]any) { v["packages"] = []any{map[string]any{"package": "x"}} }),
 	}
 	if _, err := Parse(good); err != nil {
 		t.Fatalf("good manifest rejected: %v", err)

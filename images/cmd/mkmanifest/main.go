@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/c8s-dev/c8s/images/manifest"
 )
@@ -33,6 +34,14 @@ func run(args []string) error {
 	fs.StringVar(&m.Runc.Version, "runc-version", "", "version of -runc-package")
 	fs.StringVar(&m.Cmdline, "cmdline", "", "recommended kernel command line (required)")
 	fs.StringVar(&m.AgentSHA256, "agent-sha256", "", "hex sha256 of the agent binary (required)")
+	fs.Func("package", "NAME=VERSION of a Debian package in the image (repeatable)", func(v string) error {
+		name, version, ok := strings.Cut(v, "=")
+		if !ok || name == "" || version == "" {
+			return fmt.Errorf("want NAME=VERSION, got %q", v)
+		}
+		m.Packages = append(m.Packages, manifest.Package{Package: name, Version: version})
+		return nil
+	})
 	fs.Int64Var(&m.SourceDateEpoch, "source-date-epoch", 0, "timestamp of the initramfs files")
 	if err := fs.Parse(args); err != nil {
 		return err

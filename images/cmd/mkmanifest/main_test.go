@@ -19,6 +19,7 @@ func TestRunWritesVerifiableManifest(t *testing.T) {
 	args := []string{
 		"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12.0-x",
 		"-cmdline", "console=ttyS0", "-agent-sha256", strings.Repeat("0", 64), "-source-date-epoch", "42",
+		"-package", "linux-image-x=1", "-package", "libc6=2.36-9",
 	}
 	if err := run(args); err != nil {
 		t.Fatal(err)
@@ -27,7 +28,8 @@ func TestRunWritesVerifiableManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Kernel.Release != "6.12.0-x" || m.SourceDateEpoch != 42 || m.Artifacts[manifest.RoleInitrd].Size != 1 {
+	if m.Kernel.Release != "6.12.0-x" || m.SourceDateEpoch != 42 || m.Artifacts[manifest.RoleInitrd].Size != 1 ||
+		len(m.Packages) != 2 || m.Packages[1] != (manifest.Package{Package: "libc6", Version: "2.36-9"}) {
 		t.Errorf("manifest = %+v", m)
 	}
 }
@@ -36,5 +38,8 @@ func TestRunRequiresFlags(t *testing.T) {
 	err := run([]string{"-dir", t.TempDir()})
 	if err == nil || !strings.Contains(err.Error(), "is required") {
 		t.Errorf("run without metadata flags: %v", err)
+	}
+	if err := run([]string{"-package", "noversion"}); err == nil {
+		t.Error("-package without a version was accepted")
 	}
 }

@@ -69,7 +69,9 @@ func observeKVM(t *testing.T, qemu, kernel string, timeout time.Duration) observ
 	go func() { _ = cmd.Wait(); pw.Close(); close(exited) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
 	seen := make(chan time.Duration, 1)
+	readerDone := make(chan struct{})
 	go func() {
+		defer close(readerDone)
 		buf := make([]byte, 4096)
 		for {
 			n, err := pr.Read(buf)
@@ -94,6 +96,7 @@ func observeKVM(t *testing.T, qemu, kernel string, timeout time.Duration) observ
 	}
 	_ = cmd.Process.Kill()
 	<-exited
+	<-readerDone // the pipe is closed once QEMU is reaped
 	o.output = out.String()
 	return o
 }

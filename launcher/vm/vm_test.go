@@ -355,6 +355,22 @@ func TestStartFailures(t *testing.T) {
 		}
 	})
 
+	t.Run("cancelled", func(t *testing.T) {
+		spec := env.spec("cancelled")
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		_, err := Start(cctx, spec)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Start with a cancelled context: err = %v, want context.Canceled", err)
+		}
+		if _, err := os.Stat(spec.StateDir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("state dir left behind: %v", err)
+		}
+		if pids := testguest.QEMUChildren(t); len(pids) != 0 {
+			t.Fatalf("qemu processes left behind: %v", pids)
+		}
+	})
+
 	t.Run("state-dir-exists", func(t *testing.T) {
 		spec := env.spec("exists")
 		if err := os.Mkdir(spec.StateDir, 0o700); err != nil {

@@ -10,6 +10,21 @@ import (
 	"github.com/mdlayher/vsock"
 )
 
+// Agent channel transports, as reported by AgentTransport.
+const (
+	TransportVirtioSerial = "virtio-serial"
+	TransportVsock        = "vsock"
+)
+
+// AgentTransport says which channel DialAgent uses: TransportVirtioSerial
+// or TransportVsock.
+func (v *VM) AgentTransport() string {
+	if v.spec.VsockCID != 0 {
+		return TransportVsock
+	}
+	return TransportVirtioSerial
+}
+
 // DialAgent connects to the guest agent channel: the virtio-serial port's
 // unix socket, or vsock port AgentVsockPort when the VM has vhost-vsock.
 //

@@ -36,9 +36,12 @@ const (
 	stopGrace = 3 * time.Second
 	// stderrLines is how many lines of QEMU's stderr errors carry.
 	stderrLines = 20
-	// vhostVsockDevice enables vsock for the agent channel when present.
-	vhostVsockDevice = "/dev/vhost-vsock"
 )
+
+// vhostVsockDevice enables vsock for the agent channel when present (a
+// variable so tests can force virtio-serial).
+var vhostVsockDevice = "/dev/vhost-vsock"
+
 
 // VM is one running QEMU process.
 type VM struct {

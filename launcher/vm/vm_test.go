@@ -49,6 +49,13 @@ const (
 	guestWait = 2 * time.Minute
 )
 
+// TestMain makes the VMs use the virtio-serial agent port, which the test
+// guest serves, even on hosts with vhost-vsock.
+func TestMain(m *testing.M) {
+	vhostVsockDevice = "/nonexistent/vhost-vsock"
+	os.Exit(m.Run())
+}
+
 type testEnv struct {
 	qemu    string
 	kernel  testguest.Kernel
@@ -192,6 +199,9 @@ func TestVM(t *testing.T) {
 	sh := &agentShell{conn: conn, r: bufio.NewReader(conn)}
 
 	t.Run("agent", func(t *testing.T) {
+		if got := v.AgentTransport(); got != TransportVirtioSerial {
+			t.Fatalf("AgentTransport = %q without vhost-vsock", got)
+		}
 		got := sh.run(t, "echo hello from $(uname -r)")
 		if !strings.HasPrefix(got, "hello from 6.12") {
 			t.Fatalf("guest said %q, want hello from the 6.12 test kernel", got)

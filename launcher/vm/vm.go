@@ -42,7 +42,6 @@ const (
 // variable so tests can force virtio-serial).
 var vhostVsockDevice = "/dev/vhost-vsock"
 
-
 // VM is one running QEMU process.
 type VM struct {
 	spec   Spec

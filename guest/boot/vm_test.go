@@ -45,7 +45,7 @@ func TestAgentInVM(t *testing.T) {
 
 	sock := filepath.Join(dir, "agent.sock")
 	consoleLog := filepath.Join(dir, "console.log")
-	qemu := exec.Command("qemu-system-x86_64", "-accel", "tcg", "-m", "1024", "-smp", "2",
+	qemu := exec.Command("qemu-system-x86_64", "-accel", "tcg", "-m", "1024",
 		"-kernel", filepath.Join(imgDir, "vmlinuz"), "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 c8s.log_level=debug",
 		"-nographic", "-no-reboot", "-nodefaults",
@@ -90,6 +90,9 @@ func TestAgentInVM(t *testing.T) {
 		agent, io, closeConn = dialAgent(t, sock)
 	}
 	t.Logf("GetInfo after %s: %+v", time.Since(booted).Round(time.Millisecond), info)
+	if info.GetAgentVersion() != testVersion {
+		t.Fatalf("the VM runs agent %q, not the one built by this test (%q)", info.GetAgentVersion(), testVersion)
+	}
 	if info.GetChannel() != "virtio-serial" || !strings.Contains(info.GetKernelRelease(), "cloud-amd64") {
 		t.Errorf("info = %+v", info)
 	}
@@ -241,22 +244,28 @@ func sh(t *testing.T, dir, script string) {
 	}
 }
 
+// testVersion marks the agent this test builds.
+const testVersion = "vm-test"
+
 // agentInitrd appends a cpio archive holding the freshly built agent as
-// /init to the image's initramfs; the kernel unpacks both, the later /init
-// wins.
+// /init to the image's (decompressed) initramfs; the kernel unpacks both,
+// the later /init wins.
 func agentInitrd(t *testing.T, imgDir, dir string) string {
 	t.Helper()
 	stage := filepath.Join(dir, "stage")
 	if err := os.MkdirAll(stage, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(stage, "init"), "github.com/c8s-dev/c8s/guest/cmd/c8s-agent")
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-X github.com/c8s-dev/c8s/guest/agent.Version="+testVersion,
+		"-o", filepath.Join(stage, "init"), "github.com/c8s-dev/c8s/guest/cmd/c8s-agent")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build agent: %v\n%s", err, out)
 	}
 	initrd := filepath.Join(dir, "initrd.img")
-	sh(t, stage, fmt.Sprintf("cat %s > %s && echo init | cpio -o -H newc --quiet >> %s",
+	// The kernel ignores an archive appended to a zstd-compressed one, so
+	// decompress the image's first.
+	sh(t, stage, fmt.Sprintf("zstd -q -dc %s > %s && echo init | cpio -o -H newc --quiet >> %s",
 		filepath.Join(imgDir, "initrd.img"), initrd, initrd))
 	return initrd
 }

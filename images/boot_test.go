@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c8s-dev/c8s/images/internal/newc"
 	"github.com/c8s-dev/c8s/images/manifest"
 )
 
@@ -187,6 +188,9 @@ func checkReport(t testing.TB, lines, modules []string, console string) {
 	if !ok {
 		t.Fatalf("test init did not report success; console:\n%s", console)
 	}
+	if strings.Contains(console, "unable to open an initial console") {
+		t.Error("the kernel found no /dev/console in the initramfs")
+	}
 	for _, mod := range modules {
 		st, seen := status[mod]
 		switch {
@@ -221,46 +225,42 @@ func buildTestInitrd(t testing.TB, initrd string) (path string, modules []string
 	if out, err := decompress.CombinedOutput(); err != nil {
 		t.Fatalf("decompress %s: %v: %s (run make deps)", initrd, err, out)
 	}
-	list := exec.Command("cpio", "--quiet", "-i", "--to-stdout", "etc/c8s/modules")
-	f, err := os.Open(cpioPath)
+	base, err := os.ReadFile(cpioPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	list.Stdin = f
-	out, err := list.Output()
+	entries, err := newc.ReadAll(bytes.NewReader(base))
 	if err != nil {
-		t.Fatalf("read /etc/c8s/modules from %s: %v", initrd, err)
+		t.Fatalf("read initramfs %s: %v", initrd, err)
 	}
-	modules = strings.Fields(string(out))
+	for _, e := range entries {
+		if e.Name == "etc/c8s/modules" {
+			modules = strings.Fields(string(e.Body))
+		}
+	}
 	if len(modules) == 0 {
-		t.Fatal("/etc/c8s/modules in the initramfs is empty")
+		t.Fatal("/etc/c8s/modules in the initramfs is missing or empty")
 	}
 
-	stage := filepath.Join(tmp, "stage")
-	if err := os.Mkdir(stage, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(stage, "init"), "./internal/testinit")
+	initPath := filepath.Join(tmp, "init")
+	build := exec.Command("go", "build", "-trimpath", "-o", initPath, "./internal/testinit")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build test init: %v\n%s", err, out)
 	}
-	archive := exec.Command("cpio", "--quiet", "-o", "-H", "newc", "-R", "0:0")
-	archive.Dir = stage
-	archive.Stdin = strings.NewReader("init\n")
-	extra, err := archive.Output()
-	if err != nil {
-		t.Fatalf("cpio: %v (run make deps)", err)
-	}
-	w, err := os.OpenFile(cpioPath, os.O_WRONLY|os.O_APPEND, 0)
+	init, err := os.ReadFile(initPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.Write(extra); err != nil {
+	var extra bytes.Buffer
+	w := newc.NewWriter(&extra)
+	if err := w.Write(newc.Entry{Name: "init", Mode: newc.ModeRegular | 0o755, Body: init}); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cpioPath, append(base, extra.Bytes()...), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// Compress again, so that the boot exercises the kernel's zstd support.

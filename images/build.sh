@@ -55,7 +55,7 @@ export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
 export LC_ALL=C TZ=UTC
 umask 022
 
-for tool in apt-get dpkg-deb depmod cpio zstd xz ldd sha256sum readelf; do
+for tool in go apt-get dpkg-deb depmod zstd xz ldd sha256sum readelf; do
 	command -v "$tool" >/dev/null || die "$tool not found; run 'make deps' (hack/install-deps.sh)"
 done
 [[ -f "$AGENT" ]] || die "agent $AGENT not found; run 'make build' first"
@@ -68,6 +68,10 @@ mkdir -p "$OUTDIR" "$CACHE"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/c8s-image.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+
+# --- helpers (images/cmd) -----------------------------------------------------
+(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -o "$WORK/bin/" ./images/cmd/mkinitramfs ./images/cmd/mkmanifest) ||
+	die "cannot build images/cmd/mkinitramfs and mkmanifest"
 
 # --- kernel package ----------------------------------------------------------
 deb="$CACHE/${KERNEL_PKG}_${KERNEL_VERSION//:/%3a}_amd64.deb"
@@ -140,7 +144,6 @@ done
 R="$WORK/root"
 mkdir -p "$R"/{proc,sys,dev,run,tmp,mnt,etc/c8s,usr/bin,lib/modules/"$KREL"}
 chmod 1777 "$R/tmp"
-mknod -m 600 "$R/dev/console" c 5 1 || die "cannot create /dev/console (mknod needs root)"
 install -m 0755 "$AGENT" "$R/init"
 install -m 0755 "$RUNC" "$R/usr/bin/runc"
 while read -r lib; do
@@ -206,10 +209,11 @@ cat >"$R/etc/c8s/image.json" <<EOF
 EOF
 chmod 0644 "$R/etc/c8s/modules" "$R/etc/c8s/image.json"
 
-# Normalise timestamps, then archive in a fixed order with fixed owners.
-find "$R" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
-(cd "$R" && find . -mindepth 1 -printf '%P\n' | sort |
-	cpio --quiet -o -H newc -R 0:0 --reproducible) >"$WORK/initrd.cpio"
+# Archive in sorted order, owned by root, every mtime SOURCE_DATE_EPOCH,
+# normalised inodes and link counts; /dev/console lets the kernel give /init
+# a console before anything is mounted.
+"$WORK/bin/mkinitramfs" -root "$R" -o "$WORK/initrd.cpio" -mtime "$SOURCE_DATE_EPOCH" \
+	-chardev dev/console:0600:5:1
 zstd -q -9 -T1 "$WORK/initrd.cpio" -o "$WORK/initrd.img"
 
 # --- outputs -----------------------------------------------------------------
@@ -219,14 +223,14 @@ mkdir -p "$WORK/out"
 cp "$WORK/kpkg/boot/vmlinuz-$KREL" "$WORK/out/vmlinuz"
 mv "$WORK/initrd.img" "$WORK/out/initrd.img"
 chmod 0644 "$WORK/out/vmlinuz" "$WORK/out/initrd.img"
-(cd "$ROOT" && go run ./images/cmd/mkmanifest \
+"$WORK/bin/mkmanifest" \
 	-dir "$WORK/out" \
 	-kernel vmlinuz -initrd initrd.img \
 	-kernel-package "$KERNEL_PKG" -kernel-version "$KERNEL_VERSION" -kernel-release "$KREL" \
 	-runc-package "$RUNC_PKG" -runc-version "$RUNC_VERSION" \
 	-cmdline "$CMDLINE" -agent-sha256 "$AGENT_SHA256" \
 	$(printf -- '-package %s ' "${PACKAGES[@]}") \
-	-source-date-epoch "$SOURCE_DATE_EPOCH")
+	-source-date-epoch "$SOURCE_DATE_EPOCH"
 rm -f "$OUTDIR/manifest.json"
 for f in vmlinuz initrd.img manifest.json; do
 	cp "$WORK/out/$f" "$OUTDIR/.$f.tmp"

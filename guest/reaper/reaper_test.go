@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -53,15 +54,17 @@ func TestSignalledStatusIs128PlusSignal(t *testing.T) {
 	}
 }
 
-// orphan starts a shell that forks a grandchild running script in the
-// background, prints its pid and exits at once. The grandchild is reparented
-// to the test process (a subreaper), as container processes are after runc
-// exits.
-func orphan(t *testing.T, script string) (int, time.Time) {
+// orphan starts a shell that forks a grandchild in the background, prints
+// its pid and exits at once. The grandchild is reparented to the test process
+// (a subreaper), as container processes are after runc exits. It runs script
+// only once release is called: had it exited while the shell still ran, the
+// shell could have reaped it.
+func orphan(t *testing.T, script string) (pid int, since time.Time, release func()) {
 	t.Helper()
-	since := time.Now()
+	gate := filepath.Join(t.TempDir(), "go")
+	since = time.Now()
 	var out bytes.Buffer
-	c := exec.Command("/bin/sh", "-c", "("+script+") >/dev/null 2>&1 </dev/null & echo $!")
+	c := exec.Command("/bin/sh", "-c", "(while [ ! -e "+gate+" ]; do sleep 0.02; done; "+script+") >/dev/null 2>&1 </dev/null & echo $!")
 	c.Stdout = &out
 	if status, err := testReaper.Run(c); err != nil || status != 0 {
 		t.Fatalf("start orphan: status %d, err %v", status, err)
@@ -70,24 +73,22 @@ func orphan(t *testing.T, script string) (int, time.Time) {
 	if err != nil {
 		t.Fatalf("orphan pid %q: %v", out.String(), err)
 	}
-	return pid, since
+	return pid, since, func() {
+		if err := os.WriteFile(gate, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func TestClaimBeforeExit(t *testing.T) {
-	// The grandchild waits until the test tells it to go, so the claim
-	// happens strictly before the exit.
-	dir := t.TempDir()
-	gate := dir + "/go"
-	pid, since := orphan(t, "while [ ! -e "+gate+" ]; do sleep 0.05; done; exit 5")
+	pid, since, release := orphan(t, "exit 5")
 	ch := testReaper.Claim(pid, since)
 	select {
 	case e := <-ch:
 		t.Fatalf("exit %+v delivered before the process was allowed to exit", e)
 	default:
 	}
-	if err := os.WriteFile(gate, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	e := <-ch
 	if e.Pid != pid || e.Status != 5 {
 		t.Errorf("exit = %+v, want pid %d status 5", e, pid)
@@ -95,7 +96,8 @@ func TestClaimBeforeExit(t *testing.T) {
 }
 
 func TestClaimAfterExitIsNotMissed(t *testing.T) {
-	pid, since := orphan(t, "exit 9")
+	pid, since, release := orphan(t, "exit 9")
+	release()
 	// Wait until the exit has been reaped and parked as unclaimed.
 	waitUnclaimed(t, pid)
 	e := <-testReaper.Claim(pid, since)
@@ -111,7 +113,8 @@ func TestClaimAfterExitIsNotMissed(t *testing.T) {
 }
 
 func TestStaleUnclaimedExitIsNotDelivered(t *testing.T) {
-	pid, _ := orphan(t, "exit 1")
+	pid, _, release := orphan(t, "exit 1")
+	release()
 	waitUnclaimed(t, pid)
 	// A claim for a process started after that exit must not get it.
 	ch := testReaper.Claim(pid, time.Now().Add(time.Hour))
@@ -143,14 +146,10 @@ func TestUnclaimedExitsAreBounded(t *testing.T) {
 }
 
 func TestSeveralClaimsOfOnePid(t *testing.T) {
-	dir := t.TempDir()
-	gate := dir + "/go"
-	pid, since := orphan(t, "while [ ! -e "+gate+" ]; do sleep 0.05; done; exit 4")
+	pid, since, release := orphan(t, "exit 4")
 	a := testReaper.Claim(pid, since)
 	b := testReaper.Claim(pid, since)
-	if err := os.WriteFile(gate, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	release()
 	for _, ch := range []<-chan Exit{a, b} {
 		if e := <-ch; e.Status != 4 {
 			t.Errorf("exit = %+v, want status 4", e)

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -305,4 +307,37 @@ func assertCode(t *testing.T, err error, want codes.Code) {
 	if want == codes.NotFound && !errdefs.IsNotFound(errgrpc.ToNative(err)) {
 		t.Errorf("error %v does not map back to errdefs.ErrNotFound", err)
 	}
+}
+
+func TestTerminalContainerAndCancelledWait(t *testing.T) {
+	e := newEnv(t)
+	e.create(t, "c5", e.spec(t, "sh", "-c", "read x; echo got:$x; tty; exit 2"), &agentapi.Stdio{Terminal: true, Stdin: true, Stdout: true}, nil)
+	e.start(t, "c5")
+	// The process waits for input, so this wait can only end by cancellation.
+	ctx, cancel := context.WithCancel(ctxT(t))
+	waitErr := make(chan error, 1)
+	go func() {
+		_, err := e.agent.WaitProcess(ctx, &agentapi.ProcessRequest{ContainerId: "c5"})
+		waitErr <- err
+	}()
+	cancel()
+	if err := <-waitErr; status.Code(err) != codes.Canceled && !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled wait: %v", err)
+	}
+	if _, err := e.io.WriteStdin(ctxT(t), &agentapi.WriteStdinRequest{ContainerId: "c5", Data: []byte("hi\n")}); err != nil {
+		t.Fatal(err)
+	}
+	out := e.readAll(t, "c5", "", false)
+	if !strings.Contains(out, "got:hi") || !strings.Contains(out, "/dev/pts/0") {
+		t.Errorf("terminal output = %q", out)
+	}
+	if st := e.wait(t, "c5", ""); st != 2 {
+		t.Errorf("exit = %d, want 2", st)
+	}
+	out = e.readAll(t, "c5", "", true)
+	if out != "" {
+		t.Errorf("stderr of a terminal process = %q, want none", out)
+	}
+	e.remove(t, "c5")
+	e.assertGone(t, "c5")
 }

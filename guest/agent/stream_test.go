@@ -1,0 +1,143 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestStreamKeepsDataUntilReadAfterClose(t *testing.T) {
+	s := newStream()
+	s.fill(io.MultiReader(bytes.NewReader([]byte("hello ")), bytes.NewReader([]byte("world"))))
+	var got []byte
+	for {
+		data, eof, err := s.read(context.Background(), 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(data) > 4 {
+			t.Fatalf("read %d bytes, max 4", len(data))
+		}
+		got = append(got, data...)
+		if eof {
+			break
+		}
+	}
+	if string(got) != "hello world" {
+		t.Errorf("got %q", got)
+	}
+}
+
+// eioReader returns data, then EIO as a pty master does once the terminal
+// is gone.
+type eioReader struct{ data []byte }
+
+func (r *eioReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, unix.EIO
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+func TestStreamTreatsEIOAsEOF(t *testing.T) {
+	s := newStream()
+	s.fill(&eioReader{data: []byte("tty output")})
+	data, eof, err := s.read(context.Background(), 0)
+	if err != nil || eof || string(data) != "tty output" {
+		t.Fatalf("read = %q, %v, %v", data, eof, err)
+	}
+	if _, eof, err := s.read(context.Background(), 0); !eof || err != nil {
+		t.Errorf("after EIO: eof %v, err %v; want eof", eof, err)
+	}
+}
+
+func TestStreamReadBlocksUntilDataOrCancel(t *testing.T) {
+	s := newStream()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := s.read(ctx, 0)
+		done <- err
+	}()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled read: err %v", err)
+	}
+
+	r, w := io.Pipe()
+	go s.fill(r)
+	got := make(chan []byte, 1)
+	go func() {
+		data, _, _ := s.read(context.Background(), 0)
+		got <- data
+	}()
+	if _, err := w.Write([]byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	if data := <-got; string(data) != "late" {
+		t.Errorf("blocked read got %q", data)
+	}
+	w.Close()
+}
+
+func TestStreamBackPressureLosesNothing(t *testing.T) {
+	s := newStream()
+	total := 3*streamBufferBytes + 123
+	src := bytes.Repeat([]byte("0123456789abcdef"), total/16+1)[:total]
+	go s.fill(bytes.NewReader(src))
+	var got []byte
+	for {
+		data, eof, err := s.read(context.Background(), 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, data...)
+		s.mu.Lock()
+		if len(s.buf) > streamBufferBytes+32*1024 {
+			t.Errorf("buffer grew to %d bytes", len(s.buf))
+		}
+		s.mu.Unlock()
+		if eof {
+			break
+		}
+	}
+	if !bytes.Equal(got, src) {
+		t.Errorf("got %d bytes, want %d identical bytes", len(got), len(src))
+	}
+}
+
+type closeCounter struct {
+	bytes.Buffer
+	closes int
+}
+
+func (c *closeCounter) Close() error { c.closes++; return nil }
+
+func TestStdinCloseOnceAndRefuseLaterWrites(t *testing.T) {
+	w := &closeCounter{}
+	in := &stdin{w: w}
+	if n, err := in.write([]byte("abc")); n != 3 || err != nil {
+		t.Fatalf("write: %d, %v", n, err)
+	}
+	if err := in.close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.close(); err != nil {
+		t.Fatal(err)
+	}
+	if w.closes != 1 || w.String() != "abc" {
+		t.Errorf("closes %d, content %q", w.closes, w.String())
+	}
+	if _, err := in.write([]byte("x")); !errors.Is(err, errStdinClosed) {
+		t.Errorf("write after close: %v", err)
+	}
+	if _, err := (&stdin{}).write([]byte("x")); !errors.Is(err, errNoStdin) {
+		t.Errorf("write without stdin: %v", err)
+	}
+}

@@ -180,24 +180,20 @@ func (s *Service) process(containerID, execID string) (*container, *process, err
 
 // ReadStdout returns the next stdout bytes of a process.
 func (s *Service) ReadStdout(ctx context.Context, req *agentapi.ReadStreamRequest) (*agentapi.ReadStreamResponse, error) {
-	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
-	if err != nil {
-		return nil, err
-	}
-	data, eof, err := p.stdout.read(ctx, int(req.GetMaxBytes()))
-	if err != nil {
-		return nil, err
-	}
-	return &agentapi.ReadStreamResponse{Data: data, Eof: eof}, nil
+	return s.readStream(ctx, req, func(p *process) *stream { return p.stdout })
 }
 
 // ReadStderr returns the next stderr bytes of a process.
 func (s *Service) ReadStderr(ctx context.Context, req *agentapi.ReadStreamRequest) (*agentapi.ReadStreamResponse, error) {
+	return s.readStream(ctx, req, func(p *process) *stream { return p.stderr })
+}
+
+func (s *Service) readStream(ctx context.Context, req *agentapi.ReadStreamRequest, which func(*process) *stream) (*agentapi.ReadStreamResponse, error) {
 	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
 	if err != nil {
 		return nil, err
 	}
-	data, eof, err := p.stderr.read(ctx, int(req.GetMaxBytes()))
+	data, eof, err := which(p).read(ctx, int(req.GetMaxBytes()))
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -86,8 +87,16 @@ func New(cfg Config) (*Service, error) {
 // leave it as gRPC statuses carrying the errdefs class (NotFound, ...).
 func (s *Service) NewServer() (*ttrpc.Server, error) {
 	srv, err := ttrpc.NewServer(ttrpc.WithUnaryServerInterceptor(
-		func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (interface{}, error) {
-			resp, err := method(ctx, unmarshal)
+		func(ctx context.Context, unmarshal ttrpc.Unmarshaler, info *ttrpc.UnaryServerInfo, method ttrpc.Method) (resp interface{}, err error) {
+			// The agent is PID 1: a panic must fail the request, not
+			// the VM.
+			defer func() {
+				if r := recover(); r != nil {
+					log.G(ctx).WithField("method", info.FullMethod).Errorf("panic: %v\n%s", r, debug.Stack())
+					resp, err = nil, errgrpc.ToGRPC(fmt.Errorf("agent panic in %s: %v: %w", info.FullMethod, r, errdefs.ErrInternal))
+				}
+			}()
+			resp, err = method(ctx, unmarshal)
 			if err != nil {
 				log.G(ctx).WithError(err).WithField("method", info.FullMethod).Debug("request failed")
 				return resp, errgrpc.ToGRPC(err)

@@ -116,6 +116,8 @@ func (rt *Runtime) started(ctx context.Context, sio *stdioSetup, pidFile string,
 		sio.abort()
 		return nil, fmt.Errorf("read runc's pid file: %w", err)
 	}
+	// Nothing needs it any more; exec probes would pile them up.
+	_ = os.Remove(pidFile)
 	exit := rt.Reaper.Claim(pid, since)
 	pio, err := sio.collect()
 	if err != nil {

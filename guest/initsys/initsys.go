@@ -8,8 +8,10 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,20 +92,25 @@ func EnableControllers(dir string) {
 		log.L.WithError(err).Warn("cannot read the available cgroup controllers")
 		return
 	}
-	available := strings.Fields(string(raw))
-	for _, c := range cgroupControllers {
-		found := false
-		for _, a := range available {
-			found = found || a == c
-		}
-		if !found {
-			log.L.Infof("cgroup controller %s is not available", c)
-			continue
-		}
+	for _, c := range wantedControllers(strings.Fields(string(raw))) {
 		if err := os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+"+c), 0); err != nil {
 			log.L.WithError(err).Warnf("enable cgroup controller %s", c)
 		}
 	}
+}
+
+// wantedControllers are the cgroupControllers among available, in
+// cgroupControllers order.
+func wantedControllers(available []string) []string {
+	var out []string
+	for _, c := range cgroupControllers {
+		if slices.Contains(available, c) {
+			out = append(out, c)
+		} else {
+			log.L.Infof("cgroup controller %s is not available", c)
+		}
+	}
+	return out
 }
 
 // LoadModules loads the modules listed in list with finit_module, in order.
@@ -122,17 +129,12 @@ func LoadModules(list string) int {
 	defer f.Close()
 	var u unix.Utsname
 	_ = unix.Uname(&u)
-	base := filepath.Join("/lib/modules", unix.ByteSliceToString(u.Release[:]))
+	paths, err := moduleList(f, filepath.Join("/lib/modules", unix.ByteSliceToString(u.Release[:])))
+	if err != nil {
+		log.L.WithError(err).Errorf("read module list %s", list)
+	}
 	loaded := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		path := strings.TrimSpace(sc.Text())
-		if path == "" || strings.HasPrefix(path, "#") {
-			continue
-		}
-		if !filepath.IsAbs(path) {
-			path = filepath.Join(base, path)
-		}
+	for _, path := range paths {
 		if err := loadModule(path); err != nil {
 			if errors.Is(err, unix.ENODEV) {
 				// Platform drivers (sev-guest, tdx-guest) refuse to load
@@ -146,6 +148,24 @@ func LoadModules(list string) int {
 		loaded++
 	}
 	return loaded
+}
+
+// moduleList parses a module list: one path per line, relative to base
+// unless absolute; blank lines and # comments are skipped.
+func moduleList(r io.Reader, base string) ([]string, error) {
+	var paths []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		path := strings.TrimSpace(sc.Text())
+		if path == "" || strings.HasPrefix(path, "#") {
+			continue
+		}
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(base, path)
+		}
+		paths = append(paths, path)
+	}
+	return paths, sc.Err()
 }
 
 func loadModule(path string) error {
@@ -209,7 +229,11 @@ func KernelParam(key string) (string, bool) {
 	if err != nil {
 		return "", false
 	}
-	for _, f := range strings.Fields(string(raw)) {
+	return cmdlineParam(string(raw), key)
+}
+
+func cmdlineParam(cmdline, key string) (string, bool) {
+	for _, f := range strings.Fields(cmdline) {
 		k, v, _ := strings.Cut(f, "=")
 		if k == key {
 			return v, true

@@ -1,0 +1,59 @@
+package initsys
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestModuleList(t *testing.T) {
+	list := "# load order matters\nkernel/drivers/scsi/scsi_mod.ko\n\n  /abs/virtio_scsi.ko  \nkernel/fs/erofs/erofs.ko\n"
+	got, err := moduleList(strings.NewReader(list), "/lib/modules/6.12")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"/lib/modules/6.12/kernel/drivers/scsi/scsi_mod.ko", "/abs/virtio_scsi.ko", "/lib/modules/6.12/kernel/fs/erofs/erofs.ko"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("moduleList = %q, want %q", got, want)
+	}
+}
+
+func TestLoadModulesSurvivesBadEntries(t *testing.T) {
+	dir := t.TempDir()
+	notModule := filepath.Join(dir, "not-a-module.ko")
+	if err := os.WriteFile(notModule, []byte("garbage"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	list := filepath.Join(dir, "modules")
+	if err := os.WriteFile(list, []byte(filepath.Join(dir, "missing.ko")+"\n"+notModule+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n := LoadModules(list); n != 0 {
+		t.Errorf("loaded %d modules from a list of bad ones", n)
+	}
+	if n := LoadModules(filepath.Join(dir, "no-list")); n != 0 {
+		t.Errorf("loaded %d modules without a list", n)
+	}
+}
+
+func TestCmdlineParam(t *testing.T) {
+	cmdline := "console=ttyS0 quiet c8s.log_level=debug panic=-1 c8s.flag\n"
+	if v, ok := cmdlineParam(cmdline, "c8s.log_level"); !ok || v != "debug" {
+		t.Errorf("c8s.log_level = %q, %v", v, ok)
+	}
+	if v, ok := cmdlineParam(cmdline, "c8s.flag"); !ok || v != "" {
+		t.Errorf("bare flag = %q, %v", v, ok)
+	}
+	if _, ok := cmdlineParam(cmdline, "c8s.log"); ok {
+		t.Error("prefix of a key matched")
+	}
+}
+
+func TestWantedControllers(t *testing.T) {
+	got := wantedControllers([]string{"pids", "rdma", "memory", "misc", "cpu"})
+	if want := []string{"cpu", "memory", "pids"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("wantedControllers = %q, want %q", got, want)
+	}
+}

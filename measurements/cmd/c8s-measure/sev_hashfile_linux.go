@@ -4,7 +4,9 @@ package main
 
 import (
 	"crypto/sha256"
+	"fmt"
 	"os"
+	"runtime/debug"
 	"syscall"
 )
 
@@ -30,5 +32,17 @@ func sevHashFile(path string) ([sha256.Size]byte, error) {
 		return sevHashStream(file, path)
 	}
 	defer syscall.Munmap(data)
+	return sevHashMapped(data, path)
+}
+
+// sevHashMapped hashes a mapped file. A file truncated while it is hashed
+// faults (SIGBUS); that becomes an error rather than a crash.
+func sevHashMapped(data []byte, path string) (d [sha256.Size]byte, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("reading %s: the file changed while it was hashed (%v)", path, r)
+		}
+	}()
 	return sha256.Sum256(data), nil
 }

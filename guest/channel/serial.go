@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -158,6 +159,7 @@ func (p *port) newConnection() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inFrame, p.lastStream, p.ended = 0, 0, false
+	_ = p.f.SetWriteDeadline(time.Time{})
 }
 
 // fill reads more bytes from the device. On EOF (the host disconnected) the
@@ -221,6 +223,9 @@ type serialConn struct {
 	mu      sync.Mutex
 	closed  bool
 	release func()
+	// ended is set once reads have seen the connection's end; from then on
+	// nothing may be written: it would reach the next host.
+	ended atomic.Bool
 }
 
 func (c *serialConn) isClosed() bool {
@@ -230,11 +235,17 @@ func (c *serialConn) isClosed() bool {
 }
 
 func (c *serialConn) Read(b []byte) (int, error) {
-	return c.port.read(b, c.isClosed)
+	n, err := c.port.read(b, c.isClosed)
+	if err != nil && !c.ended.Swap(true) {
+		// A write blocked on the port (a disconnected host cannot take
+		// data) must not complete into the next host's connection.
+		_ = c.port.f.SetWriteDeadline(time.Now())
+	}
+	return n, err
 }
 
 func (c *serialConn) Write(b []byte) (int, error) {
-	if c.isClosed() {
+	if c.isClosed() || c.ended.Load() {
 		return 0, net.ErrClosed
 	}
 	return c.port.f.Write(b)

@@ -24,6 +24,11 @@ func hostPair(t *testing.T) (*SerialListener, *os.File) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Non-blocking, so the file is pollable and takes deadlines, as the
+	// opened port is.
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		t.Fatal(err)
+	}
 	guest := os.NewFile(uintptr(fds[0]), "guest")
 	host := os.NewFile(uintptr(fds[1]), "host")
 	t.Cleanup(func() { guest.Close(); host.Close() })
@@ -70,10 +75,20 @@ func TestSerialNewClientStartsNewConnection(t *testing.T) {
 	if got := readConn(t, c1); !bytes.Equal(got, first) {
 		t.Fatalf("first connection got %q, want %q", got, first)
 	}
+	if _, err := c1.Write([]byte("stale response")); err == nil {
+		t.Error("a connection that has ended still writes to the port (the new client would read it)")
+	}
 	c1.Close()
 	c2, err := l.Accept()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := c2.Write([]byte("reply")); err != nil {
+		t.Fatalf("the new connection cannot write: %v", err)
+	}
+	reply := make([]byte, 5)
+	if _, err := io.ReadFull(host, reply); err != nil || string(reply) != "reply" {
+		t.Fatalf("host read %q, %v; want only the new connection's reply", reply, err)
 	}
 	host.Close() // the second client goes away after its request
 	if got := readConn(t, c2); !bytes.Equal(got, second) {

@@ -192,6 +192,15 @@ func TestAgentInVM(t *testing.T) {
 	if _, err := agent.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{ContainerId: "vm2"}); err != nil {
 		t.Fatal(err)
 	}
+	// A slow reconnect: the agent sees the host leave before the next one
+	// comes.
+	closeConn()
+	time.Sleep(time.Second)
+	agent, _, closeConn = dialAgent(t, sock)
+	defer closeConn()
+	if _, err := agent.GetInfo(ctx, &agentapi.GetInfoRequest{}); err != nil {
+		t.Fatalf("GetInfo after a slow reconnect: %v", err)
+	}
 	if _, err := agent.Shutdown(ctx, &agentapi.Empty{}); err != nil {
 		t.Fatal(err)
 	}

@@ -6,11 +6,13 @@ package boot
 import (
 	"context"
 	"os"
+	"os/signal"
 	"time"
 
 	runc "github.com/containerd/go-runc"
 	"github.com/containerd/log"
 	"github.com/sirupsen/logrus"
+	"golang.org/x/sys/unix"
 
 	"github.com/c8s-dev/c8s/guest/agent"
 	"github.com/c8s-dev/c8s/guest/channel"
@@ -44,6 +46,16 @@ func Main() {
 		log.L.WithError(err).Fatal("c8s-agent failed")
 	}
 	if pid1 {
+		// The Go runtime would exit on SIGTERM, SIGINT or SIGHUP, and PID 1
+		// exiting panics the kernel. Catch them (rather than ignore them:
+		// an ignored signal stays ignored in runc and the containers).
+		sigs := make(chan os.Signal, 8)
+		signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+		go func() {
+			for sig := range sigs {
+				log.L.Warnf("PID 1 received %v; ignoring it", sig)
+			}
+		}()
 		if err := initsys.SwitchRoot(); err != nil {
 			fatal(err)
 		}

@@ -325,15 +325,17 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 		}
 		pid = resp.Pid
 	} else {
-		if err := p.startIO(s.ctx, sb.IO, sb.Agent); err != nil {
-			return nil, fmt.Errorf("open the stdio FIFOs of exec %q: %w", r.ExecID, err)
-		}
+		// The agent buffers the exec's output from its start, so the copies
+		// can begin once it exists.
 		resp, err := sb.Agent.ExecProcess(ctx, &agent.ExecProcessRequest{
 			ContainerId: r.ID, ExecId: r.ExecID, Process: p.spec, Stdio: p.agentStdio(),
 		})
 		if err != nil {
-			p.releaseIO()
 			return nil, fmt.Errorf("exec %q in container %q: %w", r.ExecID, r.ID, fromAgent(err))
+		}
+		if err := p.startIO(s.ctx, sb.IO, sb.Agent); err != nil {
+			sb.Agent.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Signal: 9})
+			return nil, fmt.Errorf("open the stdio FIFOs of exec %q: %w", r.ExecID, err)
 		}
 		pid = resp.Pid
 	}
@@ -459,6 +461,10 @@ func (s *service) stopSandbox(ctx context.Context) {
 	}
 	if pod != nil {
 		os.RemoveAll(pod.diskDir)
+		// Drop the per-namespace dirs too once no other pod uses them.
+		disks := filepath.Dir(pod.diskDir)
+		os.Remove(disks)
+		os.Remove(filepath.Dir(disks))
 	}
 }
 

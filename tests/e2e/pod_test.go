@@ -1,0 +1,252 @@
+package e2e
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestPodVM runs every end-to-end scenario against one private containerd.
+// The scenarios run in order; each checks that nothing leaked.
+func TestPodVM(t *testing.T) {
+	e := setup(t)
+	t.Run("GuestKernelExitCodeAndEvents", func(t *testing.T) { testGuestKernelExitCodeAndEvents(t, e) })
+	t.Run("PodSharesOneVMExecAndCleanup", func(t *testing.T) { testPodSharesOneVM(t, e) })
+	t.Run("QEMUKilled", func(t *testing.T) { testQEMUKilled(t, e) })
+	t.Run("BadInput", func(t *testing.T) { testBadInput(t, e) })
+}
+
+// One VM: the container sees the guest kernel, its exit status reaches
+// ctr, stdout and stderr reach containerd's FIFOs, and the task events are
+// published.
+func testGuestKernelExitCodeAndEvents(t *testing.T, e *env) {
+	ev := e.watchEvents(t)
+	stdout, stderr, code := result(t, e.run(ctx(t), e.config, "--rm", image, "k1",
+		"sh", "-c", "uname -r; echo to-stderr >&2; exit 3"))
+	if code != 3 {
+		t.Fatalf("exit code = %d, want 3\nstdout: %s\nstderr: %s\ncontainerd log:\n%s", code, stdout, stderr, e.d.Log())
+	}
+	guest := kernelRelease(t, e.imageDir)
+	var uts syscall.Utsname
+	if err := syscall.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	host := utsString(uts.Release[:])
+	if strings.TrimSpace(stdout) != guest {
+		t.Fatalf("uname -r in the container = %q, want the guest kernel %q (host: %q)", strings.TrimSpace(stdout), guest, host)
+	}
+	if guest == host {
+		t.Fatalf("guest and host kernels are both %q: the test cannot tell them apart", host)
+	}
+	if !strings.Contains(stderr, "to-stderr") {
+		t.Fatalf("stderr of the container did not reach ctr: %q", stderr)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	want := []string{"/tasks/create", "/tasks/start", "/tasks/exit", "/tasks/delete"}
+	for {
+		got := strings.Join(ev.topics("k1"), " ")
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				missing = w
+			}
+		}
+		if missing == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("event %s not published for k1; saw: %s", missing, got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.assertNothingLeft(t)
+}
+
+// withoutCtrLog drops ctr's own log lines (such as its cgroup v1
+// deprecation warning) from a process's stderr.
+func withoutCtrLog(stderr string) string {
+	var keep []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if !strings.HasPrefix(l, "time=") {
+			keep = append(keep, l)
+		}
+	}
+	return strings.Join(keep, "\n")
+}
+
+func utsString(b []int8) string {
+	var s strings.Builder
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s.WriteByte(byte(c))
+	}
+	return s.String()
+}
+
+// One VM: two containers with one sandbox id share one QEMU; exec works with
+// and without a tty; ps lists processes; kill and delete leave nothing.
+func testPodSharesOneVM(t *testing.T, e *env) {
+	c := ctx(t)
+	const pod = "pod1"
+	ann := "io.kubernetes.cri.sandbox-id=" + pod
+	if _, stderr, code := result(t, e.run(c, e.config, "-d", "--annotation", ann, image, pod, "sleep", "600")); code != 0 {
+		t.Fatalf("start sandbox container: exit %d: %s\n%s", code, stderr, e.d.Log())
+	}
+	first := e.qemus(t)
+	if len(first) != 1 {
+		t.Fatalf("QEMU processes after the first container: %v, want 1", first)
+	}
+	if _, stderr, code := result(t, e.run(c, e.config, "-d", "--annotation", ann, image, "app1", "sleep", "600")); code != 0 {
+		t.Fatalf("start second container: exit %d: %s\n%s", code, stderr, e.d.Log())
+	}
+	if both := e.qemus(t); len(both) != 1 || both[0] != first[0] {
+		t.Fatalf("QEMU processes with two containers of one pod: %v, want just %v", both, first)
+	}
+
+	// exec without a tty: stdout, stderr and the exit status come back.
+	stdout, stderr, code := result(t, e.d.CtrCommand(c, "task", "exec", "--exec-id", "e1", "app1",
+		"sh", "-c", "echo out-$((6*7)); echo err >&2; exit 5"))
+	if code != 5 || strings.TrimSpace(stdout) != "out-42" || strings.TrimSpace(withoutCtrLog(stderr)) != "err" {
+		t.Fatalf("exec: code %d stdout %q stderr %q", code, stdout, stderr)
+	}
+	// exec with a tty: the process sees a terminal.
+	out, code := ptyRun(t, e.d.CtrCommand(c, "task", "exec", "-t", "--exec-id", "e2", "app1",
+		"sh", "-c", "tty; test -t 1 && echo is-a-tty"))
+	out = ansi.ReplaceAllString(out, "")
+	if code != 0 || !strings.Contains(out, "/dev/pts/") || !strings.Contains(out, "is-a-tty") {
+		t.Fatalf("exec -t: code %d, output %q", code, out)
+	}
+	// stdin reaches an exec, and closing it ends the process.
+	cat := e.d.CtrCommand(c, "task", "exec", "--exec-id", "e3", "app1", "cat")
+	cat.Stdin = strings.NewReader("through-stdin\n")
+	if stdout, stderr, code := result(t, cat); code != 0 || stdout != "through-stdin\n" {
+		t.Fatalf("exec with stdin: code %d stdout %q stderr %q", code, stdout, stderr)
+	}
+
+	ps := e.d.Ctr(t, "task", "ps", "app1")
+	if len(strings.Split(strings.TrimSpace(ps), "\n")) < 2 {
+		t.Fatalf("ctr task ps app1 lists no process:\n%s", ps)
+	}
+	if ls := e.d.Ctr(t, "task", "ls"); !strings.Contains(ls, "app1") || !strings.Contains(ls, "RUNNING") {
+		t.Fatalf("ctr task ls:\n%s", ls)
+	}
+
+	for _, id := range []string{"app1", pod} {
+		e.d.Ctr(t, "task", "kill", "-s", "KILL", id)
+	}
+	for _, id := range []string{"app1", pod} {
+		waitStopped(t, e, id)
+		e.d.Ctr(t, "task", "delete", id)
+		e.d.Ctr(t, "container", "delete", id)
+	}
+	e.assertNothingLeft(t)
+}
+
+func waitStopped(t *testing.T, e *env, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ls := e.d.Ctr(t, "task", "ls")
+		for _, line := range strings.Split(ls, "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == id && f[2] == "STOPPED" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("task %s did not stop:\n%s", id, ls)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// One VM: killing QEMU under a running pod makes the task exit with an
+// error status, and containerd can still delete it.
+func testQEMUKilled(t *testing.T, e *env) {
+	c := ctx(t)
+	run := e.run(c, e.config, "--rm", image, "victim", "sleep", "600")
+	var stderr strings.Builder
+	run.Stderr = &stderr
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for !strings.Contains(e.d.Ctr(t, "task", "ls"), "RUNNING") {
+		if time.Now().After(deadline) {
+			run.Process.Kill()
+			run.Wait()
+			t.Fatalf("victim never ran: %s\n%s", stderr.String(), e.d.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	pids := e.qemus(t)
+	if len(pids) != 1 {
+		t.Fatalf("QEMU processes: %v, want 1", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := run.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Fatalf("ctr run after QEMU was killed: %v (want a non-zero exit status)\n%s", err, stderr.String())
+	}
+	t.Logf("ctr run exited with %d after QEMU was killed", ee.ExitCode())
+	// ctr run --rm deleted the task and the container through containerd.
+	if ls := e.d.Ctr(t, "container", "ls", "-q"); strings.Contains(ls, "victim") {
+		t.Fatalf("container victim was not deleted:\n%s\nctr: %s", ls, stderr.String())
+	}
+	e.assertNothingLeft(t)
+}
+
+// Bad input gets a clear error at ctr, and nothing leaks.
+func testBadInput(t *testing.T, e *env) {
+	kernel := filepath.Join(e.imageDir, "vmlinuz")
+	initrd := filepath.Join(e.imageDir, "initrd.img")
+	notAKernel := filepath.Join(e.d.Dir, "not-a-kernel")
+	if err := os.WriteFile(notAKernel, []byte("this is not a bzImage\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := func(name, hypervisor string) string {
+		return e.writeConfig(t, name, "[hypervisor]\n"+hypervisor+"\n[runtime]\nstate_dir = \""+e.stateDir+"\"\n")
+	}
+	cases := []struct {
+		name, config string
+		want         []string
+	}{
+		{"missing kernel", cfg("nokernel.toml", `kernel = "/nonexistent/vmlinuz"`+"\n"+`initrd = "`+initrd+`"`),
+			[]string{"/nonexistent/vmlinuz"}},
+		{"missing initrd", cfg("noinitrd.toml", `kernel = "`+kernel+`"`+"\n"+`initrd = "/nonexistent/initrd.img"`),
+			[]string{"/nonexistent/initrd.img"}},
+		{"unknown TEE", cfg("tee.toml", `kernel = "`+kernel+`"`+"\n"+`initrd = "`+initrd+`"`+"\n"+`tee = "sgx-magic"`),
+			[]string{"sgx-magic", "sim"}},
+		{"malformed config", e.writeConfig(t, "malformed.toml", "[hypervisor\nkernel = \n"),
+			[]string{"malformed.toml"}},
+		{"missing config file", filepath.Join(e.d.Dir, "does-not-exist.toml"),
+			[]string{"does-not-exist.toml"}},
+		{"QEMU fails to start", cfg("badkernel.toml", `kernel = "`+notAKernel+`"`+"\n"+`initrd = "`+initrd+`"`+"\n"+`accel = "tcg"`),
+			[]string{"qemu stderr", "linux kernel too old"}}, // QEMU's own message
+	}
+	for i, tc := range cases {
+		t.Run(strings.ReplaceAll(tc.name, " ", "_"), func(t *testing.T) {
+			id := "bad" + string(rune('a'+i))
+			_, stderr, code := result(t, e.run(ctx(t), tc.config, "--rm", image, id, "true"))
+			if code == 0 {
+				t.Fatalf("ctr run succeeded with a bad setup (%s)", tc.name)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("ctr's error does not mention %q:\n%s", w, stderr)
+				}
+			}
+			e.d.CtrCommand(ctx(t), "container", "delete", id).Run()
+			e.assertNothingLeft(t)
+		})
+	}
+}

@@ -192,6 +192,26 @@ func TestAgentInVM(t *testing.T) {
 	if _, err := agent.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{ContainerId: "vm2"}); err != nil {
 		t.Fatal(err)
 	}
+	// Measure the agent: a container in the guest's pid namespace reads
+	// /proc/1/status.
+	s.Process.Args = []string{"grep", "-E", "^(VmRSS|Threads)", "/proc/1/status"}
+	s.Linux.Namespaces = s.Linux.Namespaces[1:] // drop the pid namespace
+	raw, _ = json.Marshal(&s)
+	if _, err := agent.CreateContainer(ctx, &agentapi.CreateContainerRequest{ContainerId: "rss", Spec: raw, Rootfs: rootfs, Stdio: &agentapi.Stdio{Stdout: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := agent.StartContainer(ctx, &agentapi.StartContainerRequest{ContainerId: "rss"}); err != nil {
+		t.Fatal(err)
+	}
+	out := readAll(t, ctx, io.ReadStdout, "rss", "")
+	if !strings.Contains(out, "VmRSS") {
+		t.Errorf("agent status = %q", out)
+	}
+	t.Logf("agent (PID 1) after two containers: %s", strings.Join(strings.Fields(out), " "))
+	if _, err := agent.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{ContainerId: "rss"}); err != nil {
+		t.Fatal(err)
+	}
+
 	// A slow reconnect: the agent sees the host leave before the next one
 	// comes.
 	closeConn()
@@ -284,7 +304,7 @@ func busyboxDisk(t *testing.T, dir string) string {
 	t.Helper()
 	sh(t, dir, `mkdir -p rootfs/bin rootfs/proc rootfs/dev rootfs/sys rootfs/etc rootfs/tmp
 cp /bin/busybox rootfs/bin/busybox
-for a in sh echo cat sleep; do ln -s busybox rootfs/bin/$a; done
+for a in sh echo cat sleep grep; do ln -s busybox rootfs/bin/$a; done
 echo image > rootfs/etc/hosts
 mkfs.ext4 -q -F -d rootfs disk.ext4 32M`)
 	return filepath.Join(dir, "disk.ext4")

@@ -12,6 +12,9 @@ import (
 const (
 	// defaultReadBytes answers reads that leave max_bytes at 0.
 	defaultReadBytes = 32 * 1024
+	// maxReadBytes caps a read's reply well below ttrpc's 4 MiB message
+	// limit.
+	maxReadBytes = 1 << 20
 	// streamBufferBytes is how much output the agent holds per stream
 	// before the process's writes block (back-pressure, never loss).
 	streamBufferBytes = 1 << 20
@@ -98,6 +101,7 @@ func (s *stream) read(ctx context.Context, max int) ([]byte, bool, error) {
 	if max <= 0 {
 		max = defaultReadBytes
 	}
+	max = min(max, maxReadBytes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for len(s.buf) == 0 {

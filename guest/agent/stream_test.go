@@ -93,9 +93,12 @@ func TestStreamBackPressureLosesNothing(t *testing.T) {
 	go s.fill(bytes.NewReader(src))
 	var got []byte
 	for {
-		data, eof, err := s.read(context.Background(), 1<<20)
+		data, eof, err := s.read(context.Background(), 64<<20)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(data) > maxReadBytes {
+			t.Fatalf("read returned %d bytes, more than the %d cap", len(data), maxReadBytes)
 		}
 		got = append(got, data...)
 		s.mu.Lock()

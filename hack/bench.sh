@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# make bench: Go benchmarks, then the pod figures against peers measured in
+# the same run:
+#   - `ctr run --rm IMG true` on c8s, over a bare QEMU boot of the same
+#     kernel and initramfs to init and power-off   (goal <= 1.15)
+#   - the c8s shim's RSS over containerd-shim-runc-v2's  (goal <= 1.2)
+#   - QEMU's host RSS per pod
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+
+echo "== Go benchmarks"
+go test -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" ./measurements/... 2>&1 | grep -E '^(Benchmark|ok|FAIL)' || true
+
+[[ -x hack/bench-measure.sh ]] && { echo "== c8s-measure against the reference tool"; hack/bench-measure.sh || true; }
+
+source hack/lib/containerd.sh
+cd_start
+cd_import_busybox
+img=docker.io/c8s/busybox:test
+cfg=$CD_DIR/c8s.toml
+
+now() { date +%s%N; }
+median() { sort -n | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+
+# Warm up: the first pod pays for the node's accelerator probe (cached after).
+ctr run --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" --rm "$img" warmup true
+
+echo "== pod start-to-exit: ctr run --rm $img true ($RUNS runs)"
+c8s=()
+for i in $(seq "$RUNS"); do
+	t0=$(now); ctr run --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" --rm "$img" "bench-$i" true; t1=$(now)
+	c8s+=($(( (t1 - t0) / 1000000 )))
+done
+
+# The bare boot: the same QEMU command line c8s uses (same kernel, initrd,
+# machine, devices, accelerator), with c8s_poweroff=1 so that init powers
+# the VM off as soon as it runs.
+bare_cfg=$CD_DIR/bare.toml
+sed -e "s|^state_dir = .*|state_dir = \"$CD_DIR/bare-state\"|" "$cfg" >"$bare_cfg"
+sed -i "s|^\[hypervisor\]|[hypervisor]\nkernel_params = \"c8s_poweroff=1\"|" "$bare_cfg"
+mkdir -p "$CD_DIR/bare-state"
+cp -r "$CD_DIR/c8s-state/cache" "$CD_DIR/bare-state/" 2>/dev/null || true
+mapfile -t argv < <(bin/c8s-launcher args --config "$bare_cfg" --id bare)
+bare=()
+for i in $(seq "$RUNS"); do
+	rm -rf "$CD_DIR/bare-state/bare"; mkdir -p "$CD_DIR/bare-state/bare"
+	t0=$(now); "${argv[@]}" >/dev/null 2>&1 </dev/null; t1=$(now)
+	bare+=($(( (t1 - t0) / 1000000 )))
+done
+rm -rf "$CD_DIR/bare-state"
+c8s_ms=$(printf '%s\n' "${c8s[@]}" | median)
+bare_ms=$(printf '%s\n' "${bare[@]}" | median)
+echo "c8s ctr run --rm true: median ${c8s_ms} ms  (runs: ${c8s[*]})"
+echo "bare QEMU boot to init and power-off: median ${bare_ms} ms  (runs: ${bare[*]})"
+awk -v a="$c8s_ms" -v b="$bare_ms" 'BEGIN{printf "ratio c8s/bare-boot = %.3f (goal <= 1.15)\n", a/b}'
+
+rss_kb() { local sum=0; for p in "$@"; do sum=$((sum + $(awk '/^VmRSS/{print $2}' "/proc/$p/status"))); done; echo $sum; }
+
+echo "== memory of a running container"
+ctr run -d --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" "$img" rss-c8s sleep 600 >/dev/null
+ctr run -d "$img" rss-runc sleep 600 >/dev/null
+sleep 2
+c8s_shim=$(pgrep -f 'containerd-shim-c8s-v2 .*-id rss-c8s' | head -1)
+runc_shim=$(pgrep -f 'containerd-shim-runc-v2 .*-id rss-runc' | head -1)
+qemu=$(pgrep -f "qemu-system.*$CD_DIR/c8s-state" | head -1)
+c8s_rss=$(rss_kb "$c8s_shim"); runc_rss=$(rss_kb "$runc_shim"); qemu_rss=$(rss_kb "$qemu")
+echo "containerd-shim-c8s-v2 RSS: ${c8s_rss} KiB"
+echo "containerd-shim-runc-v2 RSS: ${runc_rss} KiB"
+awk -v a="$c8s_rss" -v b="$runc_rss" 'BEGIN{printf "ratio c8s-shim/runc-shim RSS = %.3f (goal <= 1.2)\n", a/b}'
+echo "QEMU host RSS per pod: ${qemu_rss} KiB ($(( qemu_rss / 1024 )) MiB)"
+for t in rss-c8s rss-runc; do ctr tasks kill -s KILL "$t" >/dev/null 2>&1 || true; done
+sleep 1
+for t in rss-c8s rss-runc; do ctr tasks delete "$t" >/dev/null 2>&1 || true; ctr containers delete "$t" >/dev/null 2>&1 || true; done

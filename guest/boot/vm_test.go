@@ -25,10 +25,11 @@ import (
 // from this tree as /init, and drives it over virtio-serial the way the shim
 // will: GetInfo, a container from a virtio-scsi ext4 disk, output, exit
 // status, exec, stats, remove, reconnect, shutdown. It needs a built image
-// (make image) and takes a while, so it runs only with C8S_AGENT_VM_TEST=1;
-// C8S_IMAGE_DIR overrides the image (default _output/image).
+// (make image) and boots a VM, so it runs only with C8S_AGENT_VM_TEST=1 or
+// under `make test` (C8S_E2E_REQUIRED=1); C8S_IMAGE_DIR overrides the image
+// (default _output/image).
 func TestAgentInVM(t *testing.T) {
-	if os.Getenv("C8S_AGENT_VM_TEST") != "1" {
+	if os.Getenv("C8S_AGENT_VM_TEST") != "1" && os.Getenv("C8S_E2E_REQUIRED") != "1" {
 		t.Skip("set C8S_AGENT_VM_TEST=1 to boot the guest image (needs make image, qemu-system-x86_64)")
 	}
 	imgDir := os.Getenv("C8S_IMAGE_DIR")

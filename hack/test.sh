@@ -11,6 +11,10 @@ export PATH=$PWD/_output/tools/bin:$PATH
 echo "== generated API is current"
 hack/protos.sh check
 
+echo "== guest image builds are reproducible"
+images/verify-reproducible.sh >/tmp/c8s-image-verify.log 2>&1 || { cat /tmp/c8s-image-verify.log; exit 1; }
+tail -1 /tmp/c8s-image-verify.log
+
 echo "== go vet"
 go vet ./...
 

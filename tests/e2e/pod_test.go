@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,8 +27,10 @@ func TestPodVM(t *testing.T) {
 // published.
 func testGuestKernelExitCodeAndEvents(t *testing.T, e *env) {
 	ev := e.watchEvents(t)
-	stdout, stderr, code := result(t, e.run(ctx(t), e.config, "--rm", image, "k1",
-		"sh", "-c", "uname -r; echo to-stderr >&2; exit 3"))
+	// The Kata annotation for memory is allowlisted in the test config.
+	stdout, stderr, code := result(t, e.run(ctx(t), e.config, "--rm",
+		"--annotation", "io.katacontainers.config.hypervisor.default_memory=384", image, "k1",
+		"sh", "-c", "uname -r; grep MemTotal /proc/meminfo >&2; echo to-stderr >&2; exit 3"))
 	if code != 3 {
 		t.Fatalf("exit code = %d, want 3\nstdout: %s\nstderr: %s\ncontainerd log:\n%s", code, stdout, stderr, e.d.Log())
 	}
@@ -37,6 +40,13 @@ func testGuestKernelExitCodeAndEvents(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	host := utsString(uts.Release[:])
+	var memKB int
+	if _, err := fmt.Sscanf(stderr[strings.Index(stderr, "MemTotal:"):], "MemTotal: %d kB", &memKB); err != nil {
+		t.Fatalf("no MemTotal in the container's stderr %q: %v", stderr, err)
+	}
+	if memKB > 384*1024 || memKB < 256*1024 {
+		t.Fatalf("guest MemTotal = %d kB; the default_memory=384 annotation was not applied", memKB)
+	}
 	if strings.TrimSpace(stdout) != guest {
 		t.Fatalf("uname -r in the container = %q, want the guest kernel %q (host: %q)", strings.TrimSpace(stdout), guest, host)
 	}
@@ -130,6 +140,10 @@ func testPodSharesOneVM(t *testing.T, e *env) {
 		t.Fatalf("exec with stdin: code %d stdout %q stderr %q", code, stdout, stderr)
 	}
 
+	// Stats come from the container's cgroup inside the VM.
+	if m := e.d.Ctr(t, "task", "metrics", "app1"); !strings.Contains(m, "pids.current") || !strings.Contains(m, "memory.usage") {
+		t.Fatalf("ctr task metrics app1 lacks the guest cgroup's figures:\n%s", m)
+	}
 	ps := e.d.Ctr(t, "task", "ps", "app1")
 	if len(strings.Split(strings.TrimSpace(ps), "\n")) < 2 {
 		t.Fatalf("ctr task ps app1 lists no process:\n%s", ps)

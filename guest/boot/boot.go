@@ -74,7 +74,7 @@ func Main() {
 		if err := initsys.MountAll(); err != nil {
 			fatal(err)
 		}
-		n := initsys.LoadModules(initsys.ModulesList)
+		n := initsys.LoadModules(initsys.ModulesList, func(p string) bool { return !initsys.Deferred(p) })
 		log.L.Infof("loaded %d kernel modules", n)
 		if err := initsys.SetupNetwork(); err != nil {
 			log.L.WithError(err).Error("network setup failed")
@@ -89,7 +89,11 @@ func Main() {
 		fatal(err)
 	}
 	runc.Monitor = r
-	l, ch, err := channel.Listen(portWait)
+	l, ch, err := channel.Listen(portWait, func() {
+		if pid1 {
+			initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/net/vmw_vsock/") })
+		}
+	})
 	if err != nil {
 		fatal(err)
 	}

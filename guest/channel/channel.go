@@ -31,8 +31,9 @@ const VsockPort = 1024
 
 // Listen returns the agent's listener and the channel's name
 // ("virtio-serial" or "vsock"), waiting up to wait for the virtio-serial
-// port to appear.
-func Listen(wait time.Duration) (net.Listener, string, error) {
+// port to appear. beforeVsock, when not nil, runs before falling back to
+// vsock (the boot code loads the vsock modules there).
+func Listen(wait time.Duration, beforeVsock func()) (net.Listener, string, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		if path, ok := FindPort("/", PortName); ok {
@@ -46,6 +47,9 @@ func Listen(wait time.Duration) (net.Listener, string, error) {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if beforeVsock != nil {
+		beforeVsock()
 	}
 	l, err := vsock.Listen(VsockPort, nil)
 	if err != nil {

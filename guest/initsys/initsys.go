@@ -113,10 +113,17 @@ func wantedControllers(available []string) []string {
 	return out
 }
 
-// LoadModules loads the modules listed in list with finit_module, in order.
-// Modules that are already loaded are skipped; failures are logged and the
-// rest are still loaded. It returns how many modules were loaded.
-func LoadModules(list string) int {
+// DeferredModules are the parts of the module list that boot does not
+// load, because most pods never need them: the TEE guest drivers
+// (attestation loads them), vsock (loaded only when there is no
+// virtio-serial port), device-mapper, erofs and overlayfs. Each entry is a
+// path fragment of the module file.
+var DeferredModules = []string{"/drivers/virt/coco/", "/net/vmw_vsock/", "/drivers/md/", "/fs/erofs/", "/fs/overlayfs/"}
+
+// LoadModules loads, in order, the modules of the list file for which want
+// returns true (every module when want is nil), ignoring modules already
+// loaded, and returns how many it loaded.
+func LoadModules(list string, want func(path string) bool) int {
 	f, err := os.Open(list)
 	if errors.Is(err, os.ErrNotExist) {
 		log.L.Infof("no module list at %s", list)
@@ -135,6 +142,9 @@ func LoadModules(list string) int {
 	}
 	loaded := 0
 	for _, path := range paths {
+		if want != nil && !want(path) {
+			continue
+		}
 		if err := loadModule(path); err != nil {
 			if errors.Is(err, unix.ENODEV) {
 				// Platform drivers (sev-guest, tdx-guest) refuse to load
@@ -148,6 +158,20 @@ func LoadModules(list string) int {
 		loaded++
 	}
 	return loaded
+}
+
+// Deferred reports whether a module path belongs to DeferredModules, or,
+// with fragments, to those fragments.
+func Deferred(path string, fragments ...string) bool {
+	if len(fragments) == 0 {
+		fragments = DeferredModules
+	}
+	for _, f := range fragments {
+		if strings.Contains(path, f) {
+			return true
+		}
+	}
+	return false
 }
 
 // moduleList parses a module list: one path per line, relative to base

@@ -30,10 +30,10 @@ func TestLoadModulesSurvivesBadEntries(t *testing.T) {
 	if err := os.WriteFile(list, []byte(filepath.Join(dir, "missing.ko")+"\n"+notModule+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if n := LoadModules(list); n != 0 {
+	if n := LoadModules(list, nil); n != 0 {
 		t.Errorf("loaded %d modules from a list of bad ones", n)
 	}
-	if n := LoadModules(filepath.Join(dir, "no-list")); n != 0 {
+	if n := LoadModules(filepath.Join(dir, "no-list"), nil); n != 0 {
 		t.Errorf("loaded %d modules without a list", n)
 	}
 }
@@ -55,5 +55,25 @@ func TestWantedControllers(t *testing.T) {
 	got := wantedControllers([]string{"pids", "rdma", "memory", "misc", "cpu"})
 	if want := []string{"cpu", "memory", "pids"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("wantedControllers = %q, want %q", got, want)
+	}
+}
+
+func TestDeferredModules(t *testing.T) {
+	const dir = "/lib/modules/6.12/kernel/"
+	for path, want := range map[string]bool{
+		dir + "drivers/scsi/virtio_scsi.ko":              false,
+		dir + "drivers/scsi/sd_mod.ko":                   false,
+		dir + "drivers/virt/coco/sev-guest/sev-guest.ko": true,
+		dir + "net/vmw_vsock/vsock.ko":                   true,
+		dir + "drivers/md/dm-verity.ko":                  true,
+		dir + "fs/erofs/erofs.ko":                        true,
+		dir + "fs/overlayfs/overlay.ko":                  true,
+	} {
+		if got := Deferred(path); got != want {
+			t.Errorf("Deferred(%s) = %v, want %v", path, got, want)
+		}
+	}
+	if !Deferred(dir+"net/vmw_vsock/vsock.ko", "/net/vmw_vsock/") || Deferred(dir+"fs/erofs/erofs.ko", "/net/vmw_vsock/") {
+		t.Error("Deferred with explicit fragments matches the wrong modules")
 	}
 }

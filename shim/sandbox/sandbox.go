@@ -75,6 +75,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		return nil, fmt.Errorf("choose accelerator: %w", err)
 	}
 	stateDir := filepath.Join(cfg.Runtime.StateDir, opts.Namespace, opts.ID)
+	t0 := time.Now()
 	v, err := vm.Start(ctx, vm.Spec{
 		ID:         opts.ID,
 		StateDir:   stateDir,
@@ -95,6 +96,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 	if err := os.WriteFile(filepath.Join(v.StateDir(), PidFile), []byte(fmt.Sprint(v.Pid())), 0o600); err != nil {
 		return nil, fmt.Errorf("record QEMU pid: %w", err)
 	}
+	tQEMU := time.Since(t0)
 	timeout := opts.AgentTimeout
 	if timeout == 0 {
 		timeout = DefaultAgentTimeout
@@ -105,6 +107,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 	log.G(ctx).WithFields(log.Fields{
 		"sandbox": opts.ID, "accel": choice.Accel, "qemu_pid": v.Pid(),
 		"guest_kernel": s.Info.KernelRelease, "channel": s.Info.Channel,
+		"qemu_ready": tQEMU.Round(time.Millisecond), "agent_ready": time.Since(t0).Round(time.Millisecond),
 	}).Info("pod VM is up")
 	return s, nil
 }

@@ -176,6 +176,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
 	}
 	disk := vm.Disk{ID: diskID(r.ID), Path: filepath.Join(pod.diskDir, r.ID+".img")}
+	t0 := time.Now()
 	if err := rootfs.Build(ctx, mounts, filepath.Join(r.Bundle, "rootfs"), disk.Path, rootfs.Options{FreeMiB: 256}); err != nil {
 		return nil, fmt.Errorf("prepare the root disk of container %q: %w", r.ID, err)
 	}
@@ -184,6 +185,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			rootfs.Remove(disk.Path)
 		}
 	}()
+	log.G(ctx).WithField("container", r.ID).WithField("took", time.Since(t0).Round(time.Millisecond)).Debug("root disk ready")
 	if err := writeBundleState(r.Bundle, BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: disk.Path}); err != nil {
 		return nil, err
 	}
@@ -223,6 +225,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, fmt.Errorf("create container %q in the pod VM: %w", r.ID, fromAgent(err))
 	}
+	log.G(ctx).WithField("container", r.ID).WithField("took", time.Since(t0).Round(time.Millisecond)).Info("container created in the pod VM")
 	init.mu.Lock()
 	init.pid = resp.Pid
 	init.mu.Unlock()

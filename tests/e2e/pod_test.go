@@ -190,11 +190,18 @@ func testQEMUKilled(t *testing.T, e *env) {
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
 	deadline := time.Now().Add(3 * time.Minute)
 	for !strings.Contains(e.d.Ctr(t, "task", "ls"), "RUNNING") {
+		select {
+		case err := <-exited:
+			t.Fatalf("ctr run ended before the task ran: %v\n%s", err, stderr.String())
+		default:
+		}
 		if time.Now().After(deadline) {
 			run.Process.Kill()
-			run.Wait()
+			<-exited
 			t.Fatalf("victim never ran: %s\n%s", stderr.String(), e.d.Log())
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -206,7 +213,7 @@ func testQEMUKilled(t *testing.T, e *env) {
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	err := run.Wait()
+	err := <-exited
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
 		t.Fatalf("ctr run after QEMU was killed: %v (want a non-zero exit status)\n%s", err, stderr.String())

@@ -423,7 +423,12 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
 
-	if sb != nil && !vmGone(sb) {
+	s.mu.Lock()
+	last := len(s.conts) == 1
+	s.mu.Unlock()
+	// The pod's last container goes with its VM: nothing in the guest needs
+	// undoing first.
+	if sb != nil && !vmGone(sb) && !last {
 		if _, err := sb.Agent.RemoveContainer(ctx, &agent.RemoveContainerRequest{ContainerId: r.ID}); err != nil && !vmGone(sb) {
 			return nil, fmt.Errorf("remove container %q from the pod VM: %w", r.ID, fromAgent(err))
 		}
@@ -443,7 +448,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	}
 	s.mu.Lock()
 	delete(s.conts, r.ID)
-	last := len(s.conts) == 0
+	last = len(s.conts) == 0
 	s.mu.Unlock()
 	if last {
 		s.stopSandbox(ctx)

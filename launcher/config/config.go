@@ -19,6 +19,9 @@
 //	[runtime]
 //	state_dir = "/run/c8s"
 //
+// The optional [node] table (see Node) says what the node agent reports to
+// Kubernetes: sim slots, trust pool and taint.
+//
 // Load decodes strictly: a key the launcher does not know is an error that
 // names the key and its line, so that typos do not silently fall back to
 // defaults.
@@ -83,6 +86,7 @@ var TEENames = []string{"sim", "snp", "tdx"}
 type Config struct {
 	Hypervisor Hypervisor `toml:"hypervisor"`
 	Runtime    Runtime    `toml:"runtime"`
+	Node       Node       `toml:"node"`
 }
 
 // Hypervisor describes the QEMU VM every pod gets.
@@ -170,6 +174,7 @@ func Default() Config {
 			},
 		},
 		Runtime: Runtime{StateDir: DefaultStateDir},
+		Node:    Node{Taint: DefaultTaint},
 	}
 }
 
@@ -267,6 +272,9 @@ func (c *Config) Validate() error {
 	errs = append(errs, checkFile("hypervisor.initrd", h.Initrd, "run `make image` or set hypervisor.initrd to a guest initramfs"))
 	if h.Firmware != "" || h.TEE == "snp" || h.TEE == "tdx" {
 		errs = append(errs, checkFile("hypervisor.firmware", h.Firmware, "install ovmf (/usr/share/ovmf/OVMF.fd) or set hypervisor.firmware; snp and tdx need it"))
+	}
+	if c.Node.SimSlots < -1 {
+		errs = append(errs, fmt.Errorf("node.sim_slots %d is not valid: use a slot count, 0 to size from host memory, or -1 for none", c.Node.SimSlots))
 	}
 	if c.Runtime.StateDir == "" || !filepath.IsAbs(c.Runtime.StateDir) {
 		errs = append(errs, fmt.Errorf("runtime.state_dir %q must be an absolute path", c.Runtime.StateDir))

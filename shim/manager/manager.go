@@ -168,13 +168,19 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	case err != nil:
 		log.G(ctx).WithError(err).Warn("read c8s bundle state")
 	default:
+		if st.Sandbox == id && st.StateDir != "" {
+			killVM(ctx, st.StateDir)
+		}
 		if st.Disk != "" {
 			if err := os.Remove(st.Disk); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				log.G(ctx).WithError(err).Warn("remove container root disk")
 			}
-		}
-		if st.Sandbox == id && st.StateDir != "" {
-			killVM(ctx, st.StateDir)
+			// The pod's disk dir and the namespace dirs above it go once
+			// empty (Remove fails on a dir still in use, which is right).
+			dir := filepath.Dir(st.Disk)
+			for i := 0; i < 3 && os.Remove(dir) == nil; i++ {
+				dir = filepath.Dir(dir)
+			}
 		}
 	}
 	return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(syscall.SIGKILL)}, nil

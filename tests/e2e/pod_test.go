@@ -19,6 +19,7 @@ func TestPodVM(t *testing.T) {
 	t.Run("GuestKernelExitCodeAndEvents", func(t *testing.T) { testGuestKernelExitCodeAndEvents(t, e) })
 	t.Run("PodSharesOneVMExecAndCleanup", func(t *testing.T) { testPodSharesOneVM(t, e) })
 	t.Run("QEMUKilled", func(t *testing.T) { testQEMUKilled(t, e) })
+	t.Run("ShimKilled", func(t *testing.T) { testShimKilled(t, e) })
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, e) })
 }
 
@@ -224,6 +225,60 @@ func testQEMUKilled(t *testing.T, e *env) {
 		t.Fatalf("container victim was not deleted:\n%s\nctr: %s", ls, stderr.String())
 	}
 	e.assertNothingLeft(t)
+}
+
+// One VM: when the shim dies, containerd's `shim delete` clean-up stops
+// the pod's QEMU and removes its state, disks and mounts.
+func testShimKilled(t *testing.T, e *env) {
+	c := ctx(t)
+	if _, stderr, code := result(t, e.run(c, e.config, "-d", image, "orphan", "sleep", "600")); code != 0 {
+		t.Fatalf("start: exit %d: %s", code, stderr)
+	}
+	if n := len(e.qemus(t)); n != 1 {
+		t.Fatalf("QEMU processes: %d, want 1", n)
+	}
+	shim := processMatching(t, "containerd-shim-c8s-v2", "-id orphan")
+	if shim == 0 {
+		t.Fatal("no shim process for orphan")
+	}
+	if err := syscall.Kill(shim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// containerd notices the shim is gone, runs `shim delete` and drops the
+	// task.
+	deadline := time.Now().Add(30 * time.Second)
+	for strings.Contains(e.d.Ctr(t, "task", "ls"), "orphan") {
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd still lists the task of the dead shim:\n%s", e.d.Ctr(t, "task", "ls"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.d.Ctr(t, "container", "delete", "orphan")
+	e.assertNothingLeft(t)
+}
+
+// processMatching returns the pid of a process whose command line holds
+// every one of parts, or 0.
+func processMatching(t *testing.T, parts ...string) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		cmd := strings.ReplaceAll(string(data), "\x00", " ")
+		match := true
+		for _, part := range parts {
+			match = match && strings.Contains(cmd, part)
+		}
+		if match {
+			var pid int
+			fmt.Sscanf(filepath.Base(filepath.Dir(p)), "%d", &pid)
+			return pid
+		}
+	}
+	return 0
 }
 
 // Bad input gets a clear error at ctr, and nothing leaks.

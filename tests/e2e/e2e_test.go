@@ -1,7 +1,7 @@
 // Package e2e tests c8s end to end: a real containerd 2.x built from its Go
 // module drives containerd-shim-c8s-v2, which boots real pod VMs under
 // QEMU with the guest image from `make image`. Every test here boots as
-// few VMs as it can; the whole package boots three.
+// few VMs as it can; the whole package boots four.
 //
 // Prerequisites (`make test` provides them all): root, `make build`,
 // `make image`, `make tools`. Without them the tests skip with the reason,
@@ -154,6 +154,13 @@ func (e *env) assertNothingLeft(t *testing.T) {
 	}
 	if pids := e.qemus(t); len(pids) > 0 {
 		t.Errorf("QEMU processes left behind: %v", pids)
+	}
+	shim := func() int { return processMatching(t, "containerd-shim-c8s-v2", "-namespace "+e.d.Namespace+" ") }
+	for shim() != 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if pid := shim(); pid != 0 {
+		t.Errorf("shim process %d left behind", pid)
 	}
 	var left []string
 	filepath.Walk(e.stateDir, func(path string, info os.FileInfo, err error) error {

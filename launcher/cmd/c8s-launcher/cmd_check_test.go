@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"github.com/c8s-dev/c8s/launcher/diag"
+)
+
+// TestCheckCommand runs check --json against the plain-host fixture tree:
+// the report is valid JSON of the documented schema and a failed check
+// makes the command fail.
+func TestCheckCommand(t *testing.T) {
+	root, _ := filepath.Abs("../../diag/testdata/plain-host")
+	var out bytes.Buffer
+	err := commands["check"].run(context.Background(), []string{"--root", root, "--json"}, &out)
+	if !errors.Is(err, errChecksFailed) {
+		t.Fatalf("check on a host without containerd returned %v, want errChecksFailed", err)
+	}
+	var rep diag.Report
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, out.String())
+	}
+	if rep.Schema != diag.Schema || len(rep.Checks) != len(diag.IDs()) || rep.TEE != "sim" {
+		t.Fatalf("report: schema %q, %d checks, tee %q", rep.Schema, len(rep.Checks), rep.TEE)
+	}
+	for _, c := range rep.Checks {
+		if c.ID == "containerd.handler" && c.Status != diag.Fail {
+			t.Errorf("containerd.handler is %s on a containerd config without c8s", c.Status)
+		}
+	}
+
+	out.Reset()
+	if err := commands["check"].run(context.Background(), []string{"--root", root, "--tee", "snp"}, &out); !errors.Is(err, errChecksFailed) {
+		t.Fatalf("text check: %v", err)
+	}
+	if !bytes.Contains(out.Bytes(), []byte("checked for tee=snp:")) || !bytes.Contains(out.Bytes(), []byte("FAIL  snp.host")) {
+		t.Fatalf("text report:\n%s", out.String())
+	}
+	if err := commands["check"].run(context.Background(), []string{"--root", root, "--config", "/nonexistent.toml"}, &out); err == nil || errors.Is(err, errChecksFailed) {
+		t.Fatalf("a missing --config file must be an error, got %v", err)
+	}
+}

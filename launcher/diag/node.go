@@ -1,0 +1,162 @@
+package diag
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	versionapi "github.com/containerd/containerd/api/services/version/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/launcher/ctrdconfig"
+)
+
+// ShimBinary is the binary containerd runs for runtime_type io.containerd.c8s.v2.
+const ShimBinary = "containerd-shim-c8s-v2"
+
+func checkImage(_ context.Context, s *state) Result {
+	o := s.o
+	dir := o.ImageDir
+	m, err := manifest.Verify(o.path(dir))
+	var verr *manifest.VerifyError
+	switch {
+	case errors.As(err, &verr):
+		var bad []string
+		for _, mm := range verr.Mismatches {
+			if mm.Problem != "" {
+				bad = append(bad, fmt.Sprintf("%s (%s) cannot be read", mm.Role, mm.File))
+				continue
+			}
+			bad = append(bad, fmt.Sprintf("%s (%s) has sha256 %s, manifest says %s", mm.Role, mm.File, short(mm.GotHash), short(mm.Want.SHA256)))
+		}
+		return Result{Status: Fail, Detail: fmt.Sprintf("image in %s does not match its manifest: %s", dir, strings.Join(bad, "; ")),
+			Hint: "reinstall the guest image (make image && c8s-launcher install)"}
+	case err != nil:
+		return Result{Status: Fail, Detail: fmt.Sprintf("no valid %s in %s", manifest.FileName, dir),
+			Hint: "install the guest image (make image && c8s-launcher install) or set hypervisor.kernel to the installed image"}
+	}
+	facts := map[string]string{
+		"dir":            dir,
+		"kernel_release": m.Kernel.Release,
+		"kernel_sha256":  m.Artifacts[manifest.RoleKernel].SHA256,
+		"initrd_sha256":  m.Artifacts[manifest.RoleInitrd].SHA256,
+		"digests":        strconv.Itoa(len(m.Digests)),
+	}
+	detail := fmt.Sprintf("%s: kernel %s and initrd match manifest.json", dir, m.Kernel.Release)
+	h := o.Config.Hypervisor
+	for role, got := range map[string]string{manifest.RoleKernel: h.Kernel, manifest.RoleInitrd: h.Initrd} {
+		want := path.Join(dir, m.Artifacts[role].File)
+		if got != "" && got != want {
+			return Result{Status: Warn, Detail: fmt.Sprintf("%s; but hypervisor.%s is %s, not the image's %s", detail, role, got, want), Facts: facts,
+				Hint: fmt.Sprintf("set hypervisor.%s = %q so pods boot the verified image", role, want)}
+		}
+	}
+	return Result{Status: Pass, Detail: detail, Facts: facts}
+}
+
+// socketPath strips a unix:// scheme from a containerd address.
+func socketPath(addr string) string { return strings.TrimPrefix(addr, "unix://") }
+
+// ContainerdVersion asks containerd at the unix socket address for its
+// version. root is the filesystem root the socket path is under.
+func ContainerdVersion(ctx context.Context, root, addr string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+ctrdconfig.RootJoin(root, socketPath(addr)),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	resp, err := versionapi.NewVersionClient(conn).Version(ctx, &emptypb.Empty{}, grpc.WaitForReady(false))
+	if err != nil {
+		return "", err
+	}
+	return resp.Version, nil
+}
+
+func checkContainerdSocket(ctx context.Context, s *state) Result {
+	o := s.o
+	addr := socketPath(o.ContainerdAddress)
+	if err := o.dialUnix(ctx, addr); err != nil {
+		return Result{Status: Fail, Detail: fmt.Sprintf("nothing listens on %s", addr),
+			Hint: "start containerd (systemctl start containerd), or pass --containerd-address"}
+	}
+	v, err := ContainerdVersion(ctx, o.Root, addr)
+	if err != nil {
+		return Result{Status: Fail, Detail: fmt.Sprintf("%s accepts connections but does not answer containerd's version API", addr),
+			Hint: "check that --containerd-address is containerd's gRPC socket, not its ttrpc one"}
+	}
+	return Result{Status: Pass, Detail: fmt.Sprintf("containerd %s on %s", v, addr),
+		Facts: map[string]string{"address": addr, "version": v}}
+}
+
+// shimPath finds the c8s shim where containerd looks for it (its PATH).
+func (o *Options) shimPath() string {
+	if o.live() {
+		if p, err := exec.LookPath(ShimBinary); err == nil {
+			return p
+		}
+	}
+	for _, dir := range []string{"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"} {
+		if o.exists(dir + "/" + ShimBinary) {
+			return dir + "/" + ShimBinary
+		}
+	}
+	return ""
+}
+
+func checkContainerdHandler(_ context.Context, s *state) Result {
+	o := s.o
+	install := "run c8s-launcher install (then restart containerd)"
+	cfg, err := ctrdconfig.Load(o.Root, o.ContainerdConfig)
+	if err != nil {
+		return Result{Status: Fail, Detail: o.unroot(err.Error()), Hint: "fix containerd's config; containerd itself refuses it too"}
+	}
+	if !cfg.Exists {
+		return Result{Status: Fail, Detail: fmt.Sprintf("%s does not exist: containerd runs on its defaults, which have no c8s handler", cfg.Path), Hint: install}
+	}
+	handlers := cfg.C8sHandlers()
+	facts := map[string]string{"config": cfg.Path, "version": strconv.Itoa(cfg.Version), "handlers": strings.Join(handlers, ",")}
+	if len(handlers) == 0 {
+		return Result{Status: Fail, Detail: fmt.Sprintf("no runtime handler with runtime_type %s in %s or its %d import(s)", ctrdconfig.RuntimeType, cfg.Path, len(cfg.Files)-1),
+			Facts: facts, Hint: install}
+	}
+	var where []string
+	for _, h := range handlers {
+		where = append(where, fmt.Sprintf("%s (%s)", h, cfg.Handlers[h].File))
+	}
+	detail := "handler " + strings.Join(where, ", ")
+	shim := o.shimPath()
+	facts["shim"] = shim
+	if shim == "" {
+		return Result{Status: Fail, Detail: detail + "; but " + ShimBinary + " is not in PATH", Facts: facts,
+			Hint: "install the binaries (c8s-launcher install) into a directory on containerd's PATH"}
+	}
+	return Result{Status: Pass, Detail: detail + "; shim " + shim, Facts: facts}
+}
+
+func checkKubelet(ctx context.Context, s *state) Result {
+	o := s.o
+	if err := o.dialUnix(ctx, o.KubeletSocket); err != nil {
+		return Result{Status: Warn, Detail: fmt.Sprintf("nothing listens on %s: no kubelet on this node", o.KubeletSocket),
+			Hint: "fine for containerd-only use; on a Kubernetes node start the kubelet"}
+	}
+	return Result{Status: Pass, Detail: "kubelet serves device plugin registration on " + o.KubeletSocket}
+}
+
+// short abbreviates a hex digest for one-line details.
+func short(h string) string {
+	if len(h) > 12 {
+		return h[:12]
+	}
+	return h
+}

@@ -1,0 +1,211 @@
+package attest
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Hex is a byte string that reads and writes itself as hex (JSON, TOML).
+type Hex []byte
+
+// ParseHex decodes a hex string (an optional 0x prefix is allowed).
+func ParseHex(s string) (Hex, error) {
+	b, err := hex.DecodeString(strings.TrimPrefix(strings.TrimSpace(s), "0x"))
+	if err != nil {
+		return nil, fmt.Errorf("not a hex string: %q", s)
+	}
+	return b, nil
+}
+
+func (h Hex) String() string { return hex.EncodeToString(h) }
+
+// MarshalText encodes h as lower-case hex.
+func (h Hex) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
+
+// UnmarshalText decodes hex.
+func (h *Hex) UnmarshalText(b []byte) error {
+	v, err := ParseHex(string(b))
+	if err != nil {
+		return err
+	}
+	*h = v
+	return nil
+}
+
+// Policy is what one VM's evidence must show. The zero value of an
+// optional field means "not checked"; the nonce and, for SNP, at least one
+// measurement (for TDX an MRTD) are required.
+type Policy struct {
+	// Measurements are the accepted SNP launch digests (48 bytes) by vCPU
+	// count: one per vCPU shape the image may run with (image manifest or
+	// c8s-measure).
+	Measurements map[int]Hex `json:"measurements,omitempty"`
+	// VCPUs is the vCPU count the VM was launched with; its measurement is
+	// the only one accepted. Zero accepts any shape of Measurements.
+	VCPUs int `json:"vcpus,omitempty"`
+	// MinTCB is the minimum SNP TCB_VERSION, compared component by
+	// component with the report's REPORTED_TCB.
+	MinTCB uint64 `json:"min_tcb,omitempty"`
+	// AllowDebug accepts guests launched with debugging enabled (SNP policy
+	// bit 19, TDX TD_ATTRIBUTES.DEBUG). Never for production.
+	AllowDebug bool `json:"allow_debug,omitempty"`
+	// HostData is the expected SNP HOST_DATA (32 bytes): the digest of the
+	// pod's init data.
+	HostData Hex `json:"host_data,omitempty"`
+	// ChipID, when set, pins the SNP chip (64 bytes).
+	ChipID Hex `json:"chip_id,omitempty"`
+	// VMPL, when set, is the required SNP VMPL of the requester (0-3).
+	VMPL *int `json:"vmpl,omitempty"`
+	// MRTD is the expected TDX MRTD (48 bytes).
+	MRTD Hex `json:"mrtd,omitempty"`
+	// MRConfigID is the expected TDX MRCONFIGID (48 bytes): the init data
+	// digest on TDX.
+	MRConfigID Hex `json:"mrconfigid,omitempty"`
+	// RTMRs are the expected TDX RTMR0-3 (48 bytes each); an empty entry is
+	// not checked.
+	RTMRs []Hex `json:"rtmrs,omitempty"`
+	// Nonce is the verifier's fresh challenge (1-64 bytes); REPORT_DATA
+	// must be the nonce followed by zeros.
+	Nonce Hex `json:"nonce"`
+}
+
+// LoadPolicy reads a JSON policy file.
+func LoadPolicy(path string) (*Policy, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("attest: reading the policy: %w", err)
+	}
+	var p Policy
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("attest: policy %s: %w", path, err)
+	}
+	return &p, nil
+}
+
+const (
+	snpMeasurementSize = 48
+	snpHostDataSize    = 32
+	snpChipIDSize      = 64
+	reportDataSize     = 64
+	tdxDigestSize      = 48
+)
+
+func configErr(format string, args ...any) *Error {
+	return failure(KindConfig, "policy", fmt.Errorf(format, args...), "")
+}
+
+// reportData returns the REPORT_DATA the policy's nonce requires.
+func (p *Policy) reportData() ([]byte, error) {
+	if len(p.Nonce) == 0 {
+		return nil, configErr("no nonce: evidence cannot be checked for freshness")
+	}
+	if len(p.Nonce) > reportDataSize {
+		return nil, configErr("nonce is %d bytes, at most %d fit in REPORT_DATA", len(p.Nonce), reportDataSize)
+	}
+	rd := make([]byte, reportDataSize)
+	copy(rd, p.Nonce)
+	return rd, nil
+}
+
+func checkSize(name string, v Hex, size int) error {
+	if len(v) != 0 && len(v) != size {
+		return configErr("%s is %d bytes, expected %d", name, len(v), size)
+	}
+	return nil
+}
+
+// checkSNP validates the SNP part of the policy.
+func (p *Policy) checkSNP() error {
+	if len(p.Measurements) == 0 {
+		return configErr("no expected measurement")
+	}
+	for n, m := range p.Measurements {
+		if n < 1 {
+			return configErr("measurement for vCPUs=%d: vCPU counts start at 1", n)
+		}
+		if len(m) != snpMeasurementSize {
+			return configErr("measurement for vCPUs=%d is %d bytes, expected %d", n, len(m), snpMeasurementSize)
+		}
+	}
+	if p.VCPUs != 0 {
+		if _, ok := p.Measurements[p.VCPUs]; !ok {
+			return configErr("no measurement for the launched shape vCPUs=%d (the policy has %s)", p.VCPUs, p.shapes())
+		}
+	}
+	if p.VMPL != nil && (*p.VMPL < 0 || *p.VMPL > 3) {
+		return configErr("vmpl %d: must be 0-3", *p.VMPL)
+	}
+	return errors.Join(checkSize("host_data", p.HostData, snpHostDataSize), checkSize("chip_id", p.ChipID, snpChipIDSize))
+}
+
+// checkTDX validates the TDX part of the policy.
+func (p *Policy) checkTDX() error {
+	if len(p.MRTD) == 0 {
+		return configErr("no expected MRTD")
+	}
+	if len(p.RTMRs) > 4 {
+		return configErr("%d RTMRs, TDX has 4", len(p.RTMRs))
+	}
+	errs := []error{checkSize("mrtd", p.MRTD, tdxDigestSize), checkSize("mrconfigid", p.MRConfigID, tdxDigestSize)}
+	for i, r := range p.RTMRs {
+		errs = append(errs, checkSize("rtmrs["+strconv.Itoa(i)+"]", r, tdxDigestSize))
+	}
+	return errors.Join(errs...)
+}
+
+// shapes lists the policy's vCPU shapes, for messages.
+func (p *Policy) shapes() string {
+	var s []string
+	for _, n := range slices.Sorted(maps.Keys(p.Measurements)) {
+		s = append(s, "vCPUs="+strconv.Itoa(n))
+	}
+	return strings.Join(s, ", ")
+}
+
+// matchMeasurement returns the vCPU shape whose measurement got is, or an
+// error naming the expected value and the likely cause.
+func (p *Policy) matchMeasurement(got []byte) (int, error) {
+	if p.VCPUs != 0 {
+		want := p.Measurements[p.VCPUs]
+		if string(want) == string(got) {
+			return p.VCPUs, nil
+		}
+		for n, m := range p.Measurements {
+			if string(m) == string(got) {
+				return 0, mismatch("measurement", want.String(), Hex(got).String(),
+					fmt.Sprintf("vCPUs=%d; this is the measurement of the vCPUs=%d shape: the VM did not run with the vCPU count it was launched for", p.VCPUs, n))
+			}
+		}
+		return 0, mismatch("measurement", want.String(), Hex(got).String(),
+			fmt.Sprintf("vCPUs=%d; the firmware, kernel, initrd or command line differs from the manifest?", p.VCPUs))
+	}
+	for n, m := range p.Measurements {
+		if string(m) == string(got) {
+			return n, nil
+		}
+	}
+	var want []string
+	for _, n := range slices.Sorted(maps.Keys(p.Measurements)) {
+		want = append(want, fmt.Sprintf("%s (vCPUs=%d)", p.Measurements[n], n))
+	}
+	return 0, mismatch("measurement", "one of "+strings.Join(want, ", "), Hex(got).String(),
+		"the firmware, kernel, initrd or command line differs from the manifest, or the VM runs a vCPU count the policy does not accept?")
+}
+
+// checkNonce compares REPORT_DATA with the policy's nonce.
+func checkNonce(want, got []byte) error {
+	if string(want) == string(got) {
+		return nil
+	}
+	return mismatch("REPORT_DATA (nonce)", Hex(want).String(), Hex(got).String(),
+		"the evidence is not fresh: a replayed report, or one produced for another challenge")
+}

@@ -1,0 +1,167 @@
+package attest
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	_ "embed"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+	"github.com/google/go-sev-guest/verify/trust"
+)
+
+// Mode is the TEE whose evidence a Verifier accepts.
+type Mode string
+
+const (
+	// ModeSNP trusts AMD's roots (embedded in go-sev-guest) only.
+	ModeSNP Mode = "snp"
+	// ModeTDX trusts Intel's SGX/TDX root (embedded in go-tdx-guest) only.
+	ModeTDX Mode = "tdx"
+	// ModeSim trusts the node's simulated secure processor only: SNP-format
+	// reports signed by a c8s simulated (test-only) chain.
+	ModeSim Mode = "sim"
+)
+
+// Trust is a node's trust configuration.
+type Trust struct {
+	Mode Mode `json:"mode"`
+	// SimCertChain is the PEM ASK and ARK of the node's simulated secure
+	// processor (simsp.CertChainFile); required in ModeSim, refused otherwise.
+	SimCertChain []byte `json:"-"`
+	// FetchCertificates lets hardware modes fetch what the evidence lacks
+	// over the network: a VCEK from AMD's KDS, collateral and revocation
+	// lists from Intel's PCS.
+	FetchCertificates bool `json:"fetch_certificates,omitempty"`
+	// Now returns the time certificates must be valid at; nil is time.Now.
+	Now func() time.Time `json:"-"`
+}
+
+// SimTrust returns the Trust of a sim-mode verifier for the simulated
+// secure processor whose state lives in dir (simsp.Open).
+func SimTrust(dir string) (Trust, error) {
+	b, err := os.ReadFile(filepath.Join(dir, simsp.CertChainFile))
+	if err != nil {
+		return Trust{}, fmt.Errorf("attest: the node's simulated root: %w", err)
+	}
+	return Trust{Mode: ModeSim, SimCertChain: b}, nil
+}
+
+// intelRootPEM is Intel's SGX Root CA, the root of every TDX PCK chain, as
+// Intel publishes it (certificates.trustedservices.intel.com). Passing it
+// explicitly keeps go-tdx-guest from logging to stdout that it falls back
+// on its embedded copy.
+//
+//go:embed intel_sgx_root_ca.pem
+var intelRootPEM []byte
+
+// intelRootSHA256 is the SHA-256 fingerprint of Intel's SGX Root CA.
+const intelRootSHA256 = "44a0196b2b99f889b8e149e95b807a350e7424964399e885a7cbb8ccfab674d3"
+
+// intelRoot parses intelRootPEM and checks its fingerprint.
+func intelRoot() (*x509.CertPool, error) {
+	blk, _ := pem.Decode(intelRootPEM)
+	if blk == nil {
+		return nil, errors.New("the embedded Intel SGX root is not PEM")
+	}
+	if sum := sha256.Sum256(blk.Bytes); hex.EncodeToString(sum[:]) != intelRootSHA256 {
+		return nil, errors.New("the embedded Intel SGX root has the wrong fingerprint")
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("the embedded Intel SGX root: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(c)
+	return pool, nil
+}
+
+// Verifier verifies evidence against policies with one node's trust
+// anchors. It is safe for concurrent use.
+type Verifier struct {
+	trust    Trust
+	snpRoots map[string][]*trust.AMDRootCerts // nil: go-sev-guest's embedded AMD roots
+	tdxRoots *x509.CertPool                   // Intel's SGX root (ModeTDX)
+
+	mu    sync.Mutex
+	vceks map[[sha256.Size]byte]*x509.Certificate // chains verified before
+}
+
+// maxCachedChains bounds the verified-chain cache (one entry per chip and
+// TCB; a node sees one).
+const maxCachedChains = 64
+
+// NewVerifier returns a verifier for t.
+func NewVerifier(t Trust) (*Verifier, error) {
+	v := &Verifier{trust: t, vceks: map[[sha256.Size]byte]*x509.Certificate{}}
+	switch t.Mode {
+	case ModeSNP, ModeTDX:
+		if len(t.SimCertChain) != 0 {
+			return nil, failure(KindConfig, "trust", fmt.Errorf("mode %s trusts the hardware vendor's roots only; a simulated root must not be configured", t.Mode), "")
+		}
+		if t.Mode == ModeTDX {
+			pool, err := intelRoot()
+			if err != nil {
+				return nil, failure(KindConfig, "trust", err, "")
+			}
+			v.tdxRoots = pool
+		}
+	case ModeSim:
+		if len(t.SimCertChain) == 0 {
+			return nil, failure(KindConfig, "trust", errors.New("mode sim needs the node's simulated root (simsp cert_chain.pem)"), "")
+		}
+		root := trust.AMDRootCertsProduct(simsp.ProductLine)
+		if err := root.FromKDSCertBytes(t.SimCertChain); err != nil {
+			return nil, failure(KindConfig, "trust", fmt.Errorf("simulated root: %w", err), "")
+		}
+		if root.ProductCerts.Ark == nil || !simsp.IsSimulated(root.ProductCerts.Ark) || !simsp.IsSimulated(root.ProductCerts.Ask) {
+			return nil, failure(KindConfig, "trust", errors.New("the sim root is not a c8s simulated chain; sim mode never trusts real vendor roots"), "")
+		}
+		v.snpRoots = map[string][]*trust.AMDRootCerts{simsp.ProductLine: {root}}
+	default:
+		return nil, failure(KindConfig, "trust", fmt.Errorf("unknown mode %q: want snp, tdx or sim", t.Mode), "")
+	}
+	return v, nil
+}
+
+// Mode returns the verifier's mode.
+func (v *Verifier) Mode() Mode { return v.trust.Mode }
+
+func (v *Verifier) now() time.Time {
+	if v.trust.Now != nil {
+		return v.trust.Now()
+	}
+	return time.Now()
+}
+
+// cachedVCEK returns the VCEK with DER der if its chain verified before and
+// it is still valid.
+func (v *Verifier) cachedVCEK(der []byte) *x509.Certificate {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	c := v.vceks[sha256.Sum256(der)]
+	if c == nil {
+		return nil
+	}
+	if now := v.now(); now.After(c.NotAfter) || now.Before(c.NotBefore) {
+		delete(v.vceks, sha256.Sum256(der))
+		return nil
+	}
+	return c
+}
+
+func (v *Verifier) cacheVCEK(c *x509.Certificate) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.vceks) >= maxCachedChains {
+		clear(v.vceks)
+	}
+	v.vceks[sha256.Sum256(c.Raw)] = c
+}

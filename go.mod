@@ -28,6 +28,7 @@ require (
 	golang.org/x/sys v0.38.0
 	google.golang.org/grpc v1.76.0
 	google.golang.org/protobuf v1.36.10
+	k8s.io/cri-api v0.35.6
 )
 
 require (

@@ -93,6 +93,12 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 	s.Linux.MountLabel = ""
 	s.Linux.CgroupsPath = cgroupsPath(o.CgroupsParent, o.ContainerID)
 	s.Linux.Namespaces = adaptNamespaces(s.Linux.Namespaces, o.SandboxPid)
+	// A pod sharing the host's UTS namespace (hostNetwork) would share the
+	// guest's, which no one else uses: give it its own so that its hostname
+	// can be set, as the runtime requires.
+	if s.Hostname != "" && !slices.ContainsFunc(s.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.UTSNamespace }) {
+		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UTSNamespace})
+	}
 	s.Linux.Devices = adaptDevices(s.Linux.Devices, o.Exists, warn)
 
 	mounts, files := adaptMounts(s.Mounts, o, warn)

@@ -187,3 +187,39 @@ func TestAdaptProcess(t *testing.T) {
 		t.Error("process without args accepted")
 	}
 }
+
+// A hostNetwork pod sandbox from CRI has a hostname but no UTS namespace;
+// in the guest it gets a private one so the runtime can set the hostname.
+func TestAdaptHostNetworkSandboxGetsItsOwnUTS(t *testing.T) {
+	raw, err := json.Marshal(&specs.Spec{
+		Version:  specs.Version,
+		Hostname: "web",
+		Process:  &specs.Process{Args: []string{"pause"}, Cwd: "/"},
+		Linux:    &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := Adapt(raw, Options{ContainerID: "pod", Rootfs: "/r", Exists: guestHas()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uts := 0
+	for _, ns := range plan.Spec.Linux.Namespaces {
+		if ns.Type == specs.UTSNamespace {
+			uts++
+			if ns.Path != "" {
+				t.Fatalf("UTS namespace joins %s, want a new one", ns.Path)
+			}
+		}
+	}
+	if uts != 1 {
+		t.Fatalf("UTS namespaces: %d, want 1 (%+v)", uts, plan.Spec.Linux.Namespaces)
+	}
+	// A spec without a hostname is left alone.
+	raw, _ = json.Marshal(&specs.Spec{Process: &specs.Process{Args: []string{"x"}}, Linux: &specs.Linux{}})
+	plan, err = Adapt(raw, Options{ContainerID: "c", Rootfs: "/r", Exists: guestHas()})
+	if err != nil || len(plan.Spec.Linux.Namespaces) != 0 {
+		t.Fatalf("namespaces added without a hostname: %+v, %v", plan.Spec.Linux.Namespaces, err)
+	}
+}

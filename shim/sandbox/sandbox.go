@@ -37,8 +37,9 @@ type Options struct {
 	// ID is the sandbox id: the pod's sandbox id, or the container id of a
 	// container that has none.
 	ID string
-	// Namespace is the containerd namespace; it scopes the VM's state dir.
-	Namespace string
+	// StateDir is the VM's own directory (sockets, console log, pid file);
+	// Start creates it and Stop removes it.
+	StateDir string
 	// Config is the node configuration with the pod's annotations applied.
 	Config config.Config
 	// Disks are attached at boot.
@@ -74,11 +75,10 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("choose accelerator: %w", err)
 	}
-	stateDir := filepath.Join(cfg.Runtime.StateDir, opts.Namespace, opts.ID)
 	t0 := time.Now()
 	v, err := vm.Start(ctx, vm.Spec{
 		ID:         opts.ID,
-		StateDir:   stateDir,
+		StateDir:   opts.StateDir,
 		Hypervisor: h,
 		Accel:      choice.Accel,
 		Disks:      opts.Disks,

@@ -2,6 +2,8 @@ package task
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,7 +41,6 @@ const (
 // podState is what the shim fixed when the pod's first container arrived.
 type podState struct {
 	id        string
-	namespace string
 	cfg       config.Config
 	stateDir  string
 	diskDir   string
@@ -76,19 +77,30 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 	if err := withAnn.Validate(); err != nil {
 		return nil, fmt.Errorf("c8s configuration %s: %w: %w", path, err, errdefs.ErrInvalidArgument)
 	}
-	stateDir := filepath.Join(withAnn.Runtime.StateDir, ns, id)
+	stateDir := filepath.Join(withAnn.Runtime.StateDir, ns, dirName(id))
 	pod = &podState{
 		id:        id,
-		namespace: ns,
 		cfg:       withAnn,
 		stateDir:  stateDir,
-		diskDir:   filepath.Join(withAnn.Runtime.StateDir, ns, "disks", id),
+		diskDir:   filepath.Join(withAnn.Runtime.StateDir, ns, "disks", dirName(id)),
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
 	s.mu.Lock()
 	s.pod = pod
 	s.mu.Unlock()
 	return pod, nil
+}
+
+// dirName names a pod's directories. The VM's unix sockets live in its
+// state dir and socket paths are limited to 107 bytes, while CRI sandbox
+// ids are 64 hex digits, so long ids are shortened to a prefix an admin
+// can match plus a digest of the whole id.
+func dirName(id string) string {
+	if len(id) <= 24 {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return id[:12] + "-" + hex.EncodeToString(sum[:])[:11]
 }
 
 // configPath finds the c8s config: the runtime option ConfigPath (as

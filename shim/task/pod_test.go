@@ -88,3 +88,14 @@ func TestValidIDRejectsPaths(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestDirNameIsShortAndDistinct(t *testing.T) {
+	if dirName("pod1") != "pod1" {
+		t.Fatalf("short ids are kept: %q", dirName("pod1"))
+	}
+	a := dirName(strings.Repeat("e7", 32))
+	b := dirName(strings.Repeat("e7", 31) + "e8")
+	if len(a) > 24 || a == b || !strings.HasPrefix(a, "e7e7e7e7e7e7-") {
+		t.Fatalf("dirName of CRI-style ids: %q, %q", a, b)
+	}
+}

@@ -266,9 +266,9 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 		}
 	}
 	sb, err := sandbox.Start(ctx, sandbox.Options{
-		ID:        pod.id,
-		Namespace: pod.namespace,
-		Config:    pod.cfg,
+		ID:       pod.id,
+		StateDir: pod.stateDir,
+		Config:   pod.cfg,
 		Disks:     []vm.Disk{disk},
 	})
 	if err != nil {

@@ -58,6 +58,9 @@ type Options struct {
 	// Created is the timestamp of every file and of the config (zero: the
 	// Unix epoch).
 	Created time.Time
+	// Cmd is the image's default command (empty: ["sh"]). A pause image
+	// for CRI sandboxes is this image with a command that never exits.
+	Cmd []string
 }
 
 func (o Options) withDefaults() Options {
@@ -66,6 +69,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Busybox == "" {
 		o.Busybox = DefaultBusybox
+	}
+	if len(o.Cmd) == 0 {
+		o.Cmd = []string{"sh"}
 	}
 	if o.Created.IsZero() {
 		o.Created = time.Unix(0, 0)
@@ -123,7 +129,7 @@ func Write(w io.Writer, opts Options) error {
 	config, err := json.Marshal(ocispec.Image{
 		Created:  &created,
 		Platform: ocispec.Platform{Architecture: runtime.GOARCH, OS: "linux"},
-		Config:   ocispec.ImageConfig{Env: Env, Cmd: []string{"sh"}},
+		Config:   ocispec.ImageConfig{Env: Env, Cmd: opts.Cmd},
 		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(layerTar)}},
 	})
 	if err != nil {

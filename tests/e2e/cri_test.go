@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
+	"github.com/c8s-dev/c8s/tests/internal/ociimage"
+)
+
+const pauseImage = "docker.io/c8s/pause:test"
+
+// TestCRIPodRunsInOneVM drives containerd's CRI the way the kubelet does: a
+// pod sandbox with runtime handler "c8s" (registered as the packaged
+// drop-in does) and an app container in it. Both run in one pod VM, the app
+// container sees the guest kernel, and removing the pod leaks nothing.
+func TestCRIPodRunsInOneVM(t *testing.T) {
+	root, err := containerdtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{root: root, imageDir: filepath.Join(root, "_output", "image")}
+	if _, err := os.Stat(filepath.Join(e.imageDir, "initrd.img")); err != nil {
+		containerdtest.SkipOrFail(t, "no guest image: run make image")
+	}
+	// A short directory: the pod VM's sockets live below it.
+	cfgDir, err := os.MkdirTemp("", "c8s-cri-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(cfgDir) })
+	e.stateDir = filepath.Join(cfgDir, "c8s")
+	e.config = filepath.Join(cfgDir, "c8s.toml")
+	if err := os.WriteFile(e.config, []byte(fmt.Sprintf("[hypervisor]\nkernel = %q\ninitrd = %q\n[runtime]\nstate_dir = %q\n",
+		filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(e.imageDir, "initrd.img"), e.stateDir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.d = containerdtest.Start(t, containerdtest.Options{
+		PathPrefix: []string{filepath.Join(root, "bin")},
+		CRI:        true,
+		Namespace:  "k8s.io",
+		ExtraConfig: fmt.Sprintf(`
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]
+  runtime_type = 'io.containerd.c8s.v2'
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s.options]
+    ConfigPath = %q
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = %q
+`, e.config, pauseImage),
+	})
+	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: []string{"sleep", "2147483647"}}} {
+		tarball := filepath.Join(e.d.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")
+		if err := ociimage.WriteFile(tarball, img); err != nil {
+			t.Fatal(err)
+		}
+		e.d.Ctr(t, "images", "import", tarball)
+	}
+
+	conn, err := grpc.NewClient("unix://"+e.d.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rt := cri.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	podCfg := &cri.PodSandboxConfig{
+		Metadata:    &cri.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "uid-web-1"},
+		Hostname:    "web",
+		Annotations: map[string]string{"io.katacontainers.config.hypervisor.default_vcpus": "2"},
+		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{
+			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
+		}},
+	}
+	pod, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "c8s"})
+	if err != nil {
+		t.Fatalf("RunPodSandbox with handler c8s: %v\ncontainerd log:\n%s", err, e.d.Log())
+	}
+	t.Cleanup(func() {
+		rt.StopPodSandbox(context.Background(), &cri.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+		rt.RemovePodSandbox(context.Background(), &cri.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+	})
+	qemus := e.qemus(t)
+	if len(qemus) != 1 {
+		t.Fatalf("QEMU processes for the pod: %v, want 1", qemus)
+	}
+
+	ctr, err := rt.CreateContainer(ctx, &cri.CreateContainerRequest{
+		PodSandboxId: pod.PodSandboxId,
+		Config: &cri.ContainerConfig{
+			Metadata: &cri.ContainerMetadata{Name: "app"},
+			Image:    &cri.ImageSpec{Image: image},
+			Command:  []string{"sleep", "600"},
+			LogPath:  "app.log",
+		},
+		SandboxConfig: podCfg,
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer: %v\ncontainerd log:\n%s", err, e.d.Log())
+	}
+	if _, err := rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+		t.Fatalf("StartContainer: %v\ncontainerd log:\n%s", err, e.d.Log())
+	}
+	if now := e.qemus(t); len(now) != 1 || now[0] != qemus[0] {
+		t.Fatalf("QEMU processes with the app container: %v, want just the pod's %v", now, qemus)
+	}
+	res, err := rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: ctr.ContainerId, Cmd: []string{"sh", "-c", "uname -r; nproc"}, Timeout: 60})
+	if err != nil {
+		t.Fatalf("ExecSync: %v", err)
+	}
+	out := strings.Fields(string(res.Stdout))
+	if res.ExitCode != 0 || len(out) != 2 || out[0] != kernelRelease(t, e.imageDir) {
+		t.Fatalf("ExecSync: exit %d stdout %q stderr %q; want the guest kernel %s", res.ExitCode, res.Stdout, res.Stderr, kernelRelease(t, e.imageDir))
+	}
+	if out[1] != "1" {
+		// default_vcpus is not allowlisted in this config: the annotation
+		// must be ignored.
+		t.Fatalf("nproc = %s: a pod annotation that is not allowlisted changed the VM", out[1])
+	}
+
+	if _, err := rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: ctr.ContainerId, Timeout: 5}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	if _, err := rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+		t.Fatalf("RemoveContainer: %v", err)
+	}
+	if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
+		t.Fatalf("StopPodSandbox: %v", err)
+	}
+	if _, err := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
+		t.Fatalf("RemovePodSandbox: %v", err)
+	}
+	e.assertNothingLeft(t)
+}

@@ -40,10 +40,10 @@ const (
 
 // podState is what the shim fixed when the pod's first container arrived.
 type podState struct {
-	id        string
-	cfg       config.Config
-	stateDir  string
-	diskDir   string
+	id       string
+	cfg      config.Config
+	stateDir string
+	diskDir  string
 }
 
 // podFor returns the pod of a new container, fixing it on the first one.
@@ -79,10 +79,10 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 	}
 	stateDir := filepath.Join(withAnn.Runtime.StateDir, ns, dirName(id))
 	pod = &podState{
-		id:        id,
-		cfg:       withAnn,
-		stateDir:  stateDir,
-		diskDir:   filepath.Join(withAnn.Runtime.StateDir, ns, "disks", dirName(id)),
+		id:       id,
+		cfg:      withAnn,
+		stateDir: stateDir,
+		diskDir:  filepath.Join(withAnn.Runtime.StateDir, ns, "disks", dirName(id)),
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
 	s.mu.Lock()

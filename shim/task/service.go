@@ -269,7 +269,7 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 		ID:       pod.id,
 		StateDir: pod.stateDir,
 		Config:   pod.cfg,
-		Disks:     []vm.Disk{disk},
+		Disks:    []vm.Disk{disk},
 	})
 	if err != nil {
 		return nil, false, err

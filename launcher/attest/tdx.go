@@ -65,7 +65,7 @@ func (v *Verifier) VerifyTDX(quote []byte, p *Policy) (*TDXClaims, error) {
 		Now:              v.now(),
 		TrustedRoots:     v.tdxRoots,
 	}); err != nil {
-		hint := "the quote was altered after it was signed, or its PCK chain does not lead to Intel's root"
+		hint := "the quote was altered, or its PCK certificate chain is not valid under Intel's root at the verification time"
 		if errors.Is(err, tdxverify.ErrHashVerificationFail) {
 			hint = "the quote's header or TD report was altered after it was signed"
 		}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/pelletier/go-toml/v2"
+
 	"github.com/c8s-dev/c8s/launcher/diag"
 )
 
@@ -43,5 +45,33 @@ func TestCheckCommand(t *testing.T) {
 	}
 	if err := commands["check"].run(context.Background(), []string{"--root", root, "--config", "/nonexistent.toml"}, &out); err == nil || errors.Is(err, errChecksFailed) {
 		t.Fatalf("a missing --config file must be an error, got %v", err)
+	}
+}
+
+// TestEnvCommand prints the environment of the SNP fixture tree as TOML and
+// JSON.
+func TestEnvCommand(t *testing.T) {
+	root, _ := filepath.Abs("../../diag/testdata/snp-host")
+	var out bytes.Buffer
+	if err := commands["env"].run(context.Background(), []string{"--root", root}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var tm map[string]any
+	if err := toml.Unmarshal(out.Bytes(), &tm); err != nil {
+		t.Fatalf("env output is not TOML: %v\n%s", err, out.String())
+	}
+	if c8s := tm["c8s"].(map[string]any); c8s["config_path"] != "/etc/c8s/config.toml" {
+		t.Fatalf("config_path %v", c8s["config_path"])
+	}
+	out.Reset()
+	if err := commands["env"].run(context.Background(), []string{"--root", root, "--json"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	var env diag.Env
+	if err := json.Unmarshal(out.Bytes(), &env); err != nil {
+		t.Fatal(err)
+	}
+	if env.Schema != diag.EnvSchema || env.Hypervisor.Version != "9.2.0" || env.Image.KernelRelease == "" || env.Hypervisor.TEE != "snp" {
+		t.Fatalf("env: %+v", env)
 	}
 }

@@ -1,4 +1,6 @@
 // Package packaging holds the files c8s installs on a node: the containerd
-// drop-in that registers the runtime handler and the default c8s config.
-// Their rendered forms are golden-tested here.
+// drop-in that registers the runtime handler, the default c8s config, and
+// the Kubernetes manifest (kubernetes/c8s.yaml: the node-installer
+// DaemonSet and the RuntimeClass). Their rendered forms are golden-tested
+// here; launcher/install installs them.
 package packaging

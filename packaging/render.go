@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-//go:embed containerd/c8s.toml c8s/config.toml
+//go:embed containerd/c8s.toml c8s/config.toml kubernetes/c8s.yaml
 var files embed.FS
 
 // Paths are the install locations substituted into the templates.

@@ -45,11 +45,21 @@ type SerialListener struct {
 
 // NewSerialListener opens the character device at path.
 func NewSerialListener(path string) (*SerialListener, error) {
+	f, err := openPort(path)
+	if err != nil {
+		return nil, err
+	}
+	return newSerialListener(f, path), nil
+}
+
+// openPort opens the virtio-serial port's character device for reading and
+// writing. Go polls the device, so reads and writes take deadlines.
+func openPort(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open virtio-serial port %s: %w", path, err)
 	}
-	return newSerialListener(f, path), nil
+	return f, nil
 }
 
 func newSerialListener(f *os.File, path string) *SerialListener {

@@ -47,6 +47,10 @@ type Pieces struct {
 	// QOMTypes are the QEMU object/device types this backend needs
 	// ("sev-snp-guest", "tdx-guest", ...); see vm.CheckQEMUFeatures.
 	QOMTypes []string
+	// Ports are virtio-serial ports the backend needs besides the agent's,
+	// by name (for example the sim TEE's "c8s.attest"); launcher/vm backs
+	// each with a unix socket in the VM's state dir (see VM.DialPort).
+	Ports []string
 }
 
 var (

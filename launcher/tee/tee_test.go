@@ -34,8 +34,9 @@ func hypervisor() config.Hypervisor {
 func TestSim(t *testing.T) {
 	h := config.Default().Hypervisor
 	p, err := Sim{}.QEMU(h)
-	if err != nil || !reflect.DeepEqual(p, Pieces{}) {
-		t.Fatalf("sim without firmware = %+v, %v; want nothing", p, err)
+	want := Pieces{Firmware: SimFirmware, Ports: []string{SimAttestPort}}
+	if err != nil || !reflect.DeepEqual(p, want) {
+		t.Fatalf("sim without firmware = %+v, %v; want %+v", p, err, want)
 	}
 	h.Firmware = "/fw.fd"
 	if p, _ := (Sim{}).QEMU(h); p.Firmware != "/fw.fd" || p.RequiresKVM {

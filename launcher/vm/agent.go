@@ -59,3 +59,20 @@ func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
 		}
 	}
 }
+
+// DialPort connects to the host side of a backend's extra virtio-serial
+// port (tee.Pieces.Ports), such as the sim TEE's attestation port. Like the
+// agent's port, it takes one connection at a time.
+func (v *VM) DialPort(ctx context.Context, name string) (net.Conn, error) {
+	select {
+	case <-v.done:
+		return nil, fmt.Errorf("vm: port %s: qemu has exited: %v", name, v.exitErr)
+	default:
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", portSocket(v.spec.StateDir, name))
+	if err != nil {
+		return nil, fmt.Errorf("vm: port %s: %w", name, err)
+	}
+	return c, nil
+}

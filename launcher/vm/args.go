@@ -140,8 +140,22 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 	argv = append(argv, govmm.SCSIController{ID: scsiControllerID}.QemuParams(gcfg)...)
 	if spec.VsockCID != 0 {
 		argv = append(argv, govmm.VSOCKDevice{ID: "vsock0", ContextID: uint64(spec.VsockCID)}.QemuParams(gcfg)...)
-	} else {
+	}
+	if spec.VsockCID == 0 || len(pieces.Ports) > 0 {
 		argv = append(argv, govmm.SerialDevice{Driver: govmm.VirtioSerial, ID: "serial0"}.QemuParams(gcfg)...)
+	}
+	for i, name := range pieces.Ports {
+		argv = append(argv, govmm.CharDevice{
+			Backend:  govmm.Socket,
+			Driver:   govmm.VirtioSerialPort,
+			Bus:      "serial0.0",
+			DeviceID: fmt.Sprintf("port%d", i),
+			ID:       fmt.Sprintf("charport%d", i),
+			Path:     portSocket(spec.StateDir, name),
+			Name:     name,
+		}.QemuParams(gcfg)...)
+	}
+	if spec.VsockCID == 0 {
 		argv = append(argv, govmm.CharDevice{
 			Backend:  govmm.Socket,
 			Driver:   govmm.VirtioSerialPort,
@@ -160,6 +174,11 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		argv = append(argv, "-blockdev", string(bd), "-device", scsiDeviceOption(i))
 	}
 	return argv, nil
+}
+
+// portSocket is the unix socket backing the virtio-serial port name.
+func portSocket(stateDir, name string) string {
+	return filepath.Join(stateDir, name+".sock")
 }
 
 func checkSpec(spec Spec) error {

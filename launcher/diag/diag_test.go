@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"io/fs"
 	"net"
 	"os"
@@ -20,9 +19,8 @@ import (
 
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
 
 // fixtureRoot copies testdata/<name> into a short temporary directory (unix
 // socket paths are limited to 108 bytes) and makes what git cannot hold:
@@ -137,26 +135,6 @@ func fakeProbe(accelName string, calls *int) ProbeFunc {
 	}
 }
 
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", "golden", name)
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run: go test ./launcher/diag -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("%s differs from %s (run: go test ./launcher/diag -update):\n%s", name, path, got)
-	}
-}
-
 func byID(rep *Report) map[string]Result {
 	m := map[string]Result{}
 	for _, r := range rep.Checks {
@@ -221,8 +199,8 @@ func TestFixtureHosts(t *testing.T) {
 			if err := rep.WriteText(&txt); err != nil {
 				t.Fatal(err)
 			}
-			golden(t, tc.name+".json", js.Bytes())
-			golden(t, tc.name+".txt", txt.Bytes())
+			golden.Check(t, tc.name+".json", js.Bytes())
+			golden.Check(t, tc.name+".txt", txt.Bytes())
 		})
 	}
 }

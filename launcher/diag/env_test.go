@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/c8s-dev/c8s/launcher/internal/golden"
 )
 
 // TestEnvOnFixtureHost collects the environment of the SNP fixture host
@@ -39,8 +41,8 @@ func TestEnvOnFixtureHost(t *testing.T) {
 	if err := env.WriteTOML(&tm); err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "env-snp-host.json", js.Bytes())
-	golden(t, "env-snp-host.toml", tm.Bytes())
+	golden.Check(t, "env-snp-host.json", js.Bytes())
+	golden.Check(t, "env-snp-host.toml", tm.Bytes())
 	var back map[string]any
 	if err := toml.Unmarshal(tm.Bytes(), &back); err != nil {
 		t.Fatalf("env TOML does not parse: %v", err)

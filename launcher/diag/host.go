@@ -187,58 +187,56 @@ func enablement(s *state, tee string, probs []problem, ok string, facts map[stri
 	return Result{Status: s.o.severity(tee), Detail: detail, Hint: probs[0].hint, Facts: facts}
 }
 
+// moduleProblems checks that boolean parameter param of a KVM module is on.
+func (o *Options) moduleProblems(facts map[string]string, module, param, hint string) []problem {
+	on, present := o.moduleParam(module, param)
+	facts[module+"."+param] = strconv.FormatBool(on)
+	switch {
+	case on:
+		return nil
+	case present:
+		return []problem{{module + " " + param + " is off", hint}}
+	}
+	return []problem{{module + " is not loaded", hint}}
+}
+
+// miscProblems checks that the misc cgroup resource key has free units
+// (named unit, facts under factKey) and describes how many.
+func (o *Options) miscProblems(facts map[string]string, key, unit, factKey, exhaustedHint, missingHint string) (string, []problem) {
+	capacity, current, ok := o.misc(key)
+	if !ok {
+		return "", []problem{{"no " + key + " resource in the misc cgroup's misc.capacity", missingHint}}
+	}
+	facts[factKey], facts[factKey+"_used"] = strconv.FormatInt(capacity, 10), strconv.FormatInt(current, 10)
+	free := fmt.Sprintf("%d of %d %s free", capacity-current, capacity, unit)
+	if capacity-current <= 0 {
+		return free, []problem{{"no free " + unit + " (" + free + ")", exhaustedHint}}
+	}
+	return free, nil
+}
+
 func checkSNPHost(_ context.Context, s *state) Result {
 	o := s.o
-	var probs []problem
 	facts := map[string]string{}
-	on, present := o.moduleParam("kvm_amd", "sev_snp")
-	facts["kvm_amd.sev_snp"] = strconv.FormatBool(on)
-	if !on {
-		what := "kvm_amd is not loaded"
-		if present {
-			what = "kvm_amd sev_snp is off"
-		}
-		probs = append(probs, problem{what, "enable SEV-SNP (and SMEE/RMP) in the BIOS and load kvm_amd with sev_snp=1 on a 6.11+ host kernel"})
-	}
+	probs := o.moduleProblems(facts, "kvm_amd", "sev_snp", "enable SEV-SNP (and SMEE/RMP) in the BIOS and load kvm_amd with sev_snp=1 on a 6.11+ host kernel")
 	if !o.exists("/dev/sev") {
 		probs = append(probs, problem{"/dev/sev is missing", "load the ccp module with the AMD SEV firmware available (modprobe ccp)"})
 	}
-	free := ""
-	if capacity, current, ok := o.misc("sev_es"); ok {
-		facts["sev_es_asids"], facts["sev_es_asids_used"] = strconv.FormatInt(capacity, 10), strconv.FormatInt(current, 10)
-		free = fmt.Sprintf("%d of %d SEV-ES ASIDs free", capacity-current, capacity)
-		if capacity-current <= 0 {
-			probs = append(probs, problem{"no free SEV-ES ASIDs (" + free + ")", "stop other SEV guests, or raise the SEV-ES ASID count in the BIOS (SEV-ES minimum ASID)"})
-		}
-	} else {
-		probs = append(probs, problem{"no sev_es resource in the misc cgroup's misc.capacity", "SNP needs SEV-ES ASIDs: enable SEV-ES in the BIOS and mount cgroup v2 (or the misc controller)"})
-	}
+	free, more := o.miscProblems(facts, "sev_es", "SEV-ES ASIDs", "sev_es_asids",
+		"stop other SEV guests, or raise the SEV-ES ASID count in the BIOS (SEV-ES minimum ASID)",
+		"SNP needs SEV-ES ASIDs: enable SEV-ES in the BIOS and mount cgroup v2 (or the misc controller)")
+	probs = append(probs, more...)
 	return enablement(s, "snp", probs, "kvm_amd sev_snp on, /dev/sev present, "+free, facts)
 }
 
 func checkTDXHost(ctx context.Context, s *state) Result {
 	o := s.o
-	var probs []problem
 	facts := map[string]string{}
-	on, present := o.moduleParam("kvm_intel", "tdx")
-	facts["kvm_intel.tdx"] = strconv.FormatBool(on)
-	if !on {
-		what := "kvm_intel is not loaded"
-		if present {
-			what = "kvm_intel tdx is off"
-		}
-		probs = append(probs, problem{what, "enable TDX in the BIOS and load kvm_intel with tdx=1 on a 6.16+ host kernel"})
-	}
-	free := ""
-	if capacity, current, ok := o.misc("tdx"); ok {
-		facts["tdx_keys"], facts["tdx_keys_used"] = strconv.FormatInt(capacity, 10), strconv.FormatInt(current, 10)
-		free = fmt.Sprintf("%d of %d TDX keys free", capacity-current, capacity)
-		if capacity-current <= 0 {
-			probs = append(probs, problem{"no free TDX keys (" + free + ")", "stop other TDs, or assign more keys to TDX in the BIOS"})
-		}
-	} else {
-		probs = append(probs, problem{"no tdx resource in the misc cgroup's misc.capacity", "the host kernel does not manage TDX keys: use a 6.16+ kernel with TDX host support"})
-	}
+	probs := o.moduleProblems(facts, "kvm_intel", "tdx", "enable TDX in the BIOS and load kvm_intel with tdx=1 on a 6.16+ host kernel")
+	free, more := o.miscProblems(facts, "tdx", "TDX keys", "tdx_keys",
+		"stop other TDs, or assign more keys to TDX in the BIOS",
+		"the host kernel does not manage TDX keys: use a 6.16+ kernel with TDX host support")
+	probs = append(probs, more...)
 	qgs := o.Config.Hypervisor.TDX.QuoteGenerationSocket
 	if qgs == "" {
 		qgs = DefaultQGSSocket

@@ -3,7 +3,6 @@ package install
 import (
 	"bytes"
 	"context"
-	"flag"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -14,9 +13,8 @@ import (
 
 	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/ctrdconfig"
+	"github.com/c8s-dev/c8s/launcher/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
 
 var fixedNow = func() time.Time { return time.Date(2026, 11, 29, 19, 30, 0, 0, time.UTC) }
 
@@ -106,26 +104,6 @@ func diffSnapshots(a, b map[string]string) []string {
 	return diffs
 }
 
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", "golden", name)
-	if *update {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run: go test ./launcher/install -update)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Fatalf("%s differs from %s (run: go test ./launcher/install -update):\n%s", name, path, got)
-	}
-}
-
 func changesText(changes []Change) string {
 	var b strings.Builder
 	_ = WriteChanges(&b, changes)
@@ -176,10 +154,10 @@ func TestInstallIntoContainerdConfigs(t *testing.T) {
 			if err != nil {
 				t.Fatalf("install: %v\n%s", err, changesText(changes))
 			}
-			golden(t, tc.name+"/changes.txt", []byte(changesText(changes)))
+			golden.Check(t, tc.name+"/changes.txt", []byte(changesText(changes)))
 			for _, f := range []string{"etc/containerd/config.toml", "etc/containerd/conf.d/c8s.toml"} {
 				if data, err := os.ReadFile(filepath.Join(root, f)); err == nil {
-					golden(t, tc.name+"/"+strings.ReplaceAll(f, "/", "_"), data)
+					golden.Check(t, tc.name+"/"+strings.ReplaceAll(f, "/", "_"), data)
 				}
 			}
 			cfg, err := ctrdconfig.Load(root, "/etc/containerd/config.toml")
@@ -242,7 +220,7 @@ func TestInstallIntoContainerdConfigs(t *testing.T) {
 			if err != nil {
 				t.Fatalf("uninstall: %v\n%s", err, changesText(changes))
 			}
-			golden(t, tc.name+"/uninstall.txt", []byte(changesText(changes)))
+			golden.Check(t, tc.name+"/uninstall.txt", []byte(changesText(changes)))
 			if d := diffSnapshots(before, snapshot(t, root)); len(d) > 0 {
 				t.Fatalf("uninstall did not restore the root: %v", d)
 			}

@@ -266,6 +266,13 @@ func TestSeverityFollowsTheTEE(t *testing.T) {
 			t.Errorf("report TEE %q, want %q", rep.TEE, tc.tee)
 		}
 	}
+	// A sim node whose configuration forces KVM fails when KVM does not work.
+	cfg := fixtureConfig(t, root)
+	cfg.Hypervisor.Accel = "kvm"
+	rep := Run(context.Background(), Options{Root: root, Config: cfg, TEE: "sim", Probe: fakeProbe("tcg", &calls)})
+	if r := byID(rep)["kvm.probe"]; r.Status != Fail || !strings.Contains(r.Hint, "hypervisor.accel") {
+		t.Errorf("accel=kvm on a host where KVM does not run guests: %+v", r)
+	}
 }
 
 // TestCachedProbeIsUsedUnlessNoCache checks that the probe is handed the

@@ -121,8 +121,13 @@ func checkKVMProbe(ctx context.Context, s *state) Result {
 		return Result{Status: Pass, Detail: detail, Facts: facts}
 	}
 	hint := "KVM does not run guests here: sim pod VMs fall back to TCG (slow); fix nested virtualization or use a bare-metal host"
-	if needKVM == Fail {
+	switch {
+	case needKVM == Fail:
 		hint = "SNP and TDX need working KVM: use a bare-metal host with the TEE enabled"
+	case o.Config.Hypervisor.Accel == "kvm":
+		// The configuration forces KVM: pod VMs would hang or fail.
+		return Result{Status: Fail, Detail: detail + "; but hypervisor.accel is \"kvm\"", Facts: facts,
+			Hint: "set hypervisor.accel = \"auto\" (falls back to TCG) or \"tcg\""}
 	}
 	return Result{Status: needKVM, Detail: detail, Facts: facts, Hint: hint}
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-//go:embed containerd/c8s.toml c8s/config.toml kubernetes/c8s.yaml
+//go:embed containerd/c8s.toml c8s/config.toml c8s/config-sim.toml c8s/config-snp.toml c8s/config-tdx.toml kubernetes/runtimeclasses.yaml kubernetes/c8s.yaml
 var files embed.FS
 
 // Paths are the install locations substituted into the templates.
@@ -26,3 +26,8 @@ func Render(name string, p Paths) (string, error) {
 	r := strings.NewReplacer("@SYSCONFDIR@", p.SysconfDir, "@DATADIR@", p.DataDir)
 	return r.Replace(string(data)), nil
 }
+
+// Configs are the packaged c8s configs by path under packaging/: the
+// default one and one per TEE handler of the containerd drop-in (each
+// handler's ConfigPath). Each installs as SYSCONFDIR/<path>.
+var Configs = []string{"c8s/config.toml", "c8s/config-sim.toml", "c8s/config-snp.toml", "c8s/config-tdx.toml"}

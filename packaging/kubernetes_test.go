@@ -1,20 +1,17 @@
 package packaging
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"strings"
 	"testing"
 
-	"github.com/pelletier/go-toml/v2"
 	"gopkg.in/yaml.v3"
 )
 
-// TestKubernetesManifest checks the node-installer DaemonSet and the
-// RuntimeClass: golden, valid YAML, the fields Kubernetes requires, and
-// that they agree with the rest of the packaging (the RuntimeClass handler
-// is a handler the containerd drop-in registers).
+// TestKubernetesManifest checks the node-installer DaemonSet: golden, valid
+// YAML, the fields Kubernetes requires, and that its pod runs
+// c8s-launcher install against the node's root.
 func TestKubernetesManifest(t *testing.T) {
 	out, err := Render("kubernetes/c8s.yaml", paths)
 	if err != nil {
@@ -39,8 +36,8 @@ func TestKubernetesManifest(t *testing.T) {
 		}
 		docs[kind] = doc
 	}
-	if len(docs) != 2 {
-		t.Fatalf("want a DaemonSet and a RuntimeClass, got %d documents", len(docs))
+	if len(docs) != 1 || docs["DaemonSet"] == nil {
+		t.Fatalf("want one DaemonSet, got %d documents", len(docs))
 	}
 
 	ds := docs["DaemonSet"]
@@ -73,36 +70,6 @@ func TestKubernetesManifest(t *testing.T) {
 	vol := podSpec["volumes"].([]any)[0].(map[string]any)
 	if mount["mountPath"] != "/host" || mount["name"] != vol["name"] || get(t, vol, "hostPath", "path") != "/" {
 		t.Errorf("the node's root is not mounted at /host: %v %v", mount, vol)
-	}
-
-	rc := docs["RuntimeClass"]
-	if rc["apiVersion"] != "node.k8s.io/v1" {
-		t.Fatalf("RuntimeClass apiVersion %v", rc["apiVersion"])
-	}
-	dropIn, err := Render("containerd/c8s.toml", paths)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ctrd struct {
-		Plugins map[string]struct {
-			Containerd struct {
-				Runtimes map[string]any `toml:"runtimes"`
-			} `toml:"containerd"`
-		} `toml:"plugins"`
-	}
-	if err := toml.NewDecoder(bytes.NewReader([]byte(dropIn))).Decode(&ctrd); err != nil {
-		t.Fatal(err)
-	}
-	handler, _ := rc["handler"].(string)
-	if _, ok := ctrd.Plugins["io.containerd.cri.v1.runtime"].Containerd.Runtimes[handler]; !ok {
-		t.Errorf("RuntimeClass handler %q is not registered by the containerd drop-in", handler)
-	}
-	nodeSel := get(t, rc, "scheduling", "nodeSelector").(map[string]any)
-	dsSel := podSpec["nodeSelector"].(map[string]any)
-	for k, v := range nodeSel {
-		if dsSel[k] != v {
-			t.Errorf("RuntimeClass schedules onto %s=%v but the installer runs on %v", k, v, dsSel)
-		}
 	}
 }
 

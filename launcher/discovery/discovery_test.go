@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/c8s-dev/c8s/launcher/accel"
+	"github.com/c8s-dev/c8s/launcher/config"
 )
 
 // fakeCPU answers CPUID from a table; absent leaves read as zero, as on a
@@ -330,5 +331,15 @@ func write(t *testing.T, root, path, content string) {
 	}
 	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestConfigOptions(t *testing.T) {
+	c, err := config.Parse([]byte("[hypervisor]\ndefault_memory = 1024\n[node]\nsim_slots = -1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := ConfigOptions(c); o.SimSlots != -1 || o.SimSlotMemoryMiB != 1024 {
+		t.Fatalf("%+v", o)
 	}
 }

@@ -51,6 +51,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/discovery"
 )
 
@@ -146,6 +147,11 @@ func ParseTaint(s string) (*Taint, error) {
 	return &t, nil
 }
 
+// SettingsFromConfig validates and returns the config's [node] choices.
+func SettingsFromConfig(n config.Node) (Settings, error) {
+	return NewSettings(n.TrustPool, n.Taint)
+}
+
 // Settings are the node agent's configured choices (config [node] table).
 type Settings struct {
 	// TrustPool is the c8s.io/trust-pool value; empty derives it from the
@@ -170,19 +176,19 @@ func NewSettings(trustPool, taint string) (Settings, error) {
 
 // Resource is one extended resource the node should advertise.
 type Resource struct {
-	Name  string
-	Count int64
+	Name  string `json:"name"`
+	Count int64  `json:"count"`
 	// DevicePlugin is true for resources served by launcher/deviceplugin
 	// (one device per unit); false for those written to the Node's status
 	// capacity (sgx.intel.com/epc, in bytes).
-	DevicePlugin bool
+	DevicePlugin bool `json:"devicePlugin"`
 }
 
 // Desired is the state the node should have in Kubernetes.
 type Desired struct {
-	Labels    map[string]string
-	Taint     *Taint
-	Resources []Resource
+	Labels    map[string]string `json:"labels"`
+	Taint     *Taint            `json:"taint"`
+	Resources []Resource        `json:"resources"`
 }
 
 // Desire computes labels, taint and resources from a discovery result.

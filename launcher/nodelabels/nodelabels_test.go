@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/c8s-dev/c8s/launcher/accel"
+	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/discovery"
 )
 
@@ -182,4 +183,19 @@ func mustJSON(t *testing.T, b []byte) map[string]any {
 		t.Fatalf("%v: %s", err, b)
 	}
 	return m
+}
+
+func TestSettingsFromConfig(t *testing.T) {
+	c, err := config.Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := SettingsFromConfig(c.Node)
+	if err != nil || s.TrustPool != "" || !reflect.DeepEqual(s.Taint, defaultTaint) {
+		t.Fatalf("defaults: %+v %v", s, err)
+	}
+	c.Node.Taint = ""
+	if s, err := SettingsFromConfig(c.Node); err != nil || s.Taint != nil {
+		t.Fatalf("no taint: %+v %v", s, err)
+	}
 }

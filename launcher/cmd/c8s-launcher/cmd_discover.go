@@ -1,0 +1,68 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/c8s-dev/c8s/launcher/accel"
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/discovery"
+	"github.com/c8s-dev/c8s/launcher/nodelabels"
+)
+
+func init() {
+	register("discover", "print the node's TEE capacity and the labels, taint and resources it would publish (JSON)", runDiscover)
+}
+
+// discoverOutput is what `c8s-launcher discover` prints.
+type discoverOutput struct {
+	Discovery discovery.Result   `json:"discovery"`
+	Desired   nodelabels.Desired `json:"desired"`
+}
+
+func runDiscover(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("discover")
+	cfgPath := fs.String("config", "", "configuration file (TOML); default: built-in defaults")
+	root := fs.String("root", "/", "filesystem root to read sysfs, procfs and /dev under")
+	probe := fs.Bool("probe-kvm", false, "run (or reuse the cached) KVM probe with hypervisor.kernel, as hypervisor.accel = \"auto\" does")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := config.Default()
+	if *cfgPath != "" {
+		c, err := config.Load(*cfgPath)
+		if err != nil {
+			return err
+		}
+		cfg = *c
+	}
+	settings, err := nodelabels.SettingsFromConfig(cfg.Node)
+	if err != nil {
+		return err
+	}
+	opts := discovery.ConfigOptions(&cfg)
+	opts.Root = *root
+	if *probe {
+		qemu, err := cfg.Hypervisor.QEMUBinary()
+		if err != nil {
+			return err
+		}
+		res, err := accel.Choose(ctx, accel.Auto, qemu, cfg.Hypervisor.Kernel, cfg.CachePath())
+		if err != nil {
+			return fmt.Errorf("KVM probe: %w", err)
+		}
+		opts.KVMProbe = &res
+	}
+	r, err := discovery.Discover(opts)
+	if err != nil {
+		return err
+	}
+	out, err := json.MarshalIndent(discoverOutput{Discovery: r, Desired: nodelabels.Desire(r, settings)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s\n", out)
+	return err
+}

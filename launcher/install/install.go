@@ -1,6 +1,7 @@
 // Package install puts c8s on a node and takes it off again: the binaries,
-// the guest image (verified against its manifest first), the c8s config,
-// and the c8s runtime handlers in containerd's config.
+// the guest image (verified against its manifest first), the c8s configs
+// (packaging.Configs: the default one and one per TEE handler; existing
+// ones are kept), and the c8s runtime handlers in containerd's config.
 //
 // The handlers (those of packaging/containerd/c8s.toml, rewritten for the
 // config's version 2 or 3) are registered
@@ -357,10 +358,20 @@ func Install(ctx context.Context, o Options) ([]Change, error) {
 	return in.changes, in.restart(ctx)
 }
 
-// installConfig writes the default c8s config unless one exists.
+// installConfig writes the packaged c8s configs (the default one and one
+// per TEE handler, packaging.Configs) where none exists yet.
 func (in *installer) installConfig() error {
-	p := filepath.Join(in.o.SysconfDir, "c8s", "config.toml")
-	content, err := packaging.Render("c8s/config.toml", in.paths)
+	for _, name := range packaging.Configs {
+		if err := in.installConfigFile(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (in *installer) installConfigFile(name string) error {
+	p := filepath.Join(in.o.SysconfDir, name)
+	content, err := packaging.Render(name, in.paths)
 	if err != nil {
 		return err
 	}

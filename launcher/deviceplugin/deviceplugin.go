@@ -24,13 +24,16 @@
 // allocated stays assigned to the pod until the pod terminates, across
 // container restarts and kubelet restarts (its checkpoint file), so a pod
 // holds its ASID, key or slot for its whole life and the scheduler sees
-// the node's remaining count. This plugin records which device IDs it
-// handed out (Allocations) but is not told when pods end (that would need
-// the kubelet's PodResources API). It does not subtract ASIDs or keys used
-// by VMs outside Kubernetes; the node agent can mark that many devices
-// unhealthy with SetDevices (discovery reports host-wide usage). A device
+// the node's remaining count. The plugin itself is not told when pods
+// end: Allocations only lists the device IDs it handed out. HeldDevices
+// asks the kubelet's PodResources API which devices live pods hold right
+// now, and ReserveForeignUse turns host-wide usage (misc.current, which
+// counts every VM, c8s's or not) minus those into unhealthy devices, so
+// ASIDs and keys taken outside Kubernetes are not advertised; the node
+// agent is meant to run both periodically and call SetDevices. A device
 // is advertised per unit of capacity, not per hardware object: ASID
-// "snp-asid-7" is a token, not ASID 7.
+// "snp-asid-7" is a token, not ASID 7, and a pod's RuntimeClass overhead
+// unit is counted by the scheduler without any Allocate call.
 package deviceplugin
 
 import (
@@ -40,7 +43,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -164,12 +166,7 @@ func (p *Plugin) SetDevices(devs []Device) {
 func (p *Plugin) Allocations() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ids := make([]string, 0, len(p.allocations))
-	for id := range p.allocations {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids
+	return sortedIDs(p.allocations)
 }
 
 // Registrations is how many times the plugin registered with a kubelet.

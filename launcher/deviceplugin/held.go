@@ -1,0 +1,89 @@
+package deviceplugin
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// PodResourcesSocket is where the kubelet serves its PodResources API.
+const PodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+// Holder is a container holding a device.
+type Holder struct {
+	Namespace, Pod, Container string
+}
+
+func (h Holder) String() string { return h.Namespace + "/" + h.Pod + "/" + h.Container }
+
+// HeldDevices asks the kubelet's PodResources API (socket, normally
+// PodResourcesSocket) which devices of resource the node's pods hold
+// right now. The kubelet reports a device for as long as the pod that was
+// allocated it is alive, so this is the live view of which slots, ASIDs
+// and keys are taken and by whom.
+func HeldDevices(ctx context.Context, socket, resource string) (map[string]Holder, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient("unix://"+filepath.Clean(socket), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("deviceplugin: pod resources socket %s: %w", socket, err)
+	}
+	defer conn.Close()
+	resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("deviceplugin: listing pod resources at %s: %w (is the kubelet running?)", socket, err)
+	}
+	held := map[string]Holder{}
+	for _, pod := range resp.GetPodResources() {
+		for _, c := range pod.GetContainers() {
+			for _, d := range c.GetDevices() {
+				if d.GetResourceName() != resource {
+					continue
+				}
+				for _, id := range d.GetDeviceIds() {
+					held[id] = Holder{Namespace: pod.GetNamespace(), Pod: pod.GetName(), Container: c.GetName()}
+				}
+			}
+		}
+	}
+	return held, nil
+}
+
+// ReserveForeignUse marks devices unhealthy for capacity that is used
+// outside Kubernetes, so that the kubelet advertises only what is really
+// free. hostUsed is the host-wide usage (discovery's misc.current count:
+// every VM's ASIDs or keys, c8s pods' included) and held the devices the
+// node's pods hold (HeldDevices); the difference is used by someone else.
+// Devices not held are marked from the end of the list; held devices are
+// never marked (their pods have them). It returns a new slice and how many
+// devices it marked.
+func ReserveForeignUse(devs []Device, held map[string]Holder, hostUsed int64) ([]Device, int64) {
+	foreign := hostUsed - int64(len(held))
+	out := make([]Device, len(devs))
+	copy(out, devs)
+	var marked int64
+	for i := len(out) - 1; i >= 0 && marked < foreign; i-- {
+		if _, isHeld := held[out[i].ID]; isHeld {
+			continue
+		}
+		out[i].Healthy = false
+		marked++
+	}
+	return out, marked
+}
+
+// sortedIDs returns the keys of m, sorted.
+func sortedIDs[V any](m map[string]V) []string {
+	ids := make([]string, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}

@@ -50,6 +50,9 @@ func CRIPlugin(version int) (string, error) {
 type Handler struct {
 	Name        string `json:"name"`
 	RuntimeType string `json:"runtime_type"`
+	// ConfigPath is options.ConfigPath: for c8s handlers, the c8s config
+	// the shim reads ("" when not set).
+	ConfigPath string `json:"config_path,omitempty"`
 	// File is the host path of the file that defines it (the last one, if
 	// several do).
 	File string `json:"file"`
@@ -163,7 +166,9 @@ func Parse(p string, data []byte) (*File, error) {
 	for name, v := range runtimes {
 		rt, _ := v.(map[string]any)
 		typ, _ := rt["runtime_type"].(string)
-		f.Handlers[name] = Handler{Name: name, RuntimeType: typ, File: p}
+		opts, _ := rt["options"].(map[string]any)
+		cfgPath, _ := opts["ConfigPath"].(string)
+		f.Handlers[name] = Handler{Name: name, RuntimeType: typ, ConfigPath: cfgPath, File: p}
 	}
 	return f, nil
 }

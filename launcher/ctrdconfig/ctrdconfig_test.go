@@ -28,6 +28,8 @@ imports = ["conf.d/*.toml", "/opt/extra.toml"]
 	write(t, root, "/etc/containerd/conf.d/c8s.toml", `version = 3
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]
   runtime_type = 'io.containerd.c8s.v2'
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s.options]
+    ConfigPath = '/etc/c8s/config.toml'
 `)
 	write(t, root, "/etc/containerd/conf.d/ignored.conf", "not toml [")
 	write(t, root, "/opt/extra.toml", `version = 3
@@ -45,8 +47,8 @@ imports = ["/etc/containerd/config.toml"]
 	if got := cfg.C8sHandlers(); !reflect.DeepEqual(got, []string{"c8s", "c8s-snp"}) {
 		t.Fatalf("c8s handlers %v", got)
 	}
-	if f := cfg.Handlers["c8s"].File; f != "/etc/containerd/conf.d/c8s.toml" {
-		t.Fatalf("c8s defined in %s", f)
+	if h := cfg.Handlers["c8s"]; h.File != "/etc/containerd/conf.d/c8s.toml" || h.ConfigPath != "/etc/c8s/config.toml" {
+		t.Fatalf("c8s handler %+v", h)
 	}
 }
 

@@ -235,7 +235,7 @@ var checks = []check{
 	{"tdx.host", "TDX host enablement", checkTDXHost},
 	{"image", "Guest image", checkImage},
 	{"containerd.socket", "containerd reachable", checkContainerdSocket},
-	{"containerd.handler", "c8s handler in containerd", checkContainerdHandler},
+	{"containerd.handler", "c8s handlers in containerd", checkContainerdHandler},
 	{"kubelet.socket", "kubelet device plugin socket", checkKubelet},
 }
 

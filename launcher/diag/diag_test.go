@@ -159,7 +159,7 @@ func TestFixtureHosts(t *testing.T) {
 		}},
 		{"tdx-host", true, map[string]Status{
 			"cpu.virt": Pass, "kvm.probe": Pass, "qemu.snp": Warn, "qemu.tdx": Pass, "snp.host": Warn,
-			"tdx.host": Fail, "image": Pass, "containerd.socket": Pass, "containerd.handler": Pass, "kubelet.socket": Warn,
+			"tdx.host": Fail, "image": Pass, "containerd.socket": Pass, "containerd.handler": Fail, "kubelet.socket": Warn,
 		}},
 		{"plain-host", true, map[string]Status{
 			"cpu.virt": Warn, "kvm.device": Warn, "kvm.probe": Warn, "qemu.binary": Pass, "qemu.snp": Warn,

@@ -130,11 +130,19 @@ func checkContainerdHandler(_ context.Context, s *state) Result {
 		return Result{Status: Fail, Detail: fmt.Sprintf("no runtime handler with runtime_type %s in %s or its %d import(s)", ctrdconfig.RuntimeType, cfg.Path, len(cfg.Files)-1),
 			Facts: facts, Hint: install}
 	}
-	var where []string
+	var where, noConfig []string
 	for _, h := range handlers {
 		where = append(where, fmt.Sprintf("%s (%s)", h, cfg.Handlers[h].File))
+		if p := cfg.Handlers[h].ConfigPath; p != "" && !o.exists(p) {
+			noConfig = append(noConfig, fmt.Sprintf("%s's ConfigPath %s", h, p))
+		}
 	}
 	detail := "handler " + strings.Join(where, ", ")
+	if len(noConfig) > 0 {
+		facts["missing_configs"] = strings.Join(noConfig, ",")
+		return Result{Status: Fail, Detail: detail + "; but " + strings.Join(noConfig, ", ") + " does not exist", Facts: facts,
+			Hint: "install the c8s configs (c8s-launcher install keeps existing ones) or fix the handler's ConfigPath"}
+	}
 	shim := o.shimPath()
 	facts["shim"] = shim
 	if shim == "" {

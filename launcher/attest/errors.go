@@ -105,3 +105,11 @@ func mismatch(field, expected, actual, hint string) *Error {
 func failure(kind Kind, field string, err error, hint string) *Error {
 	return &Error{Kind: kind, Field: field, Err: err, Hint: hint}
 }
+
+// recoverMalformed turns a panic of an evidence parser into a format error
+// in *err: malformed evidence must never take the verifier down.
+func recoverMalformed(what string, err *error) {
+	if r := recover(); r != nil {
+		*err = failure(KindFormat, what, fmt.Errorf("the parser failed on malformed input: %v", r), "")
+	}
+}

@@ -165,6 +165,21 @@ func snpRejections() []rejection {
 			return err
 		}, KindPolicy, "report validation", "COMMITTED_TCB 0x0 does not match the report's CURRENT_TCB"},
 
+		{"VLEK-signed report in sim mode", func(t *testing.T) error {
+			f := newFixture(t)
+			r, err := f.sp.ReportProto(f.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.SignerInfo = abi.ComposeSignerInfo(abi.SignerInfo{SigningKey: abi.VlekReportSigner})
+			raw, err := f.sp.Sign(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = simVerifier(t, f.sp).VerifySNP(raw, f.sp.CertTable(), &f.policy)
+			return err
+		}, KindRoot, "report signing key", "signed by the VLEK, the simulated secure processor signs with its VCEK"},
+
 		{"no certificate table", func(t *testing.T) error {
 			f := newFixture(t)
 			_, err := simVerifier(t, f.sp).VerifySNP(f.report(t), nil, &f.policy)

@@ -37,7 +37,8 @@ type SNPClaims struct {
 // report request returns it; it may be empty when FetchCertificates is
 // set) against p. Trust anchors come from the verifier, never from the
 // table.
-func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (*SNPClaims, error) {
+func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims, err error) {
+	defer recoverMalformed("SNP report", &err)
 	if v.trust.Mode == ModeTDX {
 		return nil, failure(KindConfig, "trust", errors.New("this verifier is configured for TDX and accepts no SNP reports"), "")
 	}
@@ -66,16 +67,14 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (*SNPClaims, e
 	// go-sev-guest's validation, with the same expectations, catches what
 	// the checks above do not (TCB consistency with the VCEK, firmware
 	// versions, policy bits, CHIP_ID against the VCEK's HWID, …).
-	vmpl := p.VMPL
 	if err := validate.SnpAttestation(att, &validate.Options{
-		GuestPolicy:  abi.SnpPolicy{Debug: p.AllowDebug, SMT: true},
-		Measurement:  p.Measurements[vcpus],
-		HostData:     p.HostData,
-		ReportData:   wantRD,
-		ChipID:       p.ChipID,
-		MinimumTCB:   kds.DecomposeTCBVersion(kds.TCBVersion(p.MinTCB)),
-		VMPL:         vmpl,
-		MinimumBuild: 0,
+		GuestPolicy: abi.SnpPolicy{Debug: p.AllowDebug, SMT: true},
+		Measurement: p.Measurements[vcpus],
+		HostData:    p.HostData,
+		ReportData:  wantRD,
+		ChipID:      p.ChipID,
+		MinimumTCB:  kds.DecomposeTCBVersion(kds.TCBVersion(p.MinTCB)),
+		VMPL:        p.VMPL,
 	}); err != nil {
 		return nil, failure(KindPolicy, "report validation", err, "")
 	}
@@ -131,13 +130,18 @@ func (v *Verifier) verifySNPSignature(raw []byte, att *spb.Attestation) error {
 	if err != nil {
 		return failure(KindFormat, "report signer info", err, "")
 	}
-	der := att.GetCertificateChain().GetVcekCert()
+	chain := att.GetCertificateChain()
 	if info.SigningKey != abi.VcekReportSigner {
 		if v.trust.Mode == ModeSim {
 			return failure(KindRoot, "report signing key", fmt.Errorf("signed by the %v, the simulated secure processor signs with its VCEK", info.SigningKey), "")
 		}
-		der = nil // VLEK: go-sev-guest checks it below, uncached
+		if info.SigningKey == abi.VlekReportSigner && len(chain.GetVlekCert()) == 0 {
+			return failure(KindFormat, "certificate table", errors.New("no VLEK certificate"),
+				"a VLEK-signed report needs the certificate table its host provisioned")
+		}
+		return v.verifySNPChain(att) // go-sev-guest checks the VLEK chain and signature, uncached
 	}
+	der := chain.GetVcekCert()
 	if len(der) == 0 {
 		if v.trust.Mode == ModeSim || !v.trust.FetchCertificates {
 			return failure(KindFormat, "certificate table", errors.New("no VCEK certificate"),

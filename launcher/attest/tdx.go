@@ -26,7 +26,10 @@ type TDXClaims struct {
 }
 
 // ParseTDXQuote parses a TDX quote (version 4) without verifying it.
-func ParseTDXQuote(quote []byte) (*tdxpb.QuoteV4, error) {
+func ParseTDXQuote(quote []byte) (_ *tdxpb.QuoteV4, err error) {
+	// go-tdx-guest's parser (v0.3.1) can index past the end of a malformed
+	// quote; FuzzVerifyTDX found one. Bad input must be an error, not a panic.
+	defer recoverMalformed("TDX quote", &err)
 	q, err := tdxabi.QuoteToProto(quote)
 	if err != nil {
 		return nil, failure(KindFormat, "TDX quote", err, "a truncated quote, or a quote format this verifier does not know")
@@ -41,7 +44,8 @@ func ParseTDXQuote(quote []byte) (*tdxpb.QuoteV4, error) {
 // VerifyTDX verifies a TDX quote against p: the PCK certificate chain to
 // Intel's root, the quoting enclave's report and the quote's signature
 // (go-tdx-guest verify), then the policy's fields (go-tdx-guest validate).
-func (v *Verifier) VerifyTDX(quote []byte, p *Policy) (*TDXClaims, error) {
+func (v *Verifier) VerifyTDX(quote []byte, p *Policy) (_ *TDXClaims, err error) {
+	defer recoverMalformed("TDX quote", &err)
 	if v.trust.Mode != ModeTDX {
 		return nil, failure(KindConfig, "trust", fmt.Errorf("this verifier is configured for %s and accepts no TDX quotes", v.trust.Mode), "")
 	}

@@ -32,16 +32,16 @@ const (
 
 // Trust is a node's trust configuration.
 type Trust struct {
-	Mode Mode `json:"mode"`
+	Mode Mode
 	// SimCertChain is the PEM ASK and ARK of the node's simulated secure
 	// processor (simsp.CertChainFile); required in ModeSim, refused otherwise.
-	SimCertChain []byte `json:"-"`
+	SimCertChain []byte
 	// FetchCertificates lets hardware modes fetch what the evidence lacks
 	// over the network: a VCEK from AMD's KDS, collateral and revocation
 	// lists from Intel's PCS.
-	FetchCertificates bool `json:"fetch_certificates,omitempty"`
+	FetchCertificates bool
 	// Now returns the time certificates must be valid at; nil is time.Now.
-	Now func() time.Time `json:"-"`
+	Now func() time.Time
 }
 
 // SimTrust returns the Trust of a sim-mode verifier for the simulated

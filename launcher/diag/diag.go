@@ -52,6 +52,7 @@ import (
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/ctrdconfig"
+	"github.com/c8s-dev/c8s/launcher/discovery"
 )
 
 // Schema identifies the JSON report format.
@@ -213,6 +214,8 @@ type state struct {
 	qemuResolved bool
 	qemuHelp     string          // output of qemu -help, "" if QEMU does not run
 	objects      map[string]bool // QOM types QEMU knows
+	disc         *discovery.Result
+	discErr      error
 }
 
 type check struct {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/c8s-dev/c8s/launcher/discovery"
 )
 
 // cpuFlags returns the flags of the first CPU in /proc/cpuinfo.
@@ -132,46 +134,15 @@ func checkKVMProbe(ctx context.Context, s *state) Result {
 	return Result{Status: needKVM, Detail: detail, Facts: facts, Hint: hint}
 }
 
-// misc reads the root misc cgroup's capacity and usage of resource key.
-// ok is false when the host has no misc controller or no such resource.
-func (o *Options) misc(key string) (capacity, current int64, ok bool) {
-	for _, dir := range []string{"/sys/fs/cgroup", "/sys/fs/cgroup/misc"} {
-		capData, err := o.readFile(dir + "/misc.capacity")
-		if err != nil {
-			continue
-		}
-		capacity, ok = flatKey(string(capData), key)
-		if !ok {
-			return 0, 0, false
-		}
-		if curData, err := o.readFile(dir + "/misc.current"); err == nil {
-			current, _ = flatKey(string(curData), key)
-		}
-		return capacity, current, true
+// discover runs launcher/discovery once for the SNP and TDX checks.
+func (s *state) discover() (*discovery.Result, error) {
+	if s.disc == nil && s.discErr == nil {
+		opts := discovery.ConfigOptions(&s.o.Config)
+		opts.Root = s.o.Root
+		r, err := discovery.Discover(opts)
+		s.disc, s.discErr = &r, err
 	}
-	return 0, 0, false
-}
-
-// flatKey reads key from a cgroup flat-keyed file ("key value" lines).
-func flatKey(data, key string) (int64, bool) {
-	for _, line := range strings.Split(data, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == key {
-			n, err := strconv.ParseInt(f[1], 10, 64)
-			return n, err == nil
-		}
-	}
-	return 0, false
-}
-
-// moduleParam reports whether a boolean module parameter is on.
-func (o *Options) moduleParam(module, param string) (on, present bool) {
-	data, err := o.readFile("/sys/module/" + module + "/parameters/" + param)
-	if err != nil {
-		return false, false
-	}
-	v := strings.TrimSpace(string(data))
-	return v == "Y" || v == "1", true
+	return s.disc, s.discErr
 }
 
 // problem is one missing piece of a host enablement check, with its fix.
@@ -192,56 +163,62 @@ func enablement(s *state, tee string, probs []problem, ok string, facts map[stri
 	return Result{Status: s.o.severity(tee), Detail: detail, Hint: probs[0].hint, Facts: facts}
 }
 
-// moduleProblems checks that boolean parameter param of a KVM module is on.
-func (o *Options) moduleProblems(facts map[string]string, module, param, hint string) []problem {
-	on, present := o.moduleParam(module, param)
-	facts[module+"."+param] = strconv.FormatBool(on)
-	switch {
-	case on:
-		return nil
-	case present:
-		return []problem{{module + " " + param + " is off", hint}}
+// capacityProblems checks that capacity c (of unit, facts under factKey)
+// has free units, and describes how many.
+func capacityProblems(facts map[string]string, c discovery.Capacity, unit, factKey, exhaustedHint, unknownHint string) (string, []problem) {
+	if !c.Known {
+		return "", []problem{{"the number of " + unit + " is unknown", unknownHint}}
 	}
-	return []problem{{module + " is not loaded", hint}}
-}
-
-// miscProblems checks that the misc cgroup resource key has free units
-// (named unit, facts under factKey) and describes how many.
-func (o *Options) miscProblems(facts map[string]string, key, unit, factKey, exhaustedHint, missingHint string) (string, []problem) {
-	capacity, current, ok := o.misc(key)
-	if !ok {
-		return "", []problem{{"no " + key + " resource in the misc cgroup's misc.capacity", missingHint}}
+	facts[factKey] = strconv.FormatInt(c.Total, 10)
+	if !c.UsedKnown {
+		return fmt.Sprintf("%d %s", c.Total, unit), nil
 	}
-	facts[factKey], facts[factKey+"_used"] = strconv.FormatInt(capacity, 10), strconv.FormatInt(current, 10)
-	free := fmt.Sprintf("%d of %d %s free", capacity-current, capacity, unit)
-	if capacity-current <= 0 {
+	facts[factKey+"_used"] = strconv.FormatInt(c.Used, 10)
+	free := fmt.Sprintf("%d of %d %s free", c.Total-c.Used, c.Total, unit)
+	if c.Total-c.Used <= 0 {
 		return free, []problem{{"no free " + unit + " (" + free + ")", exhaustedHint}}
 	}
 	return free, nil
 }
 
 func checkSNPHost(_ context.Context, s *state) Result {
-	o := s.o
-	facts := map[string]string{}
-	probs := o.moduleProblems(facts, "kvm_amd", "sev_snp", "enable SEV-SNP (and SMEE/RMP) in the BIOS and load kvm_amd with sev_snp=1 on a 6.11+ host kernel")
-	if !o.exists("/dev/sev") {
-		probs = append(probs, problem{"/dev/sev is missing", "load the ccp module with the AMD SEV firmware available (modprobe ccp)"})
+	d, err := s.discover()
+	if err != nil {
+		return Result{Status: s.o.severity("snp"), Detail: "cannot inspect the host: " + s.o.unroot(err.Error()), Hint: "run as root on the node"}
 	}
-	free, more := o.miscProblems(facts, "sev_es", "SEV-ES ASIDs", "sev_es_asids",
+	snp := d.SNP
+	facts := map[string]string{"enabled": strconv.FormatBool(snp.Enabled)}
+	if snp.Firmware != "" {
+		facts["sev_firmware"] = snp.Firmware
+	}
+	if !snp.Enabled {
+		return enablement(s, "snp", []problem{{snp.Reason, "enable SEV-SNP (SMEE, RMP) in the BIOS, load kvm_amd with sev_snp=1 on a 6.11+ host kernel and the ccp driver"}}, "", facts)
+	}
+	free, probs := capacityProblems(facts, snp.ASIDs, "SEV-ES ASIDs", "sev_es_asids",
 		"stop other SEV guests, or raise the SEV-ES ASID count in the BIOS (SEV-ES minimum ASID)",
-		"SNP needs SEV-ES ASIDs: enable SEV-ES in the BIOS and mount cgroup v2 (or the misc controller)")
-	probs = append(probs, more...)
-	return enablement(s, "snp", probs, "kvm_amd sev_snp on, /dev/sev present, "+free, facts)
+		"mount the misc cgroup (cgroup v2) so that SEV-ES ASIDs can be counted")
+	return enablement(s, "snp", probs, snp.Reason+", "+free, facts)
 }
 
 func checkTDXHost(ctx context.Context, s *state) Result {
 	o := s.o
-	facts := map[string]string{}
-	probs := o.moduleProblems(facts, "kvm_intel", "tdx", "enable TDX in the BIOS and load kvm_intel with tdx=1 on a 6.16+ host kernel")
-	free, more := o.miscProblems(facts, "tdx", "TDX keys", "tdx_keys",
-		"stop other TDs, or assign more keys to TDX in the BIOS",
-		"the host kernel does not manage TDX keys: use a 6.16+ kernel with TDX host support")
-	probs = append(probs, more...)
+	d, err := s.discover()
+	if err != nil {
+		return Result{Status: o.severity("tdx"), Detail: "cannot inspect the host: " + o.unroot(err.Error()), Hint: "run as root on the node"}
+	}
+	tdx := d.TDX
+	facts := map[string]string{"enabled": strconv.FormatBool(tdx.Enabled)}
+	var probs []problem
+	free := ""
+	if !tdx.Enabled {
+		probs = append(probs, problem{tdx.Reason, "enable TDX in the BIOS and load kvm_intel with tdx=1 on a 6.16+ host kernel"})
+	} else {
+		var more []problem
+		free, more = capacityProblems(facts, tdx.Keys, "TDX keys", "tdx_keys",
+			"stop other TDs, or assign more keys to TDX in the BIOS",
+			"the host kernel does not count TDX keys: use a 6.16+ kernel with TDX host support")
+		probs = append(probs, more...)
+	}
 	qgs := o.Config.Hypervisor.TDX.QuoteGenerationSocket
 	if qgs == "" {
 		qgs = DefaultQGSSocket
@@ -253,5 +230,5 @@ func checkTDXHost(ctx context.Context, s *state) Result {
 	} else if err := o.dialUnix(ctx, qgs); err != nil {
 		probs = append(probs, problem{"quote generation service socket " + qgs + " is not reachable", "start the Intel DCAP quote generation service (qgsd) or set hypervisor.tdx.quote_generation_socket"})
 	}
-	return enablement(s, "tdx", probs, "kvm_intel tdx on, "+free+", "+qgsOK, facts)
+	return enablement(s, "tdx", probs, tdx.Reason+", "+free+", "+qgsOK, facts)
 }

@@ -281,3 +281,24 @@ func TestLoadPolicy(t *testing.T) {
 
 // sha384 is a digest no fixture launches with.
 func sha384(s string) [48]byte { return sha512.Sum384([]byte(s)) }
+
+func TestNewNonce(t *testing.T) {
+	a, err := NewNonce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewNonce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != NonceSize || len(b) != NonceSize || a.String() == b.String() {
+		t.Errorf("nonces %s and %s: want two different %d-byte values", a, b, NonceSize)
+	}
+	// A fresh nonce is what a re-attestation checks against.
+	f := newFixture(t)
+	f.policy.Nonce = a
+	copy(f.req.ReportData[:], a)
+	if _, err := simVerifier(t, f.sp).VerifySNP(f.report(t), f.sp.CertTable(), &f.policy); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,6 +1,7 @@
 package attest
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -74,6 +75,19 @@ type Policy struct {
 	// Nonce is the verifier's fresh challenge (1-64 bytes); REPORT_DATA
 	// must be the nonce followed by zeros.
 	Nonce Hex `json:"nonce"`
+}
+
+// NonceSize is the size of the challenges NewNonce makes.
+const NonceSize = 32
+
+// NewNonce returns a fresh random challenge for Policy.Nonce; the guest
+// binds it into REPORT_DATA (followed by zeros).
+func NewNonce() (Hex, error) {
+	n := make(Hex, NonceSize)
+	if _, err := rand.Read(n); err != nil {
+		return nil, fmt.Errorf("attest: nonce: %w", err)
+	}
+	return n, nil
 }
 
 // LoadPolicy reads a JSON policy file.

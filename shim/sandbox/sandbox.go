@@ -21,6 +21,7 @@ import (
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/tee"
 	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
@@ -55,8 +56,9 @@ type Sandbox struct {
 	IO    agent.IOService
 	Info  *agent.GetInfoResponse
 
-	vm     *vm.VM
-	client *ttrpc.Client
+	vm       *vm.VM
+	client   *ttrpc.Client
+	stopHost context.CancelFunc
 
 	stopOnce sync.Once
 	stopErr  error
@@ -76,22 +78,44 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		return nil, fmt.Errorf("choose accelerator: %w", err)
 	}
 	t0 := time.Now()
-	v, err := vm.Start(ctx, vm.Spec{
+	spec := vm.Spec{
 		ID:         opts.ID,
 		StateDir:   opts.StateDir,
 		Hypervisor: h,
 		Accel:      choice.Accel,
 		Disks:      opts.Disks,
-	})
+	}
+	var host hostTEE
+	if newHost := hostTEEs[h.TEE]; newHost != nil {
+		host = newHost(cfg)
+		backend, err := tee.Lookup(h.TEE)
+		if err != nil {
+			return nil, err
+		}
+		argv, err := vm.Args(spec, backend)
+		if err != nil {
+			return nil, err
+		}
+		if err := host.prepare(argv); err != nil {
+			return nil, err
+		}
+	}
+	v, err := vm.Start(ctx, spec)
 	if err != nil {
 		return nil, fmt.Errorf("start pod VM: %w", err)
 	}
-	s := &Sandbox{ID: opts.ID, vm: v}
+	hostCtx, stopHost := context.WithCancel(context.WithoutCancel(ctx))
+	s := &Sandbox{ID: opts.ID, vm: v, stopHost: stopHost}
 	defer func() {
 		if retErr != nil {
 			s.Stop(context.WithoutCancel(ctx))
 		}
 	}()
+	if host != nil {
+		if err := host.attach(hostCtx, v); err != nil {
+			return nil, fmt.Errorf("start the host side of TEE %s: %w", h.TEE, err)
+		}
+	}
 	// `shim delete` uses the pid file to stop a VM whose shim died.
 	if err := os.WriteFile(filepath.Join(v.StateDir(), PidFile), []byte(fmt.Sprint(v.Pid())), 0o600); err != nil {
 		return nil, fmt.Errorf("record QEMU pid: %w", err)
@@ -208,6 +232,9 @@ func (s *Sandbox) Pid() int { return s.vm.Pid() }
 func (s *Sandbox) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		var errs []error
+		if s.stopHost != nil {
+			s.stopHost()
+		}
 		if s.client != nil {
 			if err := s.client.Close(); err != nil && !errors.Is(err, ttrpc.ErrClosed) {
 				errs = append(errs, err)

@@ -62,6 +62,7 @@ type service struct {
 	cancel    context.CancelFunc
 	publisher shim.Publisher
 	events    chan interface{}
+	forwarded chan struct{} // closed once events is drained
 	sd        shutdown.Service
 
 	// startMu serializes pod VM start-up.
@@ -81,6 +82,7 @@ func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (ta
 		cancel:    cancel,
 		publisher: publisher,
 		events:    make(chan interface{}, 128),
+		forwarded: make(chan struct{}),
 		sd:        sd,
 		conts:     map[string]*container{},
 	}
@@ -88,6 +90,13 @@ func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (ta
 	sd.RegisterCallback(func(ctx context.Context) error {
 		s.stopSandbox(ctx)
 		close(s.events)
+		// Publish what is queued (TaskDelete of the last container) before
+		// the shim exits.
+		select {
+		case <-s.forwarded:
+		case <-time.After(5 * time.Second):
+			log.G(ctx).Warn("events not published before shutdown")
+		}
 		s.cancel()
 		return nil
 	})
@@ -101,6 +110,7 @@ func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 }
 
 func (s *service) forward() {
+	defer close(s.forwarded)
 	ns, _ := namespaces.Namespace(s.ctx)
 	ctx := namespaces.WithNamespace(context.WithoutCancel(s.ctx), ns)
 	for e := range s.events {

@@ -84,14 +84,11 @@ func TestHardwareTEEsNeedKVM(t *testing.T) {
 		t.Fatal("TDX usable although the KVM probe chose TCG")
 	}
 	// No /dev/kvm at all: not usable even without a probe.
-	dir := t.TempDir()
-	write(t, dir, "sys/module/kvm_amd/parameters/sev_snp", "Y\n")
-	write(t, dir, "dev/sev", "")
-	write(t, dir, "sys/fs/cgroup/misc.capacity", "sev_es 10\n")
-	r, err := Discover(Options{Root: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := discoverTree(t, map[string]string{
+		"sys/module/kvm_amd/parameters/sev_snp": "Y\n",
+		"dev/sev":                               "",
+		"sys/fs/cgroup/misc.capacity":           "sev_es 10\n",
+	}, Options{})
 	if !r.SNP.Enabled || r.SNPUsable() {
 		t.Fatalf("SNP without /dev/kvm: enabled %v usable %v", r.SNP.Enabled, r.SNPUsable())
 	}
@@ -121,27 +118,19 @@ func TestSNPASIDsFromCPUIDWithoutMiscCgroup(t *testing.T) {
 }
 
 func TestSNPWithoutASIDsIsNotUsable(t *testing.T) {
-	dir := t.TempDir()
-	write(t, dir, "sys/module/kvm_amd/parameters/sev_snp", "Y\n")
-	write(t, dir, "dev/sev", "")
-	write(t, dir, "dev/kvm", "")
-	write(t, dir, "sys/fs/cgroup/misc.capacity", "sev 509\nsev_es 0\n")
-	r, err := Discover(Options{Root: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := discoverTree(t, map[string]string{
+		"sys/module/kvm_amd/parameters/sev_snp": "Y\n",
+		"dev/sev":                               "",
+		"dev/kvm":                               "",
+		"sys/fs/cgroup/misc.capacity":           "sev 509\nsev_es 0\n",
+	}, Options{})
 	if !r.SNP.Enabled || r.SNPUsable() || !strings.Contains(r.SNP.Reason, "no SEV-ES/SNP ASIDs") {
 		t.Fatalf("%+v", r.SNP)
 	}
 }
 
 func TestSNPNeedsTheDevice(t *testing.T) {
-	dir := t.TempDir()
-	write(t, dir, "sys/module/kvm_amd/parameters/sev_snp", "1\n")
-	r, err := Discover(Options{Root: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := discoverTree(t, map[string]string{"sys/module/kvm_amd/parameters/sev_snp": "1\n"}, Options{})
 	if r.SNP.Enabled || !strings.Contains(r.SNP.Reason, "/dev/sev is missing") {
 		t.Fatalf("%+v", r.SNP)
 	}
@@ -161,13 +150,7 @@ func TestTDXHost(t *testing.T) {
 }
 
 func TestTDXKeysUnknownOnOldKernels(t *testing.T) {
-	dir := t.TempDir()
-	write(t, dir, "sys/module/kvm_intel/parameters/tdx", "Y\n")
-	write(t, dir, "dev/kvm", "")
-	r, err := Discover(Options{Root: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := discoverTree(t, map[string]string{"sys/module/kvm_intel/parameters/tdx": "Y\n", "dev/kvm": ""}, Options{})
 	if !r.TDX.Enabled || r.TDXUsable() || !strings.Contains(r.TDX.Reason, "key count is unknown") {
 		t.Fatalf("%+v", r.TDX)
 	}
@@ -253,9 +236,7 @@ func TestSimSlotsFromConfiguration(t *testing.T) {
 		t.Fatalf("%+v", r.Sim)
 	}
 	// A tiny host gets zero slots, not a negative number.
-	dir := t.TempDir()
-	write(t, dir, "proc/meminfo", "MemTotal: 524288 kB\n")
-	if r, _ := Discover(Options{Root: dir}); r.Sim.Slots != 0 {
+	if r := discoverTree(t, map[string]string{"proc/meminfo": "MemTotal: 524288 kB\n"}, Options{}); r.Sim.Slots != 0 {
 		t.Fatalf("512 MiB host: %+v", r.Sim)
 	}
 }
@@ -327,6 +308,20 @@ func TestHostCPUIDReadsTheVendor(t *testing.T) {
 		t.Fatalf("CPUID 0 max leaf = %d (vendor %q)", maxLeaf, vendor)
 	}
 	t.Logf("CPU vendor %q, max basic leaf %#x", vendor, maxLeaf)
+}
+
+// discoverTree runs Discover on a temporary root holding files.
+func discoverTree(t *testing.T, files map[string]string, opts Options) Result {
+	t.Helper()
+	opts.Root = t.TempDir()
+	for path, content := range files {
+		write(t, opts.Root, path, content)
+	}
+	r, err := Discover(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 func write(t *testing.T, root, path, content string) {

@@ -40,9 +40,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -166,7 +168,7 @@ func (p *Plugin) SetDevices(devs []Device) {
 func (p *Plugin) Allocations() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return sortedIDs(p.allocations)
+	return slices.Sorted(maps.Keys(p.allocations))
 }
 
 // Registrations is how many times the plugin registered with a kubelet.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"sort"
 	"time"
 
 	"google.golang.org/grpc"
@@ -76,14 +75,4 @@ func ReserveForeignUse(devs []Device, held map[string]Holder, hostUsed int64) ([
 		marked++
 	}
 	return out, marked
-}
-
-// sortedIDs returns the keys of m, sorted.
-func sortedIDs[V any](m map[string]V) []string {
-	ids := make([]string, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids
 }

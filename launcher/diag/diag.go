@@ -214,6 +214,7 @@ type state struct {
 	qemuResolved bool
 	qemuHelp     string          // output of qemu -help, "" if QEMU does not run
 	objects      map[string]bool // QOM types QEMU knows
+	containerdUp bool            // containerd answered on its socket
 	disc         *discovery.Result
 	discErr      error
 }

@@ -16,6 +16,7 @@ import (
 	versionapi "github.com/containerd/containerd/api/services/version/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/emptypb"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
@@ -83,6 +84,7 @@ func fixtureRoot(t *testing.T, name string) string {
 		if len(f) > 1 && f[1] == "grpc" {
 			srv := grpc.NewServer()
 			versionapi.RegisterVersionServer(srv, fakeVersion{})
+			runtimeapi.RegisterRuntimeServiceServer(srv, fakeCRI{})
 			go func() { _ = srv.Serve(l) }()
 			t.Cleanup(srv.Stop)
 			continue
@@ -107,6 +109,21 @@ type fakeVersion struct {
 
 func (fakeVersion) Version(context.Context, *emptypb.Empty) (*versionapi.VersionResponse, error) {
 	return &versionapi.VersionResponse{Version: "v2.2.0-fixture", Revision: "fixture"}, nil
+}
+
+// criHandlers are the handlers the fixtures' fake containerd says it loaded.
+var criHandlers = []string{"", "c8s", "c8s-snp", "runc"}
+
+type fakeCRI struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+}
+
+func (fakeCRI) Status(context.Context, *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
+	resp := &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{}}
+	for _, h := range criHandlers {
+		resp.RuntimeHandlers = append(resp.RuntimeHandlers, &runtimeapi.RuntimeHandler{Name: h})
+	}
+	return resp, nil
 }
 
 // fixtureConfig loads the fixture's /etc/c8s/config.toml, or the defaults.
@@ -301,5 +318,19 @@ func TestCachedProbeIsUsedUnlessNoCache(t *testing.T) {
 		if r := byID(rep)["kvm.probe"]; !strings.Contains(r.Detail, "cached result") || r.Facts["cached"] != "true" {
 			t.Errorf("cached probe result not reported as such: %+v", r)
 		}
+	}
+}
+
+// TestHandlersNotLoadedUntilRestart: handlers in the config that the
+// running containerd does not report (no restart since install) fail.
+func TestHandlersNotLoadedUntilRestart(t *testing.T) {
+	saved := criHandlers
+	criHandlers = []string{"runc"}
+	t.Cleanup(func() { criHandlers = saved })
+	root := fixtureRoot(t, "snp-host")
+	calls := 0
+	r := byID(Run(context.Background(), Options{Root: root, Config: fixtureConfig(t, root), Probe: fakeProbe("kvm", &calls)}))["containerd.handler"]
+	if r.Status != Fail || !strings.Contains(r.Detail, "has not loaded c8s, c8s-snp") || !strings.Contains(r.Hint, "restart containerd") {
+		t.Fatalf("containerd.handler: %+v", r)
 	}
 }

@@ -87,6 +87,9 @@ type EnvContainerd struct {
 	ConfigVersion int      `toml:"config_version" json:"config_version"`
 	ConfigFiles   []string `toml:"config_files" json:"config_files"`
 	C8sHandlers   []string `toml:"c8s_handlers" json:"c8s_handlers"`
+	// LoadedHandlers are the runtime handlers the running containerd's
+	// CRI reports (empty when it is unreachable or serves no CRI).
+	LoadedHandlers []string `toml:"loaded_handlers" json:"loaded_handlers"`
 }
 
 // CollectEnv gathers the environment report; configPath is the file the
@@ -142,8 +145,12 @@ func CollectEnv(ctx context.Context, o Options, configPath string) *Env {
 	c := &e.Containerd
 	c.Address = socketPath(o.ContainerdAddress)
 	c.ConfigFiles, c.C8sHandlers = []string{}, []string{}
+	c.LoadedHandlers = []string{}
 	if v, err := ContainerdVersion(ctx, o.Root, c.Address); err == nil {
 		c.Reachable, c.Version = true, v
+		if loaded, err := CRIHandlers(ctx, o.Root, c.Address); err == nil {
+			c.LoadedHandlers = loaded
+		}
 	}
 	c.Config = o.ContainerdConfig
 	if cfg, err := ctrdconfig.Load(o.Root, o.ContainerdConfig); err == nil {

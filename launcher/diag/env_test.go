@@ -27,7 +27,7 @@ func TestEnvOnFixtureHost(t *testing.T) {
 	}
 	env.Config = map[string]any{}
 	c := env.Containerd
-	if !c.Reachable || c.Version != "v2.2.0-fixture" || c.ConfigVersion != 3 || len(c.ConfigFiles) != 2 || len(c.C8sHandlers) != 2 {
+	if !c.Reachable || c.Version != "v2.2.0-fixture" || c.ConfigVersion != 3 || len(c.ConfigFiles) != 2 || len(c.C8sHandlers) != 2 || len(c.LoadedHandlers) != 3 {
 		t.Errorf("containerd: %+v", c)
 	}
 	if !env.Image.Verified || env.Image.KernelRelease != "6.12.107+deb12-cloud-amd64" || env.Hypervisor.Version != "9.2.0" ||

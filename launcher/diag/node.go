@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/emptypb"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/ctrdconfig"
@@ -65,22 +67,51 @@ func checkImage(_ context.Context, s *state) Result {
 // socketPath strips a unix:// scheme from a containerd address.
 func socketPath(addr string) string { return strings.TrimPrefix(addr, "unix://") }
 
+// dialContainerd opens a gRPC client for containerd's socket addr under root.
+func dialContainerd(root, addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("unix://"+ctrdconfig.RootJoin(root, socketPath(addr)),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
 // ContainerdVersion asks containerd at the unix socket address for its
 // version. root is the filesystem root the socket path is under.
 func ContainerdVersion(ctx context.Context, root, addr string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	conn, err := grpc.NewClient("unix://"+ctrdconfig.RootJoin(root, socketPath(addr)),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dialContainerd(root, addr)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
-	resp, err := versionapi.NewVersionClient(conn).Version(ctx, &emptypb.Empty{}, grpc.WaitForReady(false))
+	resp, err := versionapi.NewVersionClient(conn).Version(ctx, &emptypb.Empty{})
 	if err != nil {
 		return "", err
 	}
 	return resp.Version, nil
+}
+
+// CRIHandlers asks containerd's CRI service at addr which runtime handlers
+// it has loaded (CRI Status), sorted.
+func CRIHandlers(ctx context.Context, root, addr string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := dialContainerd(root, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{})
+	if err != nil {
+		return nil, err
+	}
+	names := []string{}
+	for _, h := range resp.GetRuntimeHandlers() {
+		if h.GetName() != "" {
+			names = append(names, h.GetName())
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }
 
 func checkContainerdSocket(ctx context.Context, s *state) Result {
@@ -95,6 +126,7 @@ func checkContainerdSocket(ctx context.Context, s *state) Result {
 		return Result{Status: Fail, Detail: fmt.Sprintf("%s accepts connections but does not answer containerd's version API", addr),
 			Hint: "check that --containerd-address is containerd's gRPC socket, not its ttrpc one"}
 	}
+	s.containerdUp = true
 	return Result{Status: Pass, Detail: fmt.Sprintf("containerd %s on %s", v, addr),
 		Facts: map[string]string{"address": addr, "version": v}}
 }
@@ -114,7 +146,7 @@ func (o *Options) shimPath() string {
 	return ""
 }
 
-func checkContainerdHandler(_ context.Context, s *state) Result {
+func checkContainerdHandler(ctx context.Context, s *state) Result {
 	o := s.o
 	install := "run c8s-launcher install (then restart containerd)"
 	cfg, err := ctrdconfig.Load(o.Root, o.ContainerdConfig)
@@ -142,6 +174,25 @@ func checkContainerdHandler(_ context.Context, s *state) Result {
 		facts["missing_configs"] = strings.Join(noConfig, ",")
 		return Result{Status: Fail, Detail: detail + "; but " + strings.Join(noConfig, ", ") + " does not exist", Facts: facts,
 			Hint: "install the c8s configs (c8s-launcher install keeps existing ones) or fix the handler's ConfigPath"}
+	}
+	if s.containerdUp {
+		loaded, err := CRIHandlers(ctx, o.Root, o.ContainerdAddress)
+		if err == nil {
+			facts["loaded"] = strings.Join(loaded, ",")
+			var missing []string
+			for _, h := range handlers {
+				if !slices.Contains(loaded, h) {
+					missing = append(missing, h)
+				}
+			}
+			if len(missing) > 0 {
+				return Result{Status: Fail, Detail: detail + "; but the running containerd has not loaded " + strings.Join(missing, ", "), Facts: facts,
+					Hint: "restart containerd so that it reads its config again (systemctl restart containerd)"}
+			}
+			detail += "; loaded by containerd"
+		} else {
+			detail += "; containerd serves no CRI, so whether it loaded them is unknown"
+		}
 	}
 	shim := o.shimPath()
 	facts["shim"] = shim

@@ -447,9 +447,14 @@ func WriteChanges(w io.Writer, changes []Change) error {
 }
 
 // DetectConfigVersion returns the containerd config version that suits the
-// containerd binary in PATH: 2 for containerd 1.x, else 3.
-func DetectConfigVersion(ctx context.Context) int {
-	out, err := exec.CommandContext(ctx, "containerd", "--version").Output()
+// containerd binary in PATH (chrooted into root unless root is "/"): 2 for
+// containerd 1.x, else 3.
+func DetectConfigVersion(ctx context.Context, root string) int {
+	cmd := exec.CommandContext(ctx, "containerd", "--version")
+	if root != "" && root != "/" {
+		cmd = exec.CommandContext(ctx, "chroot", root, "containerd", "--version")
+	}
+	out, err := cmd.Output()
 	if err != nil {
 		return 3
 	}

@@ -23,7 +23,7 @@ func installFlags(fs *flag.FlagSet) (*install.Options, *int) {
 	fs.StringVar(&o.SysconfDir, "sysconfdir", "/etc", "configuration directory: SYSCONFDIR/c8s/config.toml")
 	fs.StringVar(&o.ContainerdConfig, "containerd-config", "", "containerd's main config (default SYSCONFDIR/containerd/config.toml)")
 	fs.BoolVar(&o.Restart, "restart", false, "restart containerd (systemctl) when its config changed")
-	version := fs.Int("containerd-config-version", 0, "version of a containerd config created when there is none: 2 (containerd 1.x) or 3 (2.x); default: from `containerd --version` on the live host, else 3")
+	version := fs.Int("containerd-config-version", 0, "version of a containerd config created when there is none: 2 (containerd 1.x) or 3 (2.x); default: from `containerd --version` (chrooted into --root), else 3")
 	return o, version
 }
 
@@ -37,8 +37,8 @@ func runInstall(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	o.ContainerdConfigVersion = *version
-	if o.ContainerdConfigVersion == 0 && (o.Root == "/" || o.Root == "") {
-		o.ContainerdConfigVersion = install.DetectConfigVersion(ctx)
+	if o.ContainerdConfigVersion == 0 {
+		o.ContainerdConfigVersion = install.DetectConfigVersion(ctx, o.Root)
 	}
 	changes, err := install.Install(ctx, *o)
 	if werr := install.WriteChanges(stdout, changes); err == nil {

@@ -42,7 +42,9 @@ func (h *Hex) UnmarshalText(b []byte) error {
 
 // Policy is what one VM's evidence must show. The zero value of an
 // optional field means "not checked"; the nonce and, for SNP, at least one
-// measurement (for TDX an MRTD) are required.
+// measurement (for TDX an MRTD) are required. The Hex fields are the
+// caller's slices, not copies: a slice of an array the caller reuses (a
+// simsp.Request's Measurement, say) changes the policy with it.
 type Policy struct {
 	// Measurements are the accepted SNP launch digests (48 bytes) by vCPU
 	// count: one per vCPU shape the image may run with (image manifest or

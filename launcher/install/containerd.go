@@ -2,6 +2,7 @@ package install
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -242,6 +243,12 @@ func (in *installer) installContainerd(rec *record) error {
 		return fmt.Errorf("adding the c8s handlers to %s would make it invalid (%v): add them by hand or give it an imports entry for a drop-in directory", mainPath, err)
 	}
 	backup := fmt.Sprintf("%s.c8s-backup-%s", mainPath, o.Now().UTC().Format("20060102T150405Z"))
+	for i := 1; ; i++ { // never overwrite an earlier backup (two edits in one second)
+		if _, err := os.Lstat(in.path(backup)); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		backup = fmt.Sprintf("%s.c8s-backup-%s-%d", mainPath, o.Now().UTC().Format("20060102T150405Z"), i)
+	}
 	if err := in.writeFile(backup, data, 0o600, "backed up", "copy of "+mainPath+" before the edit"); err != nil {
 		return err
 	}

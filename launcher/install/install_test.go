@@ -342,3 +342,53 @@ func TestConfigVersionFor(t *testing.T) {
 		}
 	}
 }
+
+// TestUpgradeReplacesTheBlock: when the packaged handlers change, install
+// replaces its block after another backup, and uninstall still restores
+// the file as it was before the first install.
+func TestUpgradeReplacesTheBlock(t *testing.T) {
+	binDir, imageDir := sources(t)
+	root := t.TempDir()
+	mainPath := filepath.Join(root, "etc/containerd/config.toml")
+	sample, err := os.ReadFile("testdata/containerd/v2-no-imports/config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(mainPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mainPath, sample, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{Root: root, BinDir: binDir, ImageDir: imageDir, Now: fixedNow}
+	if _, err := Install(context.Background(), opts); err != nil {
+		t.Fatal(err)
+	}
+	// An older release wrote a different block.
+	data, _ := os.ReadFile(mainPath)
+	old := strings.Replace(string(data), "privileged_without_host_devices = true", "privileged_without_host_devices = false", 1)
+	if err := os.WriteFile(mainPath, []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	changes, err := Install(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := changesText(changes)
+	if !strings.Contains(text, "backed up     /etc/containerd/config.toml.c8s-backup-20261129T193000Z-1") || !strings.Contains(text, "edited        /etc/containerd/config.toml") {
+		t.Fatalf("upgrade:\n%s", text)
+	}
+	if now, _ := os.ReadFile(mainPath); !bytes.Equal(now, data) {
+		t.Fatalf("upgraded config differs from a fresh install's:\n%s", now)
+	}
+	if _, err := Uninstall(context.Background(), opts); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(mainPath); !bytes.Equal(got, sample) {
+		t.Fatalf("uninstall after an upgrade:\n%s", got)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(mainPath))
+	if len(entries) != 1 {
+		t.Fatalf("left in /etc/containerd: %v", entries)
+	}
+}

@@ -1,0 +1,201 @@
+// Package nodeagent is the loop behind `c8s-launcher node-agent`: it
+// discovers the node's TEE capacity, brings the Node object's labels,
+// taint and extended-resource capacity in line (launcher/nodelabels), and
+// serves the per-unit resources through kubelet device plugins
+// (launcher/deviceplugin), again and again, so that what Kubernetes sees
+// follows the node.
+//
+// The Kubernetes API is behind the Client interface (the agent needs only
+// to read its Node and send JSON merge patches), so the loop is tested
+// against an in-memory node here and the API client lives with the
+// command.
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/c8s-dev/c8s/launcher/deviceplugin"
+	"github.com/c8s-dev/c8s/launcher/discovery"
+	"github.com/c8s-dev/c8s/launcher/nodelabels"
+)
+
+// DefaultInterval is how often Run reconciles.
+const DefaultInterval = 30 * time.Second
+
+// Client reads and patches this node's Node object.
+type Client interface {
+	// Node returns the node's labels, annotations, taints and status
+	// capacity.
+	Node(ctx context.Context) (nodelabels.Node, map[string]string, error)
+	// Patch applies a JSON merge patch to the Node object.
+	Patch(ctx context.Context, patch []byte) error
+	// PatchStatus applies a JSON merge patch to the Node's status
+	// subresource.
+	PatchStatus(ctx context.Context, patch []byte) error
+}
+
+// Agent is one node's reporter.
+type Agent struct {
+	// Client reaches the Node object.
+	Client Client
+	// Discover finds the node's capacity (discovery.Discover with the
+	// node's options).
+	Discover func() (discovery.Result, error)
+	// Settings are the configured trust pool and taint.
+	Settings nodelabels.Settings
+	// Plugins serves the per-unit resources; nil to publish labels only.
+	Plugins *deviceplugin.Manager
+	// PodResourcesSocket is the kubelet's PodResources API; empty to not
+	// reserve ASIDs and keys used outside Kubernetes.
+	PodResourcesSocket string
+	// Interval between reconciliations (default DefaultInterval).
+	Interval time.Duration
+}
+
+// Report is what one reconciliation did.
+type Report struct {
+	Desired nodelabels.Desired
+	// Patched and StatusPatched are the merge patches sent (nil: none).
+	Patched, StatusPatched []byte
+	// ForeignUse counts devices marked unhealthy per resource because
+	// the capacity is used outside Kubernetes.
+	ForeignUse map[string]int64
+}
+
+// Once reconciles one time.
+func (a *Agent) Once(ctx context.Context) (Report, error) {
+	var rep Report
+	r, err := a.Discover()
+	if err != nil {
+		return rep, fmt.Errorf("nodeagent: discovery: %w", err)
+	}
+	rep.Desired = nodelabels.Desire(r, a.Settings)
+	node, capacity, err := a.Client.Node(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("nodeagent: reading the Node: %w", err)
+	}
+	taintKey := ""
+	if a.Settings.Taint != nil {
+		taintKey = a.Settings.Taint.Key
+	}
+	patch, err := nodelabels.Reconcile(node, rep.Desired, taintKey).MergePatch()
+	if err != nil {
+		return rep, err
+	}
+	if patch != nil {
+		if err := a.Client.Patch(ctx, patch); err != nil {
+			return rep, fmt.Errorf("nodeagent: patching the Node: %w", err)
+		}
+		rep.Patched = patch
+	}
+	if rep.StatusPatched, err = statusPatch(capacity, rep.Desired.Resources); err != nil {
+		return rep, err
+	}
+	if rep.StatusPatched != nil {
+		if err := a.Client.PatchStatus(ctx, rep.StatusPatched); err != nil {
+			return rep, fmt.Errorf("nodeagent: patching the Node status: %w", err)
+		}
+	}
+	if a.Plugins != nil {
+		want, foreign := a.devices(ctx, r, rep.Desired.Resources)
+		rep.ForeignUse = foreign
+		if err := a.Plugins.Update(want); err != nil {
+			return rep, fmt.Errorf("nodeagent: device plugins: %w", err)
+		}
+	}
+	return rep, nil
+}
+
+// Run reconciles every Interval until ctx ends, logging failures, and
+// stops the device plugins at the end.
+func (a *Agent) Run(ctx context.Context) error {
+	interval := a.Interval
+	if interval <= 0 {
+		interval = DefaultInterval
+	}
+	if a.Plugins != nil {
+		defer a.Plugins.Stop()
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := a.Once(ctx); err != nil {
+			log.G(ctx).WithError(err).Warn("nodeagent: reconciliation failed; retrying")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// devices returns the device list per device-plugin resource, with
+// capacity used outside Kubernetes marked unhealthy where discovery knows
+// the host-wide usage (SNP ASIDs, TDX keys).
+func (a *Agent) devices(ctx context.Context, r discovery.Result, res []nodelabels.Resource) (map[string][]deviceplugin.Device, map[string]int64) {
+	used := map[string]discovery.Capacity{
+		nodelabels.ResourceSNPASID: r.SNP.ASIDs,
+		nodelabels.ResourceTDXKey:  r.TDX.Keys,
+	}
+	want := map[string][]deviceplugin.Device{}
+	foreign := map[string]int64{}
+	for _, x := range res {
+		if !x.DevicePlugin {
+			continue
+		}
+		devs := deviceplugin.Devices(x.Name, x.Count)
+		if c, ok := used[x.Name]; ok && c.UsedKnown && a.PodResourcesSocket != "" {
+			held, err := deviceplugin.HeldDevices(ctx, a.PodResourcesSocket, x.Name)
+			if err != nil {
+				log.G(ctx).WithError(err).Warnf("nodeagent: %s: not reserving capacity used outside Kubernetes", x.Name)
+			} else {
+				devs, foreign[x.Name] = deviceplugin.ReserveForeignUse(devs, held, c.Used)
+			}
+		}
+		want[x.Name] = devs
+	}
+	return want, foreign
+}
+
+// statusPatch returns the merge patch that sets the status capacity of
+// the resources not served by device plugins (sgx.intel.com/epc) and
+// removes it when gone, or nil when the capacity is already right.
+func statusPatch(current map[string]string, res []nodelabels.Resource) ([]byte, error) {
+	capacity := map[string]any{}
+	wanted := map[string]bool{}
+	for _, x := range res {
+		if x.DevicePlugin {
+			continue
+		}
+		wanted[x.Name] = true
+		v := strconv.FormatInt(x.Count, 10)
+		if current[x.Name] != v {
+			capacity[x.Name] = v
+		}
+	}
+	for _, name := range statusOwned {
+		if _, has := current[name]; has && !wanted[name] {
+			capacity[name] = nil
+		}
+	}
+	if len(capacity) == 0 {
+		return nil, nil
+	}
+	// Allocatable follows capacity: nothing is reserved from these.
+	b, err := json.Marshal(map[string]any{"status": map[string]any{"capacity": capacity, "allocatable": capacity}})
+	if err != nil {
+		return nil, errors.New("nodeagent: encoding the status patch: " + err.Error())
+	}
+	return b, nil
+}
+
+// statusOwned are the status capacities the agent manages.
+var statusOwned = []string{nodelabels.ResourceSGXEPC}

@@ -8,6 +8,7 @@ set -euo pipefail
 
 PACKAGES=(
 	qemu-system-x86
+	seabios
 	qemu-utils
 	busybox-static
 	ovmf

@@ -39,6 +39,10 @@ MODULES=(
 )
 
 CMDLINE="console=ttyS0 quiet panic=-1"
+# The sim TEE's firmware (launcher/tee.SimFirmware) and the pod shapes whose
+# sim launch digests the manifest records.
+SIM_FIRMWARE=${SIM_FIRMWARE:-/usr/share/seabios/bios-256k.bin}
+SIM_VCPUS=${SIM_VCPUS:-1,2,4,8}
 
 die() {
 	echo "images/build.sh: $*" >&2
@@ -230,7 +234,8 @@ chmod 0644 "$WORK/out/vmlinuz" "$WORK/out/initrd.img"
 	-runc-package "$RUNC_PKG" -runc-version "$RUNC_VERSION" \
 	-cmdline "$CMDLINE" -agent-sha256 "$AGENT_SHA256" \
 	$(printf -- '-package %s ' "${PACKAGES[@]}") \
-	-source-date-epoch "$SOURCE_DATE_EPOCH"
+	-source-date-epoch "$SOURCE_DATE_EPOCH" \
+	-sim-firmware "$SIM_FIRMWARE" -sim-vcpus "$SIM_VCPUS"
 rm -f "$OUTDIR/manifest.json"
 for f in vmlinuz initrd.img manifest.json; do
 	cp "$WORK/out/$f" "$OUTDIR/.$f.tmp"

@@ -43,6 +43,8 @@ func run(args []string) error {
 		return nil
 	})
 	fs.Int64Var(&m.SourceDateEpoch, "source-date-epoch", 0, "timestamp of the initramfs files")
+	simFirmware := fs.String("sim-firmware", "", "firmware `PATH` sim VMs boot; with it, the sim launch digests are recorded")
+	simVCPUs := fs.String("sim-vcpus", "1,2,4,8", "vCPU counts to record sim digests for")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,6 +66,15 @@ func run(args []string) error {
 			return fmt.Errorf("describe %s: %w", role, err)
 		}
 		m.Artifacts[role] = a
+	}
+	if *simFirmware != "" {
+		d, err := simDigests(*simFirmware, filepath.Join(*dir, *kernel), filepath.Join(*dir, *initrd), m.Cmdline, *simVCPUs)
+		if err != nil {
+			return err
+		}
+		if err := m.SetSim(d); err != nil {
+			return err
+		}
 	}
 	if err := m.Validate(); err != nil {
 		return err

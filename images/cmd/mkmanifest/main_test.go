@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/measurements/sim"
+	"github.com/c8s-dev/c8s/measurements/snp"
 )
 
 func TestRunWritesVerifiableManifest(t *testing.T) {
@@ -41,5 +43,36 @@ func TestRunRequiresFlags(t *testing.T) {
 	}
 	if err := run([]string{"-package", "noversion"}); err == nil {
 		t.Error("-package without a version was accepted")
+	}
+}
+
+func TestSimDigestsAreRecordedPerShape(t *testing.T) {
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{"vmlinuz": []byte("kernel"), "initrd.img": []byte("initrd"), "bios.bin": make([]byte, 8192)} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := run([]string{"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12",
+		"-cmdline", "console=ttyS0", "-agent-sha256", strings.Repeat("ab", 32),
+		"-sim-firmware", filepath.Join(dir, "bios.bin"), "-sim-vcpus", "1,4"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Load(filepath.Join(dir, manifest.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := m.Sim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, _ := snp.VCPUTypeSig("EPYC-v4")
+	want, err := sim.LaunchDigest(sim.Params{Firmware: make([]byte, 8192), Kernel: snp.NewKernelHashes([]byte("kernel"), []byte("initrd"), "console=ttyS0"), VCPUSig: sig}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.ByVCPUs) != 2 || d.ByVCPUs["4"] != want.String() || d.Cmdline != "console=ttyS0" || d.VCPUType != "EPYC-v4" {
+		t.Fatalf("sim digests = %+v, want 4 vCPUs -> %s", d, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/kds"
+	spb "github.com/google/go-sev-guest/proto/sevsnp"
 	"github.com/google/go-tdx-guest/testing/testdata"
 )
 
@@ -25,6 +26,7 @@ type rejection struct {
 var sameMessage = map[string]string{
 	"bad signature (flipped signature byte)":      "bad signature (flipped REPORT_ID byte)",
 	"another node's report with this node's VCEK": "bad signature (flipped REPORT_ID byte)",
+	"certificate table without a VCEK":            "no certificate table",
 }
 
 func snpRejections() []rejection {
@@ -183,6 +185,13 @@ func snpRejections() []rejection {
 		{"no certificate table", func(t *testing.T) error {
 			f := newFixture(t)
 			_, err := simVerifier(t, f.sp).VerifySNP(f.report(t), nil, &f.policy)
+			return err
+		}, KindFormat, "certificate table", "no VCEK certificate"},
+
+		{"certificate table without a VCEK", func(t *testing.T) error {
+			f := newFixture(t)
+			table := abi.CertsFromProto(&spb.CertificateChain{AskCert: f.sp.ASK().Raw, ArkCert: f.sp.ARK().Raw}).Marshal()
+			_, err := simVerifier(t, f.sp).VerifySNP(f.report(t), table, &f.policy)
 			return err
 		}, KindFormat, "certificate table", "no VCEK certificate"},
 

@@ -118,9 +118,31 @@ func parseSNP(report, certTable []byte) (*spb.Attestation, error) {
 		if err := t.Unmarshal(certTable); err != nil {
 			return nil, failure(KindFormat, "certificate table", err, "")
 		}
-		chain = t.Proto()
+		chain = certChain(&t)
 	}
 	return &spb.Attestation{Report: r, CertificateChain: chain}, nil
+}
+
+// certChain sorts a certificate table's entries by GUID, as
+// abi.CertTable.Proto does, without its warning on stdout when the VCEK is
+// missing (go-tdx-guest points the shared logger at stdout).
+func certChain(t *abi.CertTable) *spb.CertificateChain {
+	chain := &spb.CertificateChain{Extras: map[string][]byte{}}
+	for _, e := range t.Entries {
+		switch g := e.GUID.String(); g {
+		case abi.VcekGUID:
+			chain.VcekCert = e.RawCert
+		case abi.VlekGUID:
+			chain.VlekCert = e.RawCert
+		case abi.AskGUID:
+			chain.AskCert = e.RawCert
+		case abi.ArkGUID:
+			chain.ArkCert = e.RawCert
+		default:
+			chain.Extras[g] = e.RawCert
+		}
+	}
+	return chain
 }
 
 // verifySNPSignature checks that the report's signing key chains to the

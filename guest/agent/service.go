@@ -50,6 +50,9 @@ type Config struct {
 	// PowerOff is called by Shutdown after filesystems are synced. Nil makes
 	// Shutdown fail.
 	PowerOff func()
+	// Evidence produces TEE evidence binding reportData (guest/attest). Nil
+	// makes GetEvidence fail: the guest has no TEE to vouch for it.
+	Evidence func(ctx context.Context, reportData [64]byte) (*agentapi.GetEvidenceResponse, error)
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.
@@ -161,6 +164,24 @@ func (s *Service) Shutdown(ctx context.Context, _ *agentapi.Empty) (*agentapi.Em
 		s.cfg.PowerOff()
 	}()
 	return &agentapi.Empty{}, nil
+}
+
+// GetEvidence returns evidence from the guest's TEE with the caller's
+// report data bound into it.
+func (s *Service) GetEvidence(ctx context.Context, r *agentapi.GetEvidenceRequest) (*agentapi.GetEvidenceResponse, error) {
+	if len(r.ReportData) > 64 {
+		return nil, fmt.Errorf("report_data has %d bytes, at most 64: %w", len(r.ReportData), errdefs.ErrInvalidArgument)
+	}
+	if s.cfg.Evidence == nil {
+		return nil, fmt.Errorf("this guest has no TEE evidence provider: %w", errdefs.ErrFailedPrecondition)
+	}
+	var rd [64]byte
+	copy(rd[:], r.ReportData)
+	ev, err := s.cfg.Evidence(ctx, rd)
+	if err != nil {
+		return nil, fmt.Errorf("get TEE evidence: %w", err)
+	}
+	return ev, nil
 }
 
 // lookup returns a container or NotFound.

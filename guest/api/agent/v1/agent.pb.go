@@ -1293,6 +1293,125 @@ func (x *StatsResponse) GetStats() *anypb.Any {
 	return nil
 }
 
+type GetEvidenceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// report_data (at most 64 bytes) is bound into the evidence: the
+	// verifier's fresh nonce.
+	ReportData    []byte `protobuf:"bytes,1,opt,name=report_data,json=reportData,proto3" json:"report_data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetEvidenceRequest) Reset() {
+	*x = GetEvidenceRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetEvidenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetEvidenceRequest) ProtoMessage() {}
+
+func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetEvidenceRequest.ProtoReflect.Descriptor instead.
+func (*GetEvidenceRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GetEvidenceRequest) GetReportData() []byte {
+	if x != nil {
+		return x.ReportData
+	}
+	return nil
+}
+
+type GetEvidenceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is "snp" (an SNP ATTESTATION_REPORT, including the sim TEE's) or
+	// "tdx" (a TDX quote).
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// provider names where the evidence came from: "configfs-tsm",
+	// "sev-guest", "tdx-guest" or "sim".
+	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	Report   []byte `protobuf:"bytes,3,opt,name=report,proto3" json:"report,omitempty"`
+	// cert_table is the SNP extended report's certificate table, if any.
+	CertTable     []byte `protobuf:"bytes,4,opt,name=cert_table,json=certTable,proto3" json:"cert_table,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetEvidenceResponse) Reset() {
+	*x = GetEvidenceResponse{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetEvidenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetEvidenceResponse) ProtoMessage() {}
+
+func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetEvidenceResponse.ProtoReflect.Descriptor instead.
+func (*GetEvidenceResponse) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetEvidenceResponse) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *GetEvidenceResponse) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *GetEvidenceResponse) GetReport() []byte {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+func (x *GetEvidenceResponse) GetCertTable() []byte {
+	if x != nil {
+		return x.CertTable
+	}
+	return nil
+}
+
 type ReadStreamRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1305,7 +1424,7 @@ type ReadStreamRequest struct {
 
 func (x *ReadStreamRequest) Reset() {
 	*x = ReadStreamRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1436,7 @@ func (x *ReadStreamRequest) String() string {
 func (*ReadStreamRequest) ProtoMessage() {}
 
 func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1449,7 @@ func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReadStreamRequest) GetContainerId() string {
@@ -1364,7 +1483,7 @@ type ReadStreamResponse struct {
 
 func (x *ReadStreamResponse) Reset() {
 	*x = ReadStreamResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1495,7 @@ func (x *ReadStreamResponse) String() string {
 func (*ReadStreamResponse) ProtoMessage() {}
 
 func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1508,7 @@ func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
 func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReadStreamResponse) GetData() []byte {
@@ -1417,7 +1536,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1548,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1561,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -1475,7 +1594,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1606,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1619,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1589,7 +1708,16 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\fStatsRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\";\n" +
 	"\rStatsResponse\x12*\n" +
-	"\x05stats\x18\x01 \x01(\v2\x14.google.protobuf.AnyR\x05stats\"l\n" +
+	"\x05stats\x18\x01 \x01(\v2\x14.google.protobuf.AnyR\x05stats\"5\n" +
+	"\x12GetEvidenceRequest\x12\x1f\n" +
+	"\vreport_data\x18\x01 \x01(\fR\n" +
+	"reportData\"|\n" +
+	"\x13GetEvidenceResponse\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
+	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x16\n" +
+	"\x06report\x18\x03 \x01(\fR\x06report\x12\x1d\n" +
+	"\n" +
+	"cert_table\x18\x04 \x01(\fR\tcertTable\"l\n" +
 	"\x11ReadStreamRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x1b\n" +
@@ -1602,7 +1730,7 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\".\n" +
 	"\x12WriteStdinResponse\x12\x18\n" +
-	"\awritten\x18\x01 \x01(\rR\awritten2\xd2\a\n" +
+	"\awritten\x18\x01 \x01(\rR\awritten2\xa6\b\n" +
 	"\x05Agent\x12F\n" +
 	"\aGetInfo\x12\x1c.c8s.agent.v1.GetInfoRequest\x1a\x1d.c8s.agent.v1.GetInfoResponse\x12^\n" +
 	"\x0fCreateContainer\x12$.c8s.agent.v1.CreateContainerRequest\x1a%.c8s.agent.v1.CreateContainerResponse\x12[\n" +
@@ -1617,7 +1745,8 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"CloseStdin\x12\x1c.c8s.agent.v1.ProcessRequest\x1a\x13.c8s.agent.v1.Empty\x12I\n" +
 	"\bListPids\x12\x1d.c8s.agent.v1.ListPidsRequest\x1a\x1e.c8s.agent.v1.ListPidsResponse\x12@\n" +
 	"\x05Stats\x12\x1a.c8s.agent.v1.StatsRequest\x1a\x1b.c8s.agent.v1.StatsResponse\x124\n" +
-	"\bShutdown\x12\x13.c8s.agent.v1.Empty\x1a\x13.c8s.agent.v1.Empty2\xf7\x01\n" +
+	"\bShutdown\x12\x13.c8s.agent.v1.Empty\x1a\x13.c8s.agent.v1.Empty\x12R\n" +
+	"\vGetEvidence\x12 .c8s.agent.v1.GetEvidenceRequest\x1a!.c8s.agent.v1.GetEvidenceResponse2\xf7\x01\n" +
 	"\x02IO\x12O\n" +
 	"\n" +
 	"ReadStdout\x12\x1f.c8s.agent.v1.ReadStreamRequest\x1a .c8s.agent.v1.ReadStreamResponse\x12O\n" +
@@ -1638,7 +1767,7 @@ func file_guest_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_guest_api_agent_v1_agent_proto_rawDescData
 }
 
-var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: c8s.agent.v1.Empty
 	(*GetInfoRequest)(nil),          // 1: c8s.agent.v1.GetInfoRequest
@@ -1663,23 +1792,25 @@ var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*ListPidsResponse)(nil),        // 20: c8s.agent.v1.ListPidsResponse
 	(*StatsRequest)(nil),            // 21: c8s.agent.v1.StatsRequest
 	(*StatsResponse)(nil),           // 22: c8s.agent.v1.StatsResponse
-	(*ReadStreamRequest)(nil),       // 23: c8s.agent.v1.ReadStreamRequest
-	(*ReadStreamResponse)(nil),      // 24: c8s.agent.v1.ReadStreamResponse
-	(*WriteStdinRequest)(nil),       // 25: c8s.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 26: c8s.agent.v1.WriteStdinResponse
-	(*timestamppb.Timestamp)(nil),   // 27: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 28: google.protobuf.Any
+	(*GetEvidenceRequest)(nil),      // 23: c8s.agent.v1.GetEvidenceRequest
+	(*GetEvidenceResponse)(nil),     // 24: c8s.agent.v1.GetEvidenceResponse
+	(*ReadStreamRequest)(nil),       // 25: c8s.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),      // 26: c8s.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),       // 27: c8s.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 28: c8s.agent.v1.WriteStdinResponse
+	(*timestamppb.Timestamp)(nil),   // 29: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 30: google.protobuf.Any
 }
 var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
-	27, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
+	29, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: c8s.agent.v1.Rootfs.scsi:type_name -> c8s.agent.v1.ScsiDisk
 	5,  // 2: c8s.agent.v1.CreateContainerRequest.rootfs:type_name -> c8s.agent.v1.Rootfs
 	3,  // 3: c8s.agent.v1.CreateContainerRequest.stdio:type_name -> c8s.agent.v1.Stdio
 	6,  // 4: c8s.agent.v1.CreateContainerRequest.files:type_name -> c8s.agent.v1.File
 	3,  // 5: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
-	27, // 6: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	29, // 6: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
 	19, // 7: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
-	28, // 8: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	30, // 8: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
 	1,  // 9: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
 	7,  // 10: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
 	9,  // 11: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
@@ -1693,27 +1824,29 @@ var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
 	18, // 19: c8s.agent.v1.Agent.ListPids:input_type -> c8s.agent.v1.ListPidsRequest
 	21, // 20: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
 	0,  // 21: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
-	23, // 22: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
-	23, // 23: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
-	25, // 24: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
-	2,  // 25: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
-	8,  // 26: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
-	10, // 27: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
-	0,  // 28: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
-	13, // 29: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
-	15, // 30: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
-	0,  // 31: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 32: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 33: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
-	0,  // 34: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
-	20, // 35: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
-	22, // 36: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
-	0,  // 37: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
-	24, // 38: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
-	24, // 39: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
-	26, // 40: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
-	25, // [25:41] is the sub-list for method output_type
-	9,  // [9:25] is the sub-list for method input_type
+	23, // 22: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
+	25, // 23: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
+	25, // 24: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
+	27, // 25: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
+	2,  // 26: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
+	8,  // 27: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
+	10, // 28: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
+	0,  // 29: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
+	13, // 30: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
+	15, // 31: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
+	0,  // 32: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 33: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 34: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
+	0,  // 35: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
+	20, // 36: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
+	22, // 37: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
+	0,  // 38: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
+	24, // 39: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
+	26, // 40: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
+	26, // 41: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
+	28, // 42: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
+	26, // [26:43] is the sub-list for method output_type
+	9,  // [9:26] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -1733,7 +1866,7 @@ func file_guest_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_guest_api_agent_v1_agent_proto_rawDesc), len(file_guest_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -21,6 +21,7 @@ type AgentService interface {
 	ListPids(context.Context, *ListPidsRequest) (*ListPidsResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	Shutdown(context.Context, *Empty) (*Empty, error)
+	GetEvidence(context.Context, *GetEvidenceRequest) (*GetEvidenceResponse, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -116,6 +117,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.Shutdown(ctx, &req)
+			},
+			"GetEvidence": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req GetEvidenceRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.GetEvidence(ctx, &req)
 			},
 		},
 	})
@@ -230,6 +238,14 @@ func (c *agentClient) Stats(ctx context.Context, req *StatsRequest) (*StatsRespo
 func (c *agentClient) Shutdown(ctx context.Context, req *Empty) (*Empty, error) {
 	var resp Empty
 	if err := c.client.Call(ctx, "c8s.agent.v1.Agent", "Shutdown", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) GetEvidence(ctx context.Context, req *GetEvidenceRequest) (*GetEvidenceResponse, error) {
+	var resp GetEvidenceResponse
+	if err := c.client.Call(ctx, "c8s.agent.v1.Agent", "GetEvidence", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -45,6 +45,23 @@ func snpRejections() []rejection {
 			return err
 		}
 	}
+	// resigned has f's report altered by alter, then properly signed.
+	resigned := func(alter func(r *spb.Report)) func(t *testing.T) error {
+		return func(t *testing.T) error {
+			f := newFixture(t)
+			r, err := f.sp.ReportProto(f.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			alter(r)
+			raw, err := f.sp.Sign(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = simVerifier(t, f.sp).VerifySNP(raw, f.sp.CertTable(), &f.policy)
+			return err
+		}
+	}
 	flip := func(off int) func([]byte) []byte {
 		return func(raw []byte) []byte { raw[off] ^= 0x01; return raw }
 	}
@@ -137,50 +154,17 @@ func snpRejections() []rejection {
 		{"truncated report", sim(nil, func(raw []byte) []byte { return raw[:1000] }),
 			KindFormat, "report size", "expected 1184 bytes, got 1000 bytes"},
 
-		{"unknown report version", func(t *testing.T) error {
-			f := newFixture(t)
-			r, err := f.sp.ReportProto(f.req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.Version = 9
-			raw, err := f.sp.Sign(r) // properly signed, but of a version nobody knows
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = simVerifier(t, f.sp).VerifySNP(raw, f.sp.CertTable(), &f.policy)
-			return err
-		}, KindFormat, "report version", "expected 2 to 5, got 9"},
+		{"unknown report version", resigned(func(r *spb.Report) {
+			r.Version = 9 // properly signed, but of a version nobody knows
+		}), KindFormat, "report version", "expected 2 to 5, got 9"},
 
-		{"firmware TCB not committed (go-sev-guest validate)", func(t *testing.T) error {
-			f := newFixture(t)
-			r, err := f.sp.ReportProto(f.req)
-			if err != nil {
-				t.Fatal(err)
-			}
+		{"firmware TCB not committed (go-sev-guest validate)", resigned(func(r *spb.Report) {
 			r.CommittedTcb = 0 // provisional firmware: current TCB not committed
-			raw, err := f.sp.Sign(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = simVerifier(t, f.sp).VerifySNP(raw, f.sp.CertTable(), &f.policy)
-			return err
-		}, KindPolicy, "report validation", "COMMITTED_TCB 0x0 does not match the report's CURRENT_TCB"},
+		}), KindPolicy, "report validation", "COMMITTED_TCB 0x0 does not match the report's CURRENT_TCB"},
 
-		{"VLEK-signed report in sim mode", func(t *testing.T) error {
-			f := newFixture(t)
-			r, err := f.sp.ReportProto(f.req)
-			if err != nil {
-				t.Fatal(err)
-			}
+		{"VLEK-signed report in sim mode", resigned(func(r *spb.Report) {
 			r.SignerInfo = abi.ComposeSignerInfo(abi.SignerInfo{SigningKey: abi.VlekReportSigner})
-			raw, err := f.sp.Sign(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			_, err = simVerifier(t, f.sp).VerifySNP(raw, f.sp.CertTable(), &f.policy)
-			return err
-		}, KindRoot, "report signing key", "signed by the VLEK, the simulated secure processor signs with its VCEK"},
+		}), KindRoot, "report signing key", "signed by the VLEK, the simulated secure processor signs with its VCEK"},
 
 		{"no certificate table", func(t *testing.T) error {
 			f := newFixture(t)

@@ -36,7 +36,8 @@
 //
 // The check IDs, in order: cpu.virt, kvm.device, kvm.probe, qemu.binary,
 // qemu.snp, qemu.tdx, qemu.igvm, qemu.migration, firmware, snp.host,
-// tdx.host, image, containerd.socket, containerd.handler, kubelet.socket.
+// tdx.host, image, image.digest, containerd.socket, containerd.handler,
+// kubelet.socket.
 package diag
 
 import (
@@ -49,6 +50,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/ctrdconfig"
@@ -212,9 +214,10 @@ type state struct {
 	o            *Options
 	qemu         string // host path of the QEMU binary, "" if missing
 	qemuResolved bool
-	qemuHelp     string          // output of qemu -help, "" if QEMU does not run
-	objects      map[string]bool // QOM types QEMU knows
-	containerdUp bool            // containerd answered on its socket
+	qemuHelp     string             // output of qemu -help, "" if QEMU does not run
+	objects      map[string]bool    // QOM types QEMU knows
+	containerdUp bool               // containerd answered on its socket
+	manifest     *manifest.Manifest // the verified image manifest
 	disc         *discovery.Result
 	discErr      error
 }
@@ -238,6 +241,7 @@ var checks = []check{
 	{"snp.host", "SEV-SNP host enablement", checkSNPHost},
 	{"tdx.host", "TDX host enablement", checkTDXHost},
 	{"image", "Guest image", checkImage},
+	{"image.digest", "Expected launch digest", checkImageDigest},
 	{"containerd.socket", "containerd reachable", checkContainerdSocket},
 	{"containerd.handler", "c8s handlers in containerd", checkContainerdHandler},
 	{"kubelet.socket", "kubelet device plugin socket", checkKubelet},

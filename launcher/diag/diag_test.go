@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io/fs"
 	"net"
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/internal/golden"
@@ -180,7 +183,7 @@ func TestFixtureHosts(t *testing.T) {
 		}},
 		{"plain-host", true, map[string]Status{
 			"cpu.virt": Warn, "kvm.device": Warn, "kvm.probe": Warn, "qemu.binary": Pass, "qemu.snp": Warn,
-			"qemu.igvm": Warn, "firmware": Warn, "snp.host": Warn, "tdx.host": Warn, "image": Fail,
+			"qemu.igvm": Warn, "firmware": Fail, "snp.host": Warn, "tdx.host": Warn, "image": Fail, "image.digest": Warn,
 			"containerd.socket": Fail, "containerd.handler": Fail, "kubelet.socket": Warn,
 		}},
 	}
@@ -226,7 +229,7 @@ func TestFixtureHosts(t *testing.T) {
 // order: consumers of c8s.io/check/v1 rely on both.
 func TestJSONSchemaIsStable(t *testing.T) {
 	wantIDs := []string{"cpu.virt", "kvm.device", "kvm.probe", "qemu.binary", "qemu.snp", "qemu.tdx", "qemu.igvm",
-		"qemu.migration", "firmware", "snp.host", "tdx.host", "image", "containerd.socket", "containerd.handler", "kubelet.socket"}
+		"qemu.migration", "firmware", "snp.host", "tdx.host", "image", "image.digest", "containerd.socket", "containerd.handler", "kubelet.socket"}
 	if !reflect.DeepEqual(IDs(), wantIDs) {
 		t.Fatalf("check IDs changed:\n got %v\nwant %v", IDs(), wantIDs)
 	}
@@ -332,5 +335,72 @@ func TestHandlersNotLoadedUntilRestart(t *testing.T) {
 	r := byID(Run(context.Background(), Options{Root: root, Config: fixtureConfig(t, root), Probe: fakeProbe("kvm", &calls)}))["containerd.handler"]
 	if r.Status != Fail || !strings.Contains(r.Detail, "has not loaded c8s, c8s-snp") || !strings.Contains(r.Hint, "restart containerd") {
 		t.Fatalf("containerd.handler: %+v", r)
+	}
+}
+
+// TestSimLaunchDigest recomputes the sim launch digest on a fixture tree
+// and compares it with the manifest's: a match passes, another command line
+// fails naming the cause, and the digest follows the initrd.
+func TestSimLaunchDigest(t *testing.T) {
+	root := fixtureRoot(t, "snp-host")
+	cfg := fixtureConfig(t, root)
+	run := func(cfg config.Config) Result {
+		return byID(Run(context.Background(), Options{Root: root, Config: cfg, TEE: "sim"}))["image.digest"]
+	}
+	first := run(cfg)
+	if first.Status != Warn || len(first.Facts["sim"]) != 96 || !strings.Contains(first.Detail, `no "sim" digests`) {
+		t.Fatalf("image.digest without expected digests: %+v", first)
+	}
+	manifestPath := filepath.Join(root, "usr/local/share/c8s/manifest.json")
+	m, err := manifest.Load(manifestPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fw, err := os.ReadFile(filepath.Join(root, "usr/share/ovmf/OVMF.fd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwSum := sha256.Sum256(fw)
+	expect := func(digest, cmdline string) {
+		t.Helper()
+		err := m.SetSim(manifest.SimDigests{
+			Firmware: manifest.FileDigest{Path: "/usr/share/ovmf/OVMF.fd", SHA256: hex.EncodeToString(fwSum[:])},
+			Cmdline:  cmdline, VCPUType: "EPYC-v4", GuestFeatures: 1,
+			ByVCPUs: map[string]string{"1": digest},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := m.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(manifestPath, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect(first.Facts["sim"], "console=ttyS0 quiet panic=-1")
+	if r := run(cfg); r.Status != Pass || !strings.Contains(r.Detail, "as manifest.json expects") {
+		t.Fatalf("matching manifest digest: %+v", r)
+	}
+	withParams := cfg
+	withParams.Hypervisor.KernelParams = "debug"
+	if r := run(withParams); r.Status != Fail || !strings.Contains(r.Detail, "kernel command line") {
+		t.Fatalf("another command line: %+v", r)
+	}
+	twoVCPUs := cfg
+	twoVCPUs.Hypervisor.DefaultVCPUs = 2
+	if r := run(twoVCPUs); r.Status != Warn || !strings.Contains(r.Detail, "no digest for 2 vCPUs") {
+		t.Fatalf("a vCPU count the manifest lacks: %+v", r)
+	}
+	initrd := filepath.Join(root, "usr/local/share/c8s/initrd.img")
+	orig, _ := os.ReadFile(initrd)
+	if err := os.WriteFile(initrd, append(orig, 'x'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The image check fails on the changed initrd, so there is no verified
+	// manifest to compare with; the recomputed digest still changes.
+	if r := run(cfg); r.Facts["sim"] == "" || r.Facts["sim"] == first.Facts["sim"] || r.Status != Warn {
+		t.Fatalf("the digest does not follow the initrd: %+v", r)
 	}
 }

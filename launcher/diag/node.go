@@ -2,8 +2,11 @@ package diag
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path"
 	"slices"
@@ -19,6 +22,9 @@ import (
 
 	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/ctrdconfig"
+	"github.com/c8s-dev/c8s/launcher/simtee"
+	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
 // ShimBinary is the binary containerd runs for runtime_type io.containerd.c8s.v2.
@@ -45,6 +51,7 @@ func checkImage(_ context.Context, s *state) Result {
 		return Result{Status: Fail, Detail: fmt.Sprintf("no valid %s in %s", manifest.FileName, dir),
 			Hint: "install the guest image (make image && c8s-launcher install) or set hypervisor.kernel to the installed image"}
 	}
+	s.manifest = m
 	facts := map[string]string{
 		"dir":            dir,
 		"kernel_release": m.Kernel.Release,
@@ -62,6 +69,79 @@ func checkImage(_ context.Context, s *state) Result {
 		}
 	}
 	return Result{Status: Pass, Detail: detail, Facts: facts}
+}
+
+// checkImageDigest recomputes the launch digest a pod VM of the checked
+// TEE gets (for a pod without annotations), from exactly the QEMU command
+// line the shim would run, and compares it with the manifest's.
+func checkImageDigest(_ context.Context, s *state) Result {
+	o := s.o
+	if o.TEE != "sim" {
+		return Result{Status: Warn, Detail: fmt.Sprintf("the expected %s launch digest is not recomputed by check yet", o.TEE),
+			Hint: fmt.Sprintf("compute it with c8s-measure %s from the firmware, kernel, initrd and command line", o.TEE)}
+	}
+	h := o.Config.Hypervisor
+	h.TEE = o.TEE
+	if s.manifest != nil {
+		if h.Kernel == "" {
+			h.Kernel = path.Join(o.ImageDir, s.manifest.Artifacts[manifest.RoleKernel].File)
+		}
+		if h.Initrd == "" {
+			h.Initrd = path.Join(o.ImageDir, s.manifest.Artifacts[manifest.RoleInitrd].File)
+		}
+	}
+	cannot := func(err error) Result {
+		return Result{Status: Warn, Detail: "cannot recompute the sim launch digest: " + o.unroot(err.Error()),
+			Hint: "fix the image and firmware checks above"}
+	}
+	backend, err := tee.Lookup(h.TEE)
+	if err != nil {
+		return cannot(err)
+	}
+	argv, err := vm.Args(vm.Spec{ID: "check", StateDir: path.Join(o.Config.Runtime.StateDir, "check"), Hypervisor: h, Accel: "tcg"}, backend)
+	if err != nil {
+		return cannot(err)
+	}
+	l, err := simtee.LaunchFromArgv(argv)
+	if err != nil {
+		return cannot(err)
+	}
+	l.Firmware, l.Kernel = o.path(l.Firmware), o.path(l.Kernel)
+	if l.Initrd != "" {
+		l.Initrd = o.path(l.Initrd)
+	}
+	d, err := simtee.Measure(l)
+	if err != nil {
+		return cannot(err)
+	}
+	got := hex.EncodeToString(d[:])
+	facts := map[string]string{"sim": got, "vcpus": strconv.Itoa(l.VCPUs)}
+	detail := fmt.Sprintf("sim launch digest %s (firmware, kernel, initrd, command line, %d vCPU)", got, l.VCPUs)
+	if s.manifest == nil {
+		return Result{Status: Warn, Detail: detail + "; no verified manifest to compare with", Facts: facts, Hint: "see image"}
+	}
+	want, err := s.manifest.Sim()
+	if err != nil {
+		return Result{Status: Warn, Detail: detail + "; " + err.Error(), Facts: facts,
+			Hint: "install an image built with expected digests (make image && c8s-launcher install)"}
+	}
+	expected, ok := want.ByVCPUs[strconv.Itoa(l.VCPUs)]
+	if !ok {
+		return Result{Status: Warn, Detail: fmt.Sprintf("%s; manifest.json has no digest for %d vCPUs", detail, l.VCPUs), Facts: facts,
+			Hint: "set hypervisor.default_vcpus to a count the image lists, or rebuild the image for it"}
+	}
+	if expected == got {
+		return Result{Status: Pass, Detail: detail + ", as manifest.json expects", Facts: facts}
+	}
+	why := "the kernel or initrd differ from the image build's"
+	fw, _ := os.ReadFile(l.Firmware) // already under the root
+	if sum := sha256.Sum256(fw); hex.EncodeToString(sum[:]) != want.Firmware.SHA256 {
+		why = fmt.Sprintf("the firmware differs from the image build's (%s, sha256 %s)", want.Firmware.Path, short(want.Firmware.SHA256))
+	} else if l.Cmdline != want.Cmdline {
+		why = fmt.Sprintf("the kernel command line %q differs from the image build's %q (hypervisor.kernel_params?)", l.Cmdline, want.Cmdline)
+	}
+	return Result{Status: Fail, Detail: fmt.Sprintf("%s, but manifest.json expects %s: %s", detail, expected, why), Facts: facts,
+		Hint: "attestation will reject these pods: boot what the image was built for, or rebuild the image on this node's firmware"}
 }
 
 // socketPath strips a unix:// scheme from a containerd address.

@@ -159,25 +159,41 @@ func checkQEMUMigration(_ context.Context, s *state) Result {
 		Hint: "use a QEMU built with migration support"}
 }
 
+// firmwarePath returns the firmware a pod VM of the checked TEE boots
+// (the backend's choice: hypervisor.firmware, or SeaBIOS for sim) and
+// whether the configuration names it; an error when the backend has none.
+func (o *Options) firmwarePath() (string, bool, error) {
+	h := o.Config.Hypervisor
+	h.TEE = o.TEE
+	b, err := tee.Lookup(o.TEE)
+	if err != nil {
+		return "", false, err
+	}
+	p, err := b.QEMU(h)
+	if err != nil {
+		return "", false, err
+	}
+	return p.Firmware, h.Firmware != "", nil
+}
+
 func checkFirmware(_ context.Context, s *state) Result {
 	o := s.o
-	p := o.Config.Hypervisor.Firmware
-	configured := p != ""
-	if !configured {
-		p = DefaultFirmware
-	}
-	sev := o.severity("snp", "tdx")
-	if configured {
-		sev = Fail // the shim passes it to every VM
+	p, configured, err := o.firmwarePath()
+	if err != nil || p == "" {
+		detail := fmt.Sprintf("tee=%s has no firmware", o.TEE)
+		if err != nil {
+			detail = err.Error()
+		}
+		return Result{Status: Fail, Detail: detail,
+			Hint: "install ovmf (apt-get install ovmf) and set hypervisor.firmware to an OVMF/TDVF build (" + DefaultFirmware + ")"}
 	}
 	data, err := o.readFile(p)
 	if err != nil {
-		detail := fmt.Sprintf("%s is missing", p)
+		hint := "install ovmf (apt-get install ovmf) or set hypervisor.firmware to an OVMF/TDVF build"
 		if !configured {
-			detail = fmt.Sprintf("hypervisor.firmware is not set and %s is missing (sim boots with SeaBIOS)", p)
+			hint = "install seabios (apt-get install seabios) or set hypervisor.firmware"
 		}
-		return Result{Status: sev, Detail: detail,
-			Hint: "install ovmf (apt-get install ovmf) or set hypervisor.firmware to an OVMF/TDVF build; snp and tdx need it"}
+		return Result{Status: Fail, Detail: fmt.Sprintf("%s is missing: tee=%s pod VMs boot it", p, o.TEE), Hint: hint}
 	}
 	sum := sha256.Sum256(data)
 	facts := map[string]string{"path": p, "size": strconv.Itoa(len(data)), "sha256": hex.EncodeToString(sum[:])}

@@ -70,8 +70,12 @@ fuzz: ## Run each parser fuzz target for a bounded time.
 	hack/fuzz.sh
 
 .PHONY: install
-install: build image ## Install binaries, guest image and containerd config under $(PREFIX).
+install: build image ## Install binaries, guest image, configs and the containerd handlers (RESTART=1 restarts containerd).
 	hack/install.sh $(PREFIX)
+
+.PHONY: uninstall
+uninstall: ## Undo `make install` (restores containerd's config; RESTART=1 restarts containerd).
+	bin/c8s-launcher uninstall --root "$${DESTDIR:-/}" --prefix $(PREFIX) $$([ "$${RESTART:-0}" = 1 ] && echo --restart)
 
 .PHONY: clean
 clean: ## Remove build outputs (keeps the tool cache in _output/tools).

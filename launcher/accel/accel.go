@@ -96,7 +96,7 @@ func choose(ctx context.Context, mode, qemuPath, kernelPath, cacheDir string) (R
 	}
 	cacheFile := ""
 	if cacheDir != "" {
-		cacheFile = filepath.Join(cacheDir, "accel-"+key+".json")
+		cacheFile = cachePath(cacheDir, key)
 		if r, ok := readCache(cacheFile); ok {
 			return r, nil
 		}
@@ -272,6 +272,25 @@ func cacheKey(qemuPath string, kvm os.FileInfo) (string, error) {
 	fmt.Fprintf(h, "kernel=%s\nqemu=%s size=%d mtime=%d\nkvm=%s rdev=%d\n",
 		unix.ByteSliceToString(uts.Release[:]), abs, qemu.Size(), qemu.ModTime().UnixNano(), KVMDevice, rdev)
 	return hex.EncodeToString(h.Sum(nil))[:16], nil
+}
+
+func cachePath(cacheDir, key string) string {
+	return filepath.Join(cacheDir, "accel-"+key+".json")
+}
+
+// Cached returns the verdict an earlier "auto" probe on this host (same
+// kernel release, QEMU binary and KVM device) left in cacheDir, without
+// probing.
+func Cached(qemuPath, cacheDir string) (Result, bool) {
+	kvm, err := os.Stat(KVMDevice)
+	if err != nil || cacheDir == "" {
+		return Result{}, false
+	}
+	key, err := cacheKey(qemuPath, kvm)
+	if err != nil {
+		return Result{}, false
+	}
+	return readCache(cachePath(cacheDir, key))
 }
 
 func readCache(path string) (Result, bool) {

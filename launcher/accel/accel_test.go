@@ -190,3 +190,44 @@ func TestProbeKillsQEMU(t *testing.T) {
 		t.Fatalf("probe QEMU left running: %v", pids)
 	}
 }
+
+// TestCachedReadsTheProbeCache: Cached finds what a probe cached for the
+// same QEMU binary and KVM device, and nothing for another binary.
+func TestCachedReadsTheProbeCache(t *testing.T) {
+	dir := t.TempDir()
+	saved := KVMDevice
+	KVMDevice = filepath.Join(dir, "kvm")
+	t.Cleanup(func() { KVMDevice = saved })
+	qemu, other := filepath.Join(dir, "qemu"), filepath.Join(dir, "qemu-other")
+	for _, f := range []string{KVMDevice, qemu} {
+		if err := os.WriteFile(f, []byte("x"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(other, []byte("another build"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cache := filepath.Join(dir, "cache")
+	if _, ok := Cached(qemu, cache); ok {
+		t.Fatal("Cached found a result in an empty cache")
+	}
+	kvm, err := os.Stat(KVMDevice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := cacheKey(qemu, kvm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Result{Accel: TCG, Reason: "probe timed out"}
+	if err := writeCache(cachePath(cache, key), want); err != nil {
+		t.Fatal(err)
+	}
+	got, ok := Cached(qemu, cache)
+	if !ok || got.Accel != want.Accel || got.Reason != want.Reason || !got.Cached {
+		t.Fatalf("Cached = %+v, %v; want %+v", got, ok, want)
+	}
+	if _, ok := Cached(other, cache); ok {
+		t.Fatal("Cached returned another QEMU binary's verdict")
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/ctrdconfig"
 )
@@ -58,11 +59,14 @@ type EnvHost struct {
 
 // EnvHypervisor describes QEMU and the firmware.
 type EnvHypervisor struct {
-	Path     string `toml:"path" json:"path"`
-	Version  string `toml:"version" json:"version"`
-	TEE      string `toml:"tee" json:"tee"`
-	Accel    string `toml:"accel" json:"accel"`
-	Firmware string `toml:"firmware" json:"firmware"`
+	Path    string `toml:"path" json:"path"`
+	Version string `toml:"version" json:"version"`
+	TEE     string `toml:"tee" json:"tee"`
+	Accel   string `toml:"accel" json:"accel"`
+	// AccelProbe is the cached verdict of the KVM probe on this host
+	// ("kvm: reason" or "tcg: reason"), empty when none is cached.
+	AccelProbe string `toml:"accel_probe" json:"accel_probe"`
+	Firmware   string `toml:"firmware" json:"firmware"`
 }
 
 // EnvImage describes the guest image.
@@ -125,6 +129,11 @@ func CollectEnv(ctx context.Context, o Options, configPath string) *Env {
 	if e.Hypervisor.Path != "" {
 		if out, err := s.runQEMU(ctx, "-version"); err == nil {
 			e.Hypervisor.Version = QEMUVersion(out)
+		}
+		if o.live() {
+			if r, ok := accel.Cached(e.Hypervisor.Path, o.Config.CachePath()); ok {
+				e.Hypervisor.AccelProbe = r.Accel + ": " + r.Reason
+			}
 		}
 	}
 

@@ -84,9 +84,10 @@ var TEENames = []string{"sim", "snp", "tdx"}
 
 // Config is the whole configuration file.
 type Config struct {
-	Hypervisor Hypervisor `toml:"hypervisor"`
-	Runtime    Runtime    `toml:"runtime"`
-	Node       Node       `toml:"node"`
+	Hypervisor  Hypervisor  `toml:"hypervisor"`
+	Runtime     Runtime     `toml:"runtime"`
+	Node        Node        `toml:"node"`
+	Attestation Attestation `toml:"attestation"`
 }
 
 // Hypervisor describes the QEMU VM every pod gets.
@@ -173,8 +174,9 @@ func Default() Config {
 				Policy:          0x30000,
 			},
 		},
-		Runtime: Runtime{StateDir: DefaultStateDir},
-		Node:    Node{Taint: DefaultTaint},
+		Runtime:     Runtime{StateDir: DefaultStateDir},
+		Node:        Node{Taint: DefaultTaint},
+		Attestation: Attestation{Mode: AttestRequired},
 	}
 }
 
@@ -275,6 +277,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Node.SimSlots < -1 {
 		errs = append(errs, fmt.Errorf("node.sim_slots %d is not valid: use a slot count, 0 to size from host memory, or -1 for none", c.Node.SimSlots))
+	}
+	if err := c.Attestation.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Runtime.StateDir == "" || !filepath.IsAbs(c.Runtime.StateDir) {
 		errs = append(errs, fmt.Errorf("runtime.state_dir %q must be an absolute path", c.Runtime.StateDir))

@@ -216,3 +216,22 @@ func TestWithAnnotations(t *testing.T) {
 		}
 	})
 }
+
+func TestAttestationSection(t *testing.T) {
+	c := Default()
+	if c.Attestation.Mode != AttestRequired {
+		t.Fatalf("default attestation.mode = %q, want %q", c.Attestation.Mode, AttestRequired)
+	}
+	c.Hypervisor.Kernel = "/usr/share/c8s/vmlinuz"
+	if p := c.ManifestPath(); p != "/usr/share/c8s/manifest.json" {
+		t.Fatalf("default manifest path = %q", p)
+	}
+	c.Attestation.Manifest = "/etc/c8s/manifest.json"
+	if p := c.ManifestPath(); p != "/etc/c8s/manifest.json" {
+		t.Fatalf("manifest path = %q", p)
+	}
+	c.Attestation.Mode = "sometimes"
+	if err := c.Attestation.validate(); err == nil || !strings.Contains(err.Error(), "required, off") {
+		t.Fatalf("bad attestation.mode: %v", err)
+	}
+}

@@ -1,0 +1,43 @@
+package config
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// Attestation modes accepted in attestation.mode.
+const (
+	// AttestRequired: a pod is reported started only after fresh evidence
+	// from its VM has verified against the expected launch digests.
+	AttestRequired = "required"
+	// AttestOff skips the check: for development only.
+	AttestOff = "off"
+)
+
+// AttestModes lists the valid attestation.mode values.
+var AttestModes = []string{AttestRequired, AttestOff}
+
+// Attestation configures how the node verifies its pods.
+type Attestation struct {
+	// Mode is AttestRequired (default) or AttestOff.
+	Mode string `toml:"mode"`
+	// Manifest is the image manifest holding the expected launch digests;
+	// empty means manifest.json beside hypervisor.kernel.
+	Manifest string `toml:"manifest"`
+}
+
+// ManifestPath returns attestation.manifest or its default.
+func (c *Config) ManifestPath() string {
+	if c.Attestation.Manifest != "" {
+		return c.Attestation.Manifest
+	}
+	return filepath.Join(filepath.Dir(c.Hypervisor.Kernel), "manifest.json")
+}
+
+func (a Attestation) validate() error {
+	if !contains(AttestModes, a.Mode) {
+		return fmt.Errorf("attestation.mode %q is not valid; use one of: %s", a.Mode, strings.Join(AttestModes, ", "))
+	}
+	return nil
+}

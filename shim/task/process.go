@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +20,10 @@ import (
 // be copied: a background child that inherited stdout can keep the stream
 // open after the process itself has exited.
 const ioDrainTimeout = 2 * time.Second
+
+// stdinDrainTimeout bounds how long CloseIO waits for the stdin copy to
+// reach the end of what the client wrote.
+const stdinDrainTimeout = 5 * time.Second
 
 // process is a container's init process or one of its execs, as the shim
 // tracks it. Guest pids are reported as the task's pids.
@@ -38,8 +43,10 @@ type process struct {
 
 	stdin     io.ReadCloser
 	stdinDone chan struct{}
-	outputs   sync.WaitGroup
-	closeIO   sync.Once
+	// stdinForwardedEOF is set once the copy has closed the guest's stdin.
+	stdinForwardedEOF atomic.Bool
+	outputs           sync.WaitGroup
+	closeIO           sync.Once
 }
 
 func newProcess(containerID, execID string, io stdio.Stdio, spec []byte) *process {
@@ -192,7 +199,9 @@ func (p *process) copyIn(ctx context.Context, ioc agent.IOService, ac agent.Agen
 		if err != nil {
 			if err == io.EOF {
 				// The client closed its end: pass that on.
-				_, _ = ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
+				if _, err := ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID}); err == nil {
+					p.stdinForwardedEOF.Store(true)
+				}
 			}
 			return
 		}
@@ -200,17 +209,25 @@ func (p *process) copyIn(ctx context.Context, ioc agent.IOService, ac agent.Agen
 }
 
 // closeStdin ends stdin after whatever was written has been forwarded.
+// containerd's client calls CloseIO once it has written everything and
+// closed its end of the FIFO, so the copy normally ends on its own at EOF
+// (and closes the guest's stdin then); closing the FIFO is the fallback
+// for a client that keeps it open.
 func (p *process) closeStdin(ctx context.Context, ac agent.AgentService) error {
-	var err error
-	p.closeIO.Do(func() {
-		if p.stdin == nil {
-			_, err = ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
-			return
-		}
-		p.stdin.Close()
+	if p.stdin == nil {
+		_, err := ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
+		return err
+	}
+	select {
+	case <-p.stdinDone:
+	case <-time.After(stdinDrainTimeout):
+		p.closeIO.Do(func() { p.stdin.Close() })
 		<-p.stdinDone
-		_, err = ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
-	})
+	}
+	if p.stdinForwardedEOF.Load() {
+		return nil
+	}
+	_, err := ac.CloseStdin(ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
 	return err
 }
 

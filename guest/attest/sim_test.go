@@ -76,7 +76,7 @@ func (l *countingListener) dropAll() {
 
 // serveSP serves sp over a unix socket and returns a Sim provider that
 // dials it in place of the port device.
-func serveSP(t *testing.T, sp *fakeSP) (*Sim, *countingListener) {
+func serveSP(t testing.TB, sp *fakeSP) (*Sim, *countingListener) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "attest.sock")
 	ul, err := net.Listen("unix", sock)
@@ -193,4 +193,16 @@ func TestSimNoHost(t *testing.T) {
 		t.Errorf("unserved port: err = %v, want the cancellation and a hint about %s", err, SimPortName)
 	}
 	s.Close()
+}
+
+// BenchmarkSimEvidence is one GetReport round trip over a unix socket to
+// an in-process SimSP that does not sign: the guest side's own cost.
+func BenchmarkSimEvidence(b *testing.B) {
+	s, _ := serveSP(b, &fakeSP{})
+	n := nonce(5)
+	for b.Loop() {
+		if _, err := s.Evidence(context.Background(), n); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -56,6 +56,25 @@ func sources(t *testing.T) (binDir, imageDir string) {
 	return binDir, imageDir
 }
 
+// stagedRoot returns a staging root holding the sample containerd config
+// testdata/containerd/<sample>/config.toml, its path and its content.
+func stagedRoot(t *testing.T, sample string) (root, mainPath string, content []byte) {
+	t.Helper()
+	root = t.TempDir()
+	mainPath = filepath.Join(root, "etc/containerd/config.toml")
+	content, err := os.ReadFile(filepath.Join("testdata/containerd", sample, "config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(mainPath), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(mainPath, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root, mainPath, content
+}
+
 // snapshot maps every path under root to its mode and content.
 func snapshot(t *testing.T, root string) map[string]string {
 	t.Helper()
@@ -233,18 +252,7 @@ func TestInstallIntoContainerdConfigs(t *testing.T) {
 // the admin's changes and the backup, and keeps the edited c8s config.
 func TestUninstallKeepsLaterEdits(t *testing.T) {
 	binDir, imageDir := sources(t)
-	root := t.TempDir()
-	mainPath := filepath.Join(root, "etc/containerd/config.toml")
-	sample, err := os.ReadFile("testdata/containerd/v3-no-imports/config.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Dir(mainPath), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(mainPath, sample, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	root, mainPath, sample := stagedRoot(t, "v3-no-imports")
 	opts := Options{Root: root, BinDir: binDir, ImageDir: imageDir, Now: fixedNow}
 	changes, err := Install(context.Background(), opts)
 	if err != nil {
@@ -348,18 +356,7 @@ func TestConfigVersionFor(t *testing.T) {
 // the file as it was before the first install.
 func TestUpgradeReplacesTheBlock(t *testing.T) {
 	binDir, imageDir := sources(t)
-	root := t.TempDir()
-	mainPath := filepath.Join(root, "etc/containerd/config.toml")
-	sample, err := os.ReadFile("testdata/containerd/v2-no-imports/config.toml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Dir(mainPath), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(mainPath, sample, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	root, mainPath, sample := stagedRoot(t, "v2-no-imports")
 	opts := Options{Root: root, BinDir: binDir, ImageDir: imageDir, Now: fixedNow}
 	if _, err := Install(context.Background(), opts); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/diag"
 	"github.com/c8s-dev/c8s/launcher/install"
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
 )
@@ -87,5 +89,44 @@ func TestInstalledHandlerLoadsInContainerd(t *testing.T) {
 				t.Fatalf("after uninstall containerd loads a different config:\n%s", again)
 			}
 		})
+	}
+}
+
+// TestCheckSeesWhatContainerdLoaded runs c8s-launcher check's containerd
+// checks against real containerd daemons with CRI: a handler added to the
+// config of a running daemon is reported as not loaded (restart needed),
+// and a daemon started with the handler reports it loaded.
+func TestCheckSeesWhatContainerdLoaded(t *testing.T) {
+	handler := "[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]\n  runtime_type = 'io.containerd.c8s.v2'\n"
+	check := func(d *containerdtest.Daemon) map[string]diag.Result {
+		t.Helper()
+		rep := diag.Run(context.Background(), diag.Options{Config: config.Default(), ContainerdAddress: d.Address, ContainerdConfig: d.ConfigPath})
+		byID := map[string]diag.Result{}
+		for _, r := range rep.Checks {
+			byID[r.ID] = r
+		}
+		if r := byID["containerd.socket"]; r.Status != diag.Pass || !strings.Contains(r.Detail, "containerd ") {
+			t.Fatalf("containerd.socket: %+v", r)
+		}
+		return byID
+	}
+
+	stale := containerdtest.Start(t, containerdtest.Options{CRI: true})
+	f, err := os.OpenFile(stale.ConfigPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("\n" + handler); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if r := check(stale)["containerd.handler"]; r.Status != diag.Fail || !strings.Contains(r.Detail, "has not loaded c8s") || !strings.Contains(r.Hint, "restart containerd") {
+		t.Fatalf("handler added without a restart: %+v", r)
+	}
+
+	fresh := containerdtest.Start(t, containerdtest.Options{CRI: true, ExtraConfig: handler})
+	r := check(fresh)["containerd.handler"]
+	if !strings.Contains(r.Detail, "loaded by containerd") || !strings.Contains(r.Facts["loaded"], "c8s") {
+		t.Fatalf("handler of a freshly started daemon: %+v", r)
 	}
 }

@@ -2,6 +2,8 @@ package diag
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"net"
 	"os"
 	"os/exec"
@@ -9,8 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/tee"
 )
 
 // TestThisHost runs the real checks on the machine the test runs on, with
@@ -81,6 +85,19 @@ func TestThisHost(t *testing.T) {
 	}
 	if (err != nil) != (got["containerd.socket"].Status == Fail) {
 		t.Errorf("containerd.socket is %s, dialing %s: %v", got["containerd.socket"].Status, DefaultContainerdAddress, err)
+	}
+	// The image build recorded the sim digest it expects for SeaBIOS and the
+	// launcher's command line; recomputed from the shim's command line on
+	// this host, it must agree whenever the host boots the same SeaBIOS.
+	if m, err := manifest.Verify(imageDir); err == nil {
+		if sd, err := m.Sim(); err == nil {
+			fw, _ := os.ReadFile(tee.SimFirmware)
+			if sum := sha256.Sum256(fw); hex.EncodeToString(sum[:]) == sd.Firmware.SHA256 {
+				if r := got["image.digest"]; r.Status != Pass || r.Facts["sim"] != sd.ByVCPUs["1"] {
+					t.Errorf("image.digest is %s (%s), the image build expects %s", r.Status, r.Detail, sd.ByVCPUs["1"])
+				}
+			}
+		}
 	}
 	if rep.Failed() != (rep.Summary.Fail > 0) || rep.Summary.Pass+rep.Summary.Warn+rep.Summary.Fail != len(IDs()) {
 		t.Errorf("summary %+v does not add up to %d checks", rep.Summary, len(IDs()))

@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"sync"
 	"time"
 
 	runc "github.com/containerd/go-runc"
@@ -15,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/c8s-dev/c8s/guest/agent"
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/attest"
 	"github.com/c8s-dev/c8s/guest/channel"
 	"github.com/c8s-dev/c8s/guest/initsys"
 	"github.com/c8s-dev/c8s/guest/reaper"
@@ -106,6 +109,7 @@ func Main() {
 	if pid1 {
 		cfg.PowerOff = initsys.PowerOff
 	}
+	cfg.Evidence = evidence(pid1)
 	svc, err := agent.New(cfg)
 	if err != nil {
 		fatal(err)
@@ -119,5 +123,45 @@ func Main() {
 		err := srv.Serve(context.Background(), l)
 		log.L.WithError(err).Error("ttrpc server stopped; serving again in 1s")
 		time.Sleep(time.Second)
+	}
+}
+
+// evidence returns the agent's evidence source: the TEE provider the guest
+// has, detected on first use (loading the deferred TEE guest modules then,
+// so that pods that never attest do not pay for them). A failed detection
+// is retried on the next request.
+func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+	var (
+		mu       sync.Mutex
+		provider attest.Provider
+	)
+	detect := func(ctx context.Context) (attest.Provider, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if provider != nil {
+			return provider, nil
+		}
+		p, err := attest.Detect(ctx, "/", func() {
+			if pid1 {
+				initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/drivers/virt/coco/") })
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		log.L.WithField("provider", p.Name()).Info("attestation provider")
+		provider = p
+		return p, nil
+	}
+	return func(ctx context.Context, reportData [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		p, err := detect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		ev, err := p.Evidence(ctx, reportData)
+		if err != nil {
+			return nil, err
+		}
+		return &agentapi.GetEvidenceResponse{Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable}, nil
 	}
 }

@@ -29,6 +29,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
+	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/shim/rootfs"
 	"github.com/c8s-dev/c8s/shim/sandbox"
@@ -106,6 +108,7 @@ func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (ta
 // RegisterTTRPC registers the task service on the shim's server.
 func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
 	taskAPI.RegisterTTRPCTaskService(server, &edge{s})
+	adminapi.RegisterAdminService(server, admin{s})
 	return nil
 }
 
@@ -284,11 +287,38 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 	if err != nil {
 		return nil, false, err
 	}
+	if err := attestSandbox(ctx, sb, pod); err != nil {
+		sb.Stop(context.WithoutCancel(ctx))
+		return nil, false, err
+	}
 	s.mu.Lock()
 	s.sb = sb
 	s.mu.Unlock()
 	go s.watchSandbox(sb)
 	return sb, true, nil
+}
+
+// attestSandbox gates the pod: unless attestation is off, it starts only
+// once fresh evidence from its VM has verified against the image's
+// expected launch digests.
+func attestSandbox(ctx context.Context, sb *sandbox.Sandbox, pod *podState) error {
+	if pod.cfg.Attestation.Mode == config.AttestOff {
+		log.G(ctx).WithField("sandbox", pod.id).Warn("attestation is off (attestation.mode): the pod VM is not verified")
+		return nil
+	}
+	t0 := time.Now()
+	v, err := sb.Attest(ctx, pod.cfg)
+	if err != nil {
+		return fmt.Errorf("attestation of pod VM %s failed: %w: %w", pod.id, err, errdefs.ErrFailedPrecondition)
+	}
+	fields := log.Fields{"sandbox": pod.id, "provider": v.Provider, "took": time.Since(t0).Round(time.Millisecond)}
+	if v.SNP != nil {
+		fields["measurement"] = v.SNP.Measurement.String()
+		fields["simulated"] = v.SNP.Simulated
+		fields["vcpus"] = v.SNP.VCPUs
+	}
+	log.G(ctx).WithFields(fields).Info("pod VM attested")
+	return nil
 }
 
 // watchSandbox turns the death of the VM into exits of every process that

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/c8s-dev/c8s/images/manifest"
 )
 
 // TestPodVM runs every end-to-end scenario against one private containerd.
@@ -21,6 +24,7 @@ func TestPodVM(t *testing.T) {
 	t.Run("QEMUKilled", func(t *testing.T) { testQEMUKilled(t, e) })
 	t.Run("ShimKilled", func(t *testing.T) { testShimKilled(t, e) })
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, e) })
+	t.Run("AlteredInitrdFailsAttestation", func(t *testing.T) { testAlteredInitrd(t, e) })
 }
 
 // One VM: the container sees the guest kernel, its exit status reaches
@@ -53,6 +57,26 @@ func testGuestKernelExitCodeAndEvents(t *testing.T, e *env) {
 	}
 	if guest == host {
 		t.Fatalf("guest and host kernels are both %q: the test cannot tell them apart", host)
+	}
+	// The pod started only after its VM attested with the image's expected
+	// sim launch digest for one vCPU.
+	m, err := manifest.Load(filepath.Join(e.imageDir, manifest.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	simDigests, err := m.Sim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	attested := false
+	for _, line := range strings.Split(e.d.Log(), "\n") {
+		if strings.Contains(line, "pod VM attested") && strings.Contains(line, "sandbox=k1") &&
+			strings.Contains(line, "measurement="+simDigests.ByVCPUs["1"]) && strings.Contains(line, "provider=sim") {
+			attested = true
+		}
+	}
+	if !attested {
+		t.Fatalf("no \"pod VM attested\" line with measurement %s for k1 in containerd's log:\n%s", simDigests.ByVCPUs["1"], e.d.Log())
 	}
 	if !strings.Contains(stderr, "to-stderr") {
 		t.Fatalf("stderr of the container did not reach ctr: %q", stderr)
@@ -119,6 +143,28 @@ func testPodSharesOneVM(t *testing.T, e *env) {
 	}
 	if both := e.qemus(t); len(both) != 1 || both[0] != first[0] {
 		t.Fatalf("QEMU processes with two containers of one pod: %v, want just %v", both, first)
+	}
+
+	// A node admin re-attests the running pod on demand: fresh nonce,
+	// verified claims.
+	attestOut, err := exec.CommandContext(c, filepath.Join(e.root, "bin", "c8s-launcher"), "attest",
+		"--address", e.d.Address, "--namespace", e.d.Namespace, "--json", pod).CombinedOutput()
+	if err != nil {
+		t.Fatalf("c8s-launcher attest %s: %v\n%s", pod, err, attestOut)
+	}
+	var attested struct {
+		Sandbox, Provider string
+		Claims           struct {
+			Measurement, ReportData string `json:",omitempty"`
+			Simulated               bool
+			VCPUs                   int
+		}
+	}
+	if err := json.Unmarshal(attestOut, &attested); err != nil {
+		t.Fatalf("c8s-launcher attest --json: %v\n%s", err, attestOut)
+	}
+	if attested.Sandbox != pod || attested.Provider != "sim" || !attested.Claims.Simulated || attested.Claims.VCPUs != 1 {
+		t.Fatalf("c8s-launcher attest: %s", attestOut)
 	}
 
 	// exec without a tty: stdout, stderr and the exit status come back.
@@ -279,6 +325,45 @@ func processMatching(t *testing.T, parts ...string) int {
 		}
 	}
 	return 0
+}
+
+// One VM: an initrd changed on disk after the image manifest was made
+// still boots, but its pod fails attestation with a measurement mismatch,
+// and nothing is left behind.
+func testAlteredInitrd(t *testing.T, e *env) {
+	dir := filepath.Join(e.d.Dir, "altered")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	initrd, err := os.ReadFile(filepath.Join(e.imageDir, "initrd.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Trailing zeros after the archive: the kernel ignores them, the
+	// measurement does not.
+	if err := os.WriteFile(filepath.Join(dir, "initrd.img"), append(initrd, make([]byte, 4096)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := e.writeConfig(t, "altered.toml", fmt.Sprintf(`
+[hypervisor]
+kernel = %q
+initrd = %q
+[attestation]
+manifest = %q
+[runtime]
+state_dir = %q
+`, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(dir, "initrd.img"), filepath.Join(e.imageDir, "manifest.json"), e.stateDir))
+	_, stderr, code := result(t, e.run(ctx(t), cfg, "--rm", image, "altered", "true"))
+	if code == 0 {
+		t.Fatalf("a pod booted from an altered initrd started")
+	}
+	for _, want := range []string{"attestation of pod VM altered failed", "measurement mismatch", "expected"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("ctr's error does not say %q:\n%s", want, stderr)
+		}
+	}
+	e.d.CtrCommand(ctx(t), "container", "delete", "altered").Run()
+	e.assertNothingLeft(t)
 }
 
 // Bad input gets a clear error at ctr, and nothing leaks.

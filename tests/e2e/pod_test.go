@@ -154,7 +154,7 @@ func testPodSharesOneVM(t *testing.T, e *env) {
 	}
 	var attested struct {
 		Sandbox, Provider string
-		Claims           struct {
+		Claims            struct {
 			Measurement, ReportData string `json:",omitempty"`
 			Simulated               bool
 			VCPUs                   int

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,14 +59,23 @@ func runAttest(ctx context.Context, args []string, stdout io.Writer) error {
 		return enc.Encode(out)
 	}
 	var claims map[string]any
-	if err := json.Unmarshal(resp.ClaimsJson, &claims); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(resp.ClaimsJson))
+	dec.UseNumber()
+	if err := dec.Decode(&claims); err != nil {
 		return fmt.Errorf("decode claims: %w", err)
 	}
 	fmt.Fprintf(stdout, "sandbox %s: attestation verified (evidence from %s)\n", resp.Sandbox, resp.Provider)
 	for _, k := range []string{"mode", "simulated", "vcpus", "measurement", "host_data", "report_data", "chip_id", "reported_tcb", "guest_policy"} {
-		if v, ok := claims[k]; ok {
-			fmt.Fprintf(stdout, "  %-13s %v\n", k+":", v)
+		v, ok := claims[k]
+		if !ok {
+			continue
 		}
+		if n, isNum := v.(json.Number); isNum && (k == "reported_tcb" || k == "guest_policy") {
+			if u, err := strconv.ParseUint(n.String(), 10, 64); err == nil {
+				v = fmt.Sprintf("%#x", u)
+			}
+		}
+		fmt.Fprintf(stdout, "  %-13s %v\n", k+":", v)
 	}
 	return nil
 }

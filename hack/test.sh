@@ -18,7 +18,7 @@ tail -1 /tmp/c8s-image-verify.log
 echo "== go vet"
 go vet ./...
 
-qemu_before=$(pgrep -f qemu-system | sort || true)
+qemu_before=$(pgrep -f "qemu-system.*$PWD/" | sort || true)
 log=$(mktemp /tmp/c8s-test.XXXXXX.log)
 echo "== go test (full log: $log)"
 status=0
@@ -37,7 +37,8 @@ if [[ $skipped != 0 ]]; then
 	grep -A3 -E -- '--- SKIP' "$log"
 	status=1
 fi
-leftover=$(comm -13 <(echo "$qemu_before") <(pgrep -f qemu-system | sort || true) | grep . || true)
+# QEMU processes started during the run from this checkout's artefacts.
+leftover=$(comm -13 <(echo "$qemu_before") <(pgrep -f "qemu-system.*$PWD/" | sort || true) | grep . || true)
 if [[ -n $leftover ]]; then
 	echo "== QEMU processes left behind by the tests:"
 	for p in $leftover; do ps -o pid=,args= -p "$p" || true; done

@@ -7,6 +7,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
 )
 
 func TestGetEvidence(t *testing.T) {
@@ -29,5 +30,51 @@ func TestGetEvidence(t *testing.T) {
 	}
 	if string(got[:5]) != "nonce" || got[5] != 0 {
 		t.Fatalf("provider got report data %q, want the nonce zero-padded", got[:8])
+	}
+}
+
+func TestSetInitDataChecksHostDataAndEnforcesExec(t *testing.T) {
+	ctx := context.Background()
+	doc := []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")
+	digest := initdata.Digest(doc)
+	report := func(hostData [32]byte) func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		return func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+			r := make([]byte, 1184)
+			copy(r[snpHostDataOffset:], hostData[:])
+			return &agentapi.GetEvidenceResponse{Kind: "snp", Provider: "sim", Report: r}, nil
+		}
+	}
+	// Launched with other init data: refused, policy unchanged.
+	svc := &Service{cfg: Config{Evidence: report([32]byte{1})}}
+	if _, err := svc.SetInitData(ctx, &agentapi.SetInitDataRequest{InitData: doc}); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("init data whose digest is not the launch HOST_DATA: %v, want permission denied", err)
+	}
+	if !svc.execAllowed() {
+		t.Fatal("a refused policy took effect")
+	}
+	// Launched with it: accepted, exec refused.
+	svc = &Service{cfg: Config{Evidence: report(digest)}, containers: map[string]*container{}}
+	if _, err := svc.SetInitData(ctx, &agentapi.SetInitDataRequest{InitData: doc}); err != nil {
+		t.Fatal(err)
+	}
+	if svc.execAllowed() {
+		t.Fatal("allow_exec = false not enforced")
+	}
+	svc.containers["c1"] = &container{id: "c1"}
+	_, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "c1", ExecId: "e1", Process: []byte(`{"args":["sh"]}`)})
+	if !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("exec under allow_exec = false: %v, want permission denied", err)
+	}
+	// Malformed init data is refused before anything else.
+	if _, err := svc.SetInitData(ctx, &agentapi.SetInitDataRequest{InitData: []byte("[agent_policy\n")}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("malformed init data: %v", err)
+	}
+	// No TEE: only empty init data is acceptable.
+	none := &Service{}
+	if _, err := none.SetInitData(ctx, &agentapi.SetInitDataRequest{InitData: doc}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("init data without a TEE: %v", err)
+	}
+	if _, err := none.SetInitData(ctx, &agentapi.SetInitDataRequest{}); err != nil {
+		t.Fatalf("empty init data without a TEE: %v", err)
 	}
 }

@@ -102,6 +102,9 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 	if err := validID("exec id", execID); err != nil {
 		return nil, err
 	}
+	if !s.execAllowed() {
+		return nil, fmt.Errorf("exec %q refused: the pod's measured policy forbids exec (agent_policy.allow_exec = false): %w", execID, errdefs.ErrPermissionDenied)
+	}
 	proc, err := spec.AdaptProcess(req.GetProcess(), req.GetStdio().GetTerminal())
 	if err != nil {
 		return nil, fmt.Errorf("exec %q: %w: %w", execID, err, errdefs.ErrInvalidArgument)

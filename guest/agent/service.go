@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/guest/rootfs"
 	"github.com/c8s-dev/c8s/guest/runtime"
 )
@@ -62,6 +63,8 @@ type Service struct {
 
 	mu         sync.Mutex
 	containers map[string]*container
+	// policy is the agent policy of the pod's measured init data.
+	policy initdata.AgentPolicy
 }
 
 var (

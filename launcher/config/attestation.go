@@ -25,6 +25,9 @@ type Attestation struct {
 	// Manifest is the image manifest holding the expected launch digests;
 	// empty means manifest.json beside hypervisor.kernel.
 	Manifest string `toml:"manifest"`
+	// InitData is the file holding the init data of pods that do not set
+	// their own (annotation io.c8s.initdata); empty means none.
+	InitData string `toml:"initdata"`
 }
 
 // ManifestPath returns attestation.manifest or its default.

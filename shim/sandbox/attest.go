@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/attest"
 	"github.com/c8s-dev/c8s/launcher/config"
@@ -54,14 +55,33 @@ func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, err
 		return nil, fmt.Errorf("get evidence from the guest: %w", err)
 	}
 	policy := &attest.Policy{Measurements: expected, VCPUs: vcpus, Nonce: nonce}
+	if d := initdata.Digest(s.initData); d != ([32]byte{}) {
+		policy.HostData = d[:]
+	}
 	switch ev.Kind {
 	case "snp":
 		claims, err := v.VerifySNP(ev.Report, ev.CertTable, policy)
 		if err != nil {
 			return nil, err
 		}
+		if err := s.handInitData(ctx); err != nil {
+			return nil, err
+		}
 		return &Verified{Provider: ev.Provider, SNP: claims}, nil
 	default:
 		return nil, fmt.Errorf("the guest returned %q evidence from %q, which this node (tee %s) cannot verify", ev.Kind, ev.Provider, h.TEE)
 	}
+}
+
+// handInitData gives the agent the pod's init data once the VM's HOST_DATA
+// has verified; the agent checks it against its own evidence again and
+// enforces its policy.
+func (s *Sandbox) handInitData(ctx context.Context) error {
+	if len(s.initData) == 0 {
+		return nil
+	}
+	if _, err := s.Agent.SetInitData(ctx, &agent.SetInitDataRequest{InitData: s.initData}); err != nil {
+		return fmt.Errorf("the agent refused the pod's init data: %w", err)
+	}
+	return nil
 }

@@ -25,8 +25,11 @@ type hostTEE interface {
 }
 
 // hostTEEs maps hypervisor.tee to the constructor of its host part.
-var hostTEEs = map[string]func(cfg config.Config) hostTEE{
-	"sim": func(cfg config.Config) hostTEE { return &simHost{spDir: SimSPDir(cfg)} },
+// hostData is the HOST_DATA the VM is launched with.
+var hostTEEs = map[string]func(cfg config.Config, hostData [32]byte) hostTEE{
+	"sim": func(cfg config.Config, hostData [32]byte) hostTEE {
+		return &simHost{spDir: SimSPDir(cfg), hostData: hostData}
+	},
 }
 
 // SimSPDir holds the node's simulated secure processor identity (its
@@ -37,8 +40,9 @@ func SimSPDir(cfg config.Config) string {
 
 // simHost measures the files QEMU is handed and serves reports for them.
 type simHost struct {
-	spDir string
-	svc   *simtee.Service
+	spDir    string
+	hostData [32]byte
+	svc      *simtee.Service
 }
 
 func (s *simHost) prepare(argv []string) error {
@@ -54,7 +58,7 @@ func (s *simHost) prepare(argv []string) error {
 	if err != nil {
 		return err
 	}
-	s.svc = &simtee.Service{SP: sp, Measurement: m}
+	s.svc = &simtee.Service{SP: sp, Measurement: m, HostData: s.hostData}
 	return nil
 }
 

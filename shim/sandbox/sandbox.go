@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/tee"
@@ -47,6 +48,9 @@ type Options struct {
 	Disks []vm.Disk
 	// AgentTimeout overrides DefaultAgentTimeout.
 	AgentTimeout time.Duration
+	// InitData is the pod's init data (guest/api/initdata); its digest is
+	// measured into the VM at launch (HOST_DATA).
+	InitData []byte
 }
 
 // Sandbox is a running pod VM and its agent connection.
@@ -55,6 +59,8 @@ type Sandbox struct {
 	Agent agent.AgentService
 	IO    agent.IOService
 	Info  *agent.GetInfoResponse
+
+	initData []byte
 
 	vm       *vm.VM
 	client   *ttrpc.Client
@@ -87,7 +93,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 	}
 	var host hostTEE
 	if newHost := hostTEEs[h.TEE]; newHost != nil {
-		host = newHost(cfg)
+		host = newHost(cfg, initdata.Digest(opts.InitData))
 		backend, err := tee.Lookup(h.TEE)
 		if err != nil {
 			return nil, err
@@ -105,7 +111,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		return nil, fmt.Errorf("start pod VM: %w", err)
 	}
 	hostCtx, stopHost := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Sandbox{ID: opts.ID, vm: v, stopHost: stopHost}
+	s := &Sandbox{ID: opts.ID, vm: v, stopHost: stopHost, initData: opts.InitData}
 	defer func() {
 		if retErr != nil {
 			s.Stop(context.WithoutCancel(ctx))

@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/launcher/config"
 )
 
@@ -44,6 +46,8 @@ type podState struct {
 	cfg      config.Config
 	stateDir string
 	diskDir  string
+	// initData is the pod's init data (guest/api/initdata).
+	initData []byte
 }
 
 // podFor returns the pod of a new container, fixing it on the first one.
@@ -77,18 +81,51 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 	if err := withAnn.Validate(); err != nil {
 		return nil, fmt.Errorf("c8s configuration %s: %w: %w", path, err, errdefs.ErrInvalidArgument)
 	}
+	initData, err := podInitData(spec.Annotations, withAnn)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s: %w: %w", id, err, errdefs.ErrInvalidArgument)
+	}
+	if d := initdata.Digest(initData); d != ([32]byte{}) {
+		// SNP measures it as HOST_DATA at launch.
+		withAnn.Hypervisor.SNP.HostData = hex.EncodeToString(d[:])
+	}
 	stateDir := filepath.Join(withAnn.Runtime.StateDir, ns, dirName(id))
 	pod = &podState{
 		id:       id,
 		cfg:      withAnn,
 		stateDir: stateDir,
 		diskDir:  filepath.Join(withAnn.Runtime.StateDir, ns, "disks", dirName(id)),
+		initData: initData,
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
 	s.mu.Lock()
 	s.pod = pod
 	s.mu.Unlock()
 	return pod, nil
+}
+
+// podInitData returns the pod's init data: the annotation io.c8s.initdata
+// (base64), else the node's default file (attestation.initdata), else none.
+// It must parse, so that a typo fails the pod here rather than in the VM.
+func podInitData(ann map[string]string, cfg config.Config) ([]byte, error) {
+	var data []byte
+	if v, ok := ann[initdata.Annotation]; ok {
+		d, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			return nil, fmt.Errorf("annotation %s is not base64: %w", initdata.Annotation, err)
+		}
+		data = d
+	} else if cfg.Attestation.InitData != "" {
+		d, err := os.ReadFile(cfg.Attestation.InitData)
+		if err != nil {
+			return nil, fmt.Errorf("attestation.initdata: %w", err)
+		}
+		data = d
+	}
+	if _, err := initdata.Parse(data); err != nil {
+		return nil, err
+	}
+	return data, nil
 }
 
 // dirName names a pod's directories. The VM's unix sockets live in its

@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"encoding/base64"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/c8s-dev/c8s/launcher/config"
 )
 
 func TestConfigPathPrecedence(t *testing.T) {
@@ -97,5 +100,33 @@ func TestDirNameIsShortAndDistinct(t *testing.T) {
 	b := dirName(strings.Repeat("e7", 31) + "e8")
 	if len(a) > 24 || a == b || !strings.HasPrefix(a, "e7e7e7e7e7e7-") {
 		t.Fatalf("dirName of CRI-style ids: %q, %q", a, b)
+	}
+}
+
+func TestPodInitData(t *testing.T) {
+	doc := "version = \"0.1\"\n[agent_policy]\nallow_exec = false\n"
+	cfg := config.Default()
+	got, err := podInitData(map[string]string{"io.c8s.initdata": base64.StdEncoding.EncodeToString([]byte(doc))}, cfg)
+	if err != nil || string(got) != doc {
+		t.Fatalf("from the annotation: %q, %v", got, err)
+	}
+	if got, err := podInitData(nil, cfg); err != nil || len(got) != 0 {
+		t.Fatalf("no init data: %q, %v", got, err)
+	}
+	def := filepath.Join(t.TempDir(), "initdata.toml")
+	if err := os.WriteFile(def, []byte(doc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Attestation.InitData = def
+	if got, err := podInitData(nil, cfg); err != nil || string(got) != doc {
+		t.Fatalf("node default: %q, %v", got, err)
+	}
+	for name, ann := range map[string]string{
+		"not base64":  "%%%",
+		"unknown key": base64.StdEncoding.EncodeToString([]byte("version = \"0.1\"\nallow_everything = true\n")),
+	} {
+		if _, err := podInitData(map[string]string{"io.c8s.initdata": ann}, cfg); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
 	}
 }

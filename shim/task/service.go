@@ -282,6 +282,7 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 		ID:       pod.id,
 		StateDir: pod.stateDir,
 		Config:   pod.cfg,
+		InitData: pod.initData,
 		Disks:    []vm.Disk{disk},
 	})
 	if err != nil {

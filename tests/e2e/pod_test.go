@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -273,12 +274,18 @@ func testQEMUKilled(t *testing.T, e *env) {
 	e.assertNothingLeft(t)
 }
 
-// One VM: when the shim dies, containerd's `shim delete` clean-up stops
-// the pod's QEMU and removes its state, disks and mounts.
+// One VM: a pod whose measured init data forbids exec refuses `ctr task
+// exec`; then, when the shim dies, containerd's `shim delete` clean-up
+// stops the pod's QEMU and removes its state, disks and mounts.
 func testShimKilled(t *testing.T, e *env) {
 	c := ctx(t)
-	if _, stderr, code := result(t, e.run(c, e.config, "-d", image, "orphan", "sleep", "600")); code != 0 {
+	noExec := base64.StdEncoding.EncodeToString([]byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n"))
+	if _, stderr, code := result(t, e.run(c, e.config, "-d", "--annotation", "io.c8s.initdata="+noExec, image, "orphan", "sleep", "600")); code != 0 {
 		t.Fatalf("start: exit %d: %s", code, stderr)
+	}
+	_, stderr, code := result(t, e.d.CtrCommand(c, "task", "exec", "--exec-id", "x1", "orphan", "true"))
+	if code == 0 || !strings.Contains(stderr, "measured policy forbids exec") {
+		t.Fatalf("exec into a pod whose policy forbids it: exit %d, stderr:\n%s", code, stderr)
 	}
 	if n := len(e.qemus(t)); n != 1 {
 		t.Fatalf("QEMU processes: %d, want 1", n)

@@ -1412,6 +1412,50 @@ func (x *GetEvidenceResponse) GetCertTable() []byte {
 	return nil
 }
 
+type SetInitDataRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InitData      []byte                 `protobuf:"bytes,1,opt,name=init_data,json=initData,proto3" json:"init_data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetInitDataRequest) Reset() {
+	*x = SetInitDataRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetInitDataRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetInitDataRequest) ProtoMessage() {}
+
+func (x *SetInitDataRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetInitDataRequest.ProtoReflect.Descriptor instead.
+func (*SetInitDataRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SetInitDataRequest) GetInitData() []byte {
+	if x != nil {
+		return x.InitData
+	}
+	return nil
+}
+
 type ReadStreamRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
@@ -1424,7 +1468,7 @@ type ReadStreamRequest struct {
 
 func (x *ReadStreamRequest) Reset() {
 	*x = ReadStreamRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1436,7 +1480,7 @@ func (x *ReadStreamRequest) String() string {
 func (*ReadStreamRequest) ProtoMessage() {}
 
 func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1449,7 +1493,7 @@ func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReadStreamRequest) GetContainerId() string {
@@ -1483,7 +1527,7 @@ type ReadStreamResponse struct {
 
 func (x *ReadStreamResponse) Reset() {
 	*x = ReadStreamResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1539,7 @@ func (x *ReadStreamResponse) String() string {
 func (*ReadStreamResponse) ProtoMessage() {}
 
 func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1552,7 @@ func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
 func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadStreamResponse) GetData() []byte {
@@ -1536,7 +1580,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1592,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1605,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -1594,7 +1638,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1650,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1663,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1717,7 +1761,9 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x16\n" +
 	"\x06report\x18\x03 \x01(\fR\x06report\x12\x1d\n" +
 	"\n" +
-	"cert_table\x18\x04 \x01(\fR\tcertTable\"l\n" +
+	"cert_table\x18\x04 \x01(\fR\tcertTable\"1\n" +
+	"\x12SetInitDataRequest\x12\x1b\n" +
+	"\tinit_data\x18\x01 \x01(\fR\binitData\"l\n" +
 	"\x11ReadStreamRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x1b\n" +
@@ -1730,7 +1776,7 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\".\n" +
 	"\x12WriteStdinResponse\x12\x18\n" +
-	"\awritten\x18\x01 \x01(\rR\awritten2\xa6\b\n" +
+	"\awritten\x18\x01 \x01(\rR\awritten2\xec\b\n" +
 	"\x05Agent\x12F\n" +
 	"\aGetInfo\x12\x1c.c8s.agent.v1.GetInfoRequest\x1a\x1d.c8s.agent.v1.GetInfoResponse\x12^\n" +
 	"\x0fCreateContainer\x12$.c8s.agent.v1.CreateContainerRequest\x1a%.c8s.agent.v1.CreateContainerResponse\x12[\n" +
@@ -1746,7 +1792,8 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\bListPids\x12\x1d.c8s.agent.v1.ListPidsRequest\x1a\x1e.c8s.agent.v1.ListPidsResponse\x12@\n" +
 	"\x05Stats\x12\x1a.c8s.agent.v1.StatsRequest\x1a\x1b.c8s.agent.v1.StatsResponse\x124\n" +
 	"\bShutdown\x12\x13.c8s.agent.v1.Empty\x1a\x13.c8s.agent.v1.Empty\x12R\n" +
-	"\vGetEvidence\x12 .c8s.agent.v1.GetEvidenceRequest\x1a!.c8s.agent.v1.GetEvidenceResponse2\xf7\x01\n" +
+	"\vGetEvidence\x12 .c8s.agent.v1.GetEvidenceRequest\x1a!.c8s.agent.v1.GetEvidenceResponse\x12D\n" +
+	"\vSetInitData\x12 .c8s.agent.v1.SetInitDataRequest\x1a\x13.c8s.agent.v1.Empty2\xf7\x01\n" +
 	"\x02IO\x12O\n" +
 	"\n" +
 	"ReadStdout\x12\x1f.c8s.agent.v1.ReadStreamRequest\x1a .c8s.agent.v1.ReadStreamResponse\x12O\n" +
@@ -1767,7 +1814,7 @@ func file_guest_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_guest_api_agent_v1_agent_proto_rawDescData
 }
 
-var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: c8s.agent.v1.Empty
 	(*GetInfoRequest)(nil),          // 1: c8s.agent.v1.GetInfoRequest
@@ -1794,23 +1841,24 @@ var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*StatsResponse)(nil),           // 22: c8s.agent.v1.StatsResponse
 	(*GetEvidenceRequest)(nil),      // 23: c8s.agent.v1.GetEvidenceRequest
 	(*GetEvidenceResponse)(nil),     // 24: c8s.agent.v1.GetEvidenceResponse
-	(*ReadStreamRequest)(nil),       // 25: c8s.agent.v1.ReadStreamRequest
-	(*ReadStreamResponse)(nil),      // 26: c8s.agent.v1.ReadStreamResponse
-	(*WriteStdinRequest)(nil),       // 27: c8s.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 28: c8s.agent.v1.WriteStdinResponse
-	(*timestamppb.Timestamp)(nil),   // 29: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 30: google.protobuf.Any
+	(*SetInitDataRequest)(nil),      // 25: c8s.agent.v1.SetInitDataRequest
+	(*ReadStreamRequest)(nil),       // 26: c8s.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),      // 27: c8s.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),       // 28: c8s.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 29: c8s.agent.v1.WriteStdinResponse
+	(*timestamppb.Timestamp)(nil),   // 30: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 31: google.protobuf.Any
 }
 var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
-	29, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
+	30, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: c8s.agent.v1.Rootfs.scsi:type_name -> c8s.agent.v1.ScsiDisk
 	5,  // 2: c8s.agent.v1.CreateContainerRequest.rootfs:type_name -> c8s.agent.v1.Rootfs
 	3,  // 3: c8s.agent.v1.CreateContainerRequest.stdio:type_name -> c8s.agent.v1.Stdio
 	6,  // 4: c8s.agent.v1.CreateContainerRequest.files:type_name -> c8s.agent.v1.File
 	3,  // 5: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
-	29, // 6: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	30, // 6: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
 	19, // 7: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
-	30, // 8: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	31, // 8: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
 	1,  // 9: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
 	7,  // 10: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
 	9,  // 11: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
@@ -1825,28 +1873,30 @@ var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
 	21, // 20: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
 	0,  // 21: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
 	23, // 22: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
-	25, // 23: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
-	25, // 24: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
-	27, // 25: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
-	2,  // 26: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
-	8,  // 27: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
-	10, // 28: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
-	0,  // 29: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
-	13, // 30: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
-	15, // 31: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
-	0,  // 32: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 33: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 34: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
-	0,  // 35: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
-	20, // 36: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
-	22, // 37: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
-	0,  // 38: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
-	24, // 39: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
-	26, // 40: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
-	26, // 41: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
-	28, // 42: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
-	26, // [26:43] is the sub-list for method output_type
-	9,  // [9:26] is the sub-list for method input_type
+	25, // 23: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
+	26, // 24: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
+	26, // 25: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
+	28, // 26: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
+	2,  // 27: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
+	8,  // 28: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
+	10, // 29: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
+	0,  // 30: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
+	13, // 31: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
+	15, // 32: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
+	0,  // 33: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 34: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 35: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
+	0,  // 36: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
+	20, // 37: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
+	22, // 38: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
+	0,  // 39: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
+	24, // 40: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
+	0,  // 41: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
+	27, // 42: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
+	27, // 43: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
+	29, // 44: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
+	27, // [27:45] is the sub-list for method output_type
+	9,  // [9:27] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -1866,7 +1916,7 @@ func file_guest_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_guest_api_agent_v1_agent_proto_rawDesc), len(file_guest_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

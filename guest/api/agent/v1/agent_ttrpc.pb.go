@@ -22,6 +22,7 @@ type AgentService interface {
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	Shutdown(context.Context, *Empty) (*Empty, error)
 	GetEvidence(context.Context, *GetEvidenceRequest) (*GetEvidenceResponse, error)
+	SetInitData(context.Context, *SetInitDataRequest) (*Empty, error)
 }
 
 func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
@@ -124,6 +125,13 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.GetEvidence(ctx, &req)
+			},
+			"SetInitData": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req SetInitDataRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.SetInitData(ctx, &req)
 			},
 		},
 	})
@@ -246,6 +254,14 @@ func (c *agentClient) Shutdown(ctx context.Context, req *Empty) (*Empty, error) 
 func (c *agentClient) GetEvidence(ctx context.Context, req *GetEvidenceRequest) (*GetEvidenceResponse, error) {
 	var resp GetEvidenceResponse
 	if err := c.client.Call(ctx, "c8s.agent.v1.Agent", "GetEvidence", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) SetInitData(ctx context.Context, req *SetInitDataRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "c8s.agent.v1.Agent", "SetInitData", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

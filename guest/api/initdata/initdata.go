@@ -1,0 +1,82 @@
+// Package initdata is the pod's init data: a small TOML document, chosen
+// per pod, that binds what the untrusted host may ask of the agent to the
+// VM's measurement. Its SHA-256 digest is placed in SNP HOST_DATA (and the
+// sim report's HOST_DATA) at launch; the agent accepts the document only
+// when its digest matches what its own evidence reports, then enforces the
+// agent policy in it.
+//
+//	version = "0.1"
+//
+//	[agent_policy]
+//	allow_exec = false   # refuse `ctr task exec` / `kubectl exec` from the host
+//
+// Empty init data means the default policy (everything allowed) and an
+// all-zero HOST_DATA. Both sides of the host-guest API use this package,
+// so that they agree on the format and the digest.
+package initdata
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/pelletier/go-toml/v2"
+)
+
+// Version is the init data format version this package reads.
+const Version = "0.1"
+
+// Annotation carries a pod's init data (base64 of the TOML document).
+const Annotation = "io.c8s.initdata"
+
+// InitData is the parsed document.
+type InitData struct {
+	Version string      `toml:"version"`
+	Agent   AgentPolicy `toml:"agent_policy"`
+}
+
+// AgentPolicy says which host requests the agent serves.
+type AgentPolicy struct {
+	// AllowExec permits exec processes from the host (default true).
+	AllowExec *bool `toml:"allow_exec"`
+}
+
+// ExecAllowed reports whether the host may exec into the pod's containers.
+func (p AgentPolicy) ExecAllowed() bool { return p.AllowExec == nil || *p.AllowExec }
+
+// Digest is the HOST_DATA of a VM launched with data: its SHA-256, or all
+// zero for empty init data.
+func Digest(data []byte) [32]byte {
+	if len(data) == 0 {
+		return [32]byte{}
+	}
+	return sha256.Sum256(data)
+}
+
+// Parse reads init data strictly: an unknown key is an error naming it.
+// Empty data gives the default policy.
+func Parse(data []byte) (*InitData, error) {
+	d := &InitData{Version: Version}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return d, nil
+	}
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(d); err != nil {
+		var strict *toml.StrictMissingError
+		if errors.As(err, &strict) && len(strict.Errors) > 0 {
+			var keys []string
+			for _, e := range strict.Errors {
+				keys = append(keys, strings.Join(e.Key(), "."))
+			}
+			return nil, fmt.Errorf("init data: unknown key %s (known: version, agent_policy.allow_exec)", strings.Join(keys, ", "))
+		}
+		return nil, fmt.Errorf("init data: %w", err)
+	}
+	if d.Version != Version {
+		return nil, fmt.Errorf("init data: version %q is not supported; this agent reads version %q", d.Version, Version)
+	}
+	return d, nil
+}

@@ -19,7 +19,7 @@ import (
 func TestCheckCommand(t *testing.T) {
 	root, _ := filepath.Abs("../../diag/testdata/plain-host")
 	var out bytes.Buffer
-	err := commands["check"].run(context.Background(), []string{"--root", root, "--json"}, &out)
+	err := tool.Run(context.Background(), "check", []string{"--root", root, "--json"}, &out)
 	if !errors.Is(err, errChecksFailed) {
 		t.Fatalf("check on a host without containerd returned %v, want errChecksFailed", err)
 	}
@@ -37,13 +37,13 @@ func TestCheckCommand(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := commands["check"].run(context.Background(), []string{"--root", root, "--tee", "snp"}, &out); !errors.Is(err, errChecksFailed) {
+	if err := tool.Run(context.Background(), "check", []string{"--root", root, "--tee", "snp"}, &out); !errors.Is(err, errChecksFailed) {
 		t.Fatalf("text check: %v", err)
 	}
 	if !bytes.Contains(out.Bytes(), []byte("checked for tee=snp:")) || !bytes.Contains(out.Bytes(), []byte("FAIL  snp.host")) {
 		t.Fatalf("text report:\n%s", out.String())
 	}
-	if err := commands["check"].run(context.Background(), []string{"--root", root, "--config", "/nonexistent.toml"}, &out); err == nil || errors.Is(err, errChecksFailed) {
+	if err := tool.Run(context.Background(), "check", []string{"--root", root, "--config", "/nonexistent.toml"}, &out); err == nil || errors.Is(err, errChecksFailed) {
 		t.Fatalf("a missing --config file must be an error, got %v", err)
 	}
 }
@@ -53,7 +53,7 @@ func TestCheckCommand(t *testing.T) {
 func TestEnvCommand(t *testing.T) {
 	root, _ := filepath.Abs("../../diag/testdata/snp-host")
 	var out bytes.Buffer
-	if err := commands["env"].run(context.Background(), []string{"--root", root}, &out); err != nil {
+	if err := tool.Run(context.Background(), "env", []string{"--root", root}, &out); err != nil {
 		t.Fatal(err)
 	}
 	var tm map[string]any
@@ -64,7 +64,7 @@ func TestEnvCommand(t *testing.T) {
 		t.Fatalf("config_path %v", c8s["config_path"])
 	}
 	out.Reset()
-	if err := commands["env"].run(context.Background(), []string{"--root", root, "--json"}, &out); err != nil {
+	if err := tool.Run(context.Background(), "env", []string{"--root", root, "--json"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	var env diag.Env

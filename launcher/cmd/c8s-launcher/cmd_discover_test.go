@@ -18,7 +18,7 @@ func TestDiscoverCommand(t *testing.T) {
 	}
 	root := filepath.Join("..", "..", "discovery", "testdata", "snp-host")
 	var out bytes.Buffer
-	if err := commands["discover"].run(context.Background(), []string{"--config", cfg, "--root", root}, &out); err != nil {
+	if err := tool.Run(context.Background(), "discover", []string{"--config", cfg, "--root", root}, &out); err != nil {
 		t.Fatal(err)
 	}
 	var got struct {
@@ -56,7 +56,7 @@ func TestDiscoverCommand(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("[node]\ntaint = \"c8s.io/x\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := commands["discover"].run(context.Background(), []string{"--config", cfg, "--root", root}, &out); err == nil || !strings.Contains(err.Error(), "node.taint") {
+	if err := tool.Run(context.Background(), "discover", []string{"--config", cfg, "--root", root}, &out); err == nil || !strings.Contains(err.Error(), "node.taint") {
 		t.Fatalf("bad taint: %v", err)
 	}
 }

@@ -43,7 +43,7 @@ func TestVerifyReportCommand(t *testing.T) {
 	good := hex.EncodeToString(req.Measurement[:])
 	run := func(args ...string) (string, error) {
 		var out bytes.Buffer
-		err := commands["verify-report"].run(context.Background(), args, &out)
+		err := tool.Run(context.Background(), "verify-report", args, &out)
 		return out.String(), err
 	}
 
@@ -102,14 +102,14 @@ func TestVerifyReportCommandTDX(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := commands["verify-report"].run(context.Background(), []string{"--mode", "tdx", "--report", quote, "--policy", policy, "--at", "2023-07-01T00:00:00Z"}, &out); err != nil {
+	if err := tool.Run(context.Background(), "verify-report", []string{"--mode", "tdx", "--report", quote, "--policy", policy, "--at", "2023-07-01T00:00:00Z"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "verified: TDX quote v4") {
 		t.Errorf("output:\n%s", out.String())
 	}
 	// Its PCK certificate was not yet valid in 2010.
-	err := commands["verify-report"].run(context.Background(), []string{"--mode", "tdx", "--report", quote, "--policy", policy, "--at", "2010-01-01T00:00:00Z"}, &out)
+	err := tool.Run(context.Background(), "verify-report", []string{"--mode", "tdx", "--report", quote, "--policy", policy, "--at", "2010-01-01T00:00:00Z"}, &out)
 	if err == nil || !strings.Contains(err.Error(), "TDX quote signature") {
 		t.Errorf("quote checked at a time its certificates were not valid: %v", err)
 	}

@@ -23,7 +23,7 @@ func TestArgsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := commands["args"].run(context.Background(), []string{"--config", cfg, "--id", "pod7"}, &out); err != nil {
+	if err := tool.Run(context.Background(), "args", []string{"--config", cfg, "--id", "pod7"}, &out); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -41,7 +41,7 @@ func TestArgsCommand(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("[hypervisor]\ntee = \"sgx\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := commands["args"].run(context.Background(), []string{"--config", bad}, &out); err == nil || !strings.Contains(err.Error(), "sgx") {
+	if err := tool.Run(context.Background(), "args", []string{"--config", bad}, &out); err == nil || !strings.Contains(err.Error(), "sgx") {
 		t.Fatalf("args with tee sgx: %v", err)
 	}
 }

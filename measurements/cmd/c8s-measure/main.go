@@ -1,57 +1,22 @@
 // Command c8s-measure precomputes the launch digests of confidential VMs
-// (SEV, SEV-ES, SEV-SNP, TDX, IGVM and UKI) from the artefacts they boot.
+// (SEV, SEV-ES, SEV-SNP, TDX, IGVM, UKI and c8s's sim TEE) from the
+// artefacts they boot. Each subcommand lives in its own file and registers
+// itself from an init function.
 package main
 
 import (
-	"fmt"
-	"os"
-	"sort"
+	"context"
+	"io"
+
+	"github.com/c8s-dev/c8s/internal/subcmd"
 )
 
-// command is one c8s-measure subcommand. Each lives in its own file and
-// registers itself from an init function.
-type command struct {
-	summary string
-	run     func(args []string) error
-}
+var tool = subcmd.New("c8s-measure")
 
-var commands = map[string]command{}
-
+// register adds a subcommand; c8s-measure's subcommands write to their own
+// package-level outputs (sevOut, tdxOut), which tests replace.
 func register(name, summary string, run func(args []string) error) {
-	if _, dup := commands[name]; dup {
-		panic("c8s-measure: duplicate subcommand " + name)
-	}
-	commands[name] = command{summary: summary, run: run}
+	tool.Register(name, summary, func(_ context.Context, args []string, _ io.Writer) error { return run(args) })
 }
 
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: c8s-measure COMMAND [flags]\n\ncommands:")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-15s %s\n", n, commands[n].summary)
-	}
-}
-
-func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		usage()
-		if len(os.Args) < 2 {
-			os.Exit(2)
-		}
-		return
-	}
-	cmd, ok := commands[os.Args[1]]
-	if !ok {
-		fmt.Fprintf(os.Stderr, "c8s-measure: unknown command %q\n", os.Args[1])
-		usage()
-		os.Exit(2)
-	}
-	if err := cmd.run(os.Args[2:]); err != nil {
-		fmt.Fprintf(os.Stderr, "c8s-measure %s: %v\n", os.Args[1], err)
-		os.Exit(1)
-	}
-}
+func main() { tool.Main() }

@@ -43,6 +43,8 @@ CMDLINE="console=ttyS0 quiet panic=-1"
 # sim launch digests the manifest records.
 SIM_FIRMWARE=${SIM_FIRMWARE:-/usr/share/seabios/bios-256k.bin}
 SIM_VCPUS=${SIM_VCPUS:-1,2,4,8}
+# The TDVF whose MRTD the manifest records (Debian's OVMF carries TDX metadata).
+TDX_FIRMWARE=${TDX_FIRMWARE:-/usr/share/ovmf/OVMF.fd}
 
 die() {
 	echo "images/build.sh: $*" >&2
@@ -235,7 +237,8 @@ chmod 0644 "$WORK/out/vmlinuz" "$WORK/out/initrd.img"
 	-cmdline "$CMDLINE" -agent-sha256 "$AGENT_SHA256" \
 	$(printf -- '-package %s ' "${PACKAGES[@]}") \
 	-source-date-epoch "$SOURCE_DATE_EPOCH" \
-	-sim-firmware "$SIM_FIRMWARE" -sim-vcpus "$SIM_VCPUS"
+	-sim-firmware "$SIM_FIRMWARE" -sim-vcpus "$SIM_VCPUS" \
+	-tdx-firmware "$TDX_FIRMWARE"
 rm -f "$OUTDIR/manifest.json"
 for f in vmlinuz initrd.img manifest.json; do
 	cp "$WORK/out/$f" "$OUTDIR/.$f.tmp"

@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
+	"github.com/google/go-tdx-guest/testing/testdata"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
@@ -76,5 +78,19 @@ func TestSetInitDataChecksHostDataAndEnforcesExec(t *testing.T) {
 	}
 	if _, err := none.SetInitData(ctx, &agentapi.SetInitDataRequest{}); err != nil {
 		t.Fatalf("empty init data without a TEE: %v", err)
+	}
+}
+
+func TestSetInitDataAgainstATDXQuote(t *testing.T) {
+	// The sample quote's MRCONFIGID is whatever its TD was launched with;
+	// init data whose SHA-384 differs must be refused.
+	quote := testdata.RawQuote
+	svc := &Service{cfg: Config{Evidence: func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		return &agentapi.GetEvidenceResponse{Kind: "tdx", Provider: "tdx-guest", Report: quote}, nil
+	}}}
+	doc := []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")
+	_, err := svc.SetInitData(context.Background(), &agentapi.SetInitDataRequest{InitData: doc})
+	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "MRCONFIGID") {
+		t.Fatalf("init data against a TD launched with another MRCONFIGID: %v", err)
 	}
 }

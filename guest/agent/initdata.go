@@ -10,6 +10,9 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	tdxabi "github.com/google/go-tdx-guest/abi"
+	tdxpb "github.com/google/go-tdx-guest/proto/tdx"
+
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 )
@@ -27,9 +30,8 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	want := initdata.Digest(r.InitData)
 	if s.cfg.Evidence == nil {
-		if want != ([32]byte{}) {
+		if len(r.InitData) > 0 {
 			return nil, fmt.Errorf("init data needs a TEE to check it against, and this guest has none: %w", errdefs.ErrFailedPrecondition)
 		}
 	} else {
@@ -41,13 +43,8 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 		if err != nil {
 			return nil, fmt.Errorf("read the launch HOST_DATA from this guest's evidence: %w", err)
 		}
-		if ev.Kind != "snp" || len(ev.Report) < snpHostDataOffset+32 {
-			return nil, fmt.Errorf("checking init data against %q evidence is not supported yet: %w", ev.Kind, errdefs.ErrNotImplemented)
-		}
-		got := ev.Report[snpHostDataOffset : snpHostDataOffset+32]
-		if !bytes.Equal(got, want[:]) {
-			return nil, fmt.Errorf("init data digest %s does not match the HOST_DATA %s this VM was launched with: %w",
-				hex.EncodeToString(want[:]), hex.EncodeToString(got), errdefs.ErrPermissionDenied)
+		if err := checkLaunchDigest(ev, r.InitData); err != nil {
+			return nil, err
 		}
 	}
 	s.mu.Lock()
@@ -62,4 +59,38 @@ func (s *Service) execAllowed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.policy.ExecAllowed()
+}
+
+// checkLaunchDigest compares the init data's digest with the one the VM
+// was launched with, as its evidence carries it: SNP HOST_DATA or TDX
+// MRCONFIGID.
+func checkLaunchDigest(ev *agentapi.GetEvidenceResponse, data []byte) error {
+	var want, got []byte
+	var field string
+	switch ev.Kind {
+	case "snp":
+		if len(ev.Report) < snpHostDataOffset+32 {
+			return fmt.Errorf("the SNP report is %d bytes, too short to hold HOST_DATA", len(ev.Report))
+		}
+		d := initdata.Digest(data)
+		want, got, field = d[:], ev.Report[snpHostDataOffset:snpHostDataOffset+32], "HOST_DATA"
+	case "tdx":
+		q, err := tdxabi.QuoteToProto(ev.Report)
+		if err != nil {
+			return fmt.Errorf("parse the TDX quote: %w", err)
+		}
+		body, ok := q.(interface{ GetTdQuoteBody() *tdxpb.TDQuoteBody })
+		if !ok {
+			return fmt.Errorf("TDX quote of type %T: reading MRCONFIGID from it is not supported: %w", q, errdefs.ErrNotImplemented)
+		}
+		d := initdata.DigestTDX(data)
+		want, got, field = d[:], body.GetTdQuoteBody().GetMrConfigId(), "MRCONFIGID"
+	default:
+		return fmt.Errorf("checking init data against %q evidence is not supported: %w", ev.Kind, errdefs.ErrNotImplemented)
+	}
+	if !bytes.Equal(got, want) {
+		return fmt.Errorf("init data digest %s does not match the %s %s this VM was launched with: %w",
+			hex.EncodeToString(want), field, hex.EncodeToString(got), errdefs.ErrPermissionDenied)
+	}
+	return nil
 }

@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
@@ -18,25 +17,33 @@ type Verified struct {
 	Provider string
 	// SNP holds the verified claims of SNP (and sim) evidence.
 	SNP *attest.SNPClaims
+	// TDX holds the verified claims of a TDX quote.
+	TDX *attest.TDXClaims
+}
+
+// Claims returns the verified claims, whichever TEE they came from.
+func (v *Verified) Claims() any {
+	if v.TDX != nil {
+		return v.TDX
+	}
+	return v.SNP
 }
 
 // Attest asks the guest for evidence bound to a fresh nonce and verifies
-// it against the launch digests the image manifest expects for this VM's
-// shape. The error of a failed check names the field, with the expected
-// and actual values.
+// it against what the image manifest expects for this VM: the launch
+// digest of its shape (SNP, sim) or its MRTD (TDX), and the digest of the
+// pod's init data. The error of a failed check names the field, with the
+// expected and actual values. Once the evidence verifies, the agent gets
+// the init data.
 func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, error) {
 	h := cfg.Hypervisor
 	m, err := manifest.Load(cfg.ManifestPath())
 	if err != nil {
 		return nil, fmt.Errorf("attestation needs the image manifest (attestation.manifest): %w", err)
 	}
-	expected, err := attest.ExpectedMeasurements(m, h.TEE)
+	policy, err := expectedPolicy(m, h.TEE, int(h.DefaultVCPUs), s.initData)
 	if err != nil {
 		return nil, err
-	}
-	vcpus := int(h.DefaultVCPUs)
-	if _, ok := expected[vcpus]; !ok {
-		return nil, fmt.Errorf("the image manifest has no %s launch digest for %d vCPUs (it has %s): add the shape to the image build or change the pod's vCPUs", h.TEE, vcpus, attest.Shapes(expected))
 	}
 	trust, err := attest.TrustFor(h.TEE, SimSPDir(cfg))
 	if err != nil {
@@ -46,31 +53,62 @@ func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, err
 	if err != nil {
 		return nil, err
 	}
-	nonce := make([]byte, 32)
-	if _, err := rand.Read(nonce); err != nil {
+	if policy.Nonce, err = attest.NewNonce(); err != nil {
 		return nil, err
 	}
-	ev, err := s.Agent.GetEvidence(ctx, &agent.GetEvidenceRequest{ReportData: nonce})
+	ev, err := s.Agent.GetEvidence(ctx, &agent.GetEvidenceRequest{ReportData: policy.Nonce})
 	if err != nil {
 		return nil, fmt.Errorf("get evidence from the guest: %w", err)
 	}
-	policy := &attest.Policy{Measurements: expected, VCPUs: vcpus, Nonce: nonce}
-	if d := initdata.Digest(s.initData); d != ([32]byte{}) {
-		policy.HostData = d[:]
-	}
+	verified := &Verified{Provider: ev.Provider}
 	switch ev.Kind {
 	case "snp":
-		claims, err := v.VerifySNP(ev.Report, ev.CertTable, policy)
+		verified.SNP, err = v.VerifySNP(ev.Report, ev.CertTable, policy)
+	case "tdx":
+		verified.TDX, err = v.VerifyTDX(ev.Report, policy)
+	default:
+		err = fmt.Errorf("the guest returned %q evidence from %q, which this node (tee %s) cannot verify", ev.Kind, ev.Provider, h.TEE)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := s.handInitData(ctx); err != nil {
+		return nil, err
+	}
+	return verified, nil
+}
+
+// expectedPolicy is what the manifest and the pod's init data say a VM of
+// TEE tee with vcpus vCPUs must show (the nonce is added per request).
+func expectedPolicy(m *manifest.Manifest, tee string, vcpus int, initData []byte) (*attest.Policy, error) {
+	p := &attest.Policy{}
+	if tee == "tdx" {
+		d, err := m.TDX()
 		if err != nil {
 			return nil, err
 		}
-		if err := s.handInitData(ctx); err != nil {
-			return nil, err
+		if p.MRTD, err = attest.ParseHex(d.MRTD); err != nil {
+			return nil, fmt.Errorf("manifest MRTD: %w", err)
 		}
-		return &Verified{Provider: ev.Provider, SNP: claims}, nil
-	default:
-		return nil, fmt.Errorf("the guest returned %q evidence from %q, which this node (tee %s) cannot verify", ev.Kind, ev.Provider, h.TEE)
+		if len(initData) > 0 {
+			d := initdata.DigestTDX(initData)
+			p.MRConfigID = d[:]
+		}
+		return p, nil
 	}
+	expected, err := attest.ExpectedMeasurements(m, tee)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := expected[vcpus]; !ok {
+		return nil, fmt.Errorf("the image manifest has no %s launch digest for %d vCPUs (it has %s): add the shape to the image build or change the pod's vCPUs", tee, vcpus, attest.Shapes(expected))
+	}
+	p.Measurements, p.VCPUs = expected, vcpus
+	if len(initData) > 0 {
+		d := initdata.Digest(initData)
+		p.HostData = d[:]
+	}
+	return p, nil
 }
 
 // handInitData gives the agent the pod's init data once the VM's HOST_DATA

@@ -34,7 +34,7 @@ func (s *service) attest(ctx context.Context) (*adminapi.AttestResponse, error) 
 	if err != nil {
 		return nil, fmt.Errorf("attestation of pod VM %s failed: %w: %w", pod.id, err, errdefs.ErrFailedPrecondition)
 	}
-	claims, err := json.Marshal(v.SNP)
+	claims, err := json.Marshal(v.Claims())
 	if err != nil {
 		return nil, err
 	}

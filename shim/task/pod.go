@@ -85,9 +85,12 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 	if err != nil {
 		return nil, fmt.Errorf("pod %s: %w: %w", id, err, errdefs.ErrInvalidArgument)
 	}
-	if d := initdata.Digest(initData); d != ([32]byte{}) {
-		// SNP measures it as HOST_DATA at launch.
+	if len(initData) > 0 {
+		// Measured at launch: SNP HOST_DATA, TDX MRCONFIGID (the sim TEE
+		// takes HOST_DATA from the sandbox).
+		d, dt := initdata.Digest(initData), initdata.DigestTDX(initData)
 		withAnn.Hypervisor.SNP.HostData = hex.EncodeToString(d[:])
+		withAnn.Hypervisor.TDX.MRConfigID = hex.EncodeToString(dt[:])
 	}
 	stateDir := filepath.Join(withAnn.Runtime.StateDir, ns, dirName(id))
 	pod = &podState{

@@ -318,6 +318,9 @@ func attestSandbox(ctx context.Context, sb *sandbox.Sandbox, pod *podState) erro
 		fields["simulated"] = v.SNP.Simulated
 		fields["vcpus"] = v.SNP.VCPUs
 	}
+	if v.TDX != nil {
+		fields["mrtd"] = v.TDX.MRTD.String()
+	}
 	log.G(ctx).WithFields(fields).Info("pod VM attested")
 	return nil
 }

@@ -1,7 +1,7 @@
 // Package initdata is the pod's init data: a small TOML document, chosen
 // per pod, that binds what the untrusted host may ask of the agent to the
 // VM's measurement. Its SHA-256 digest is placed in SNP HOST_DATA (and the
-// sim report's HOST_DATA) at launch; the agent accepts the document only
+// sim report's HOST_DATA), its SHA-384 in TDX MRCONFIGID, at launch; the agent accepts the document only
 // when its digest matches what its own evidence reports, then enforces the
 // agent policy in it.
 //
@@ -18,6 +18,7 @@ package initdata
 import (
 	"bytes"
 	"crypto/sha256"
+	"crypto/sha512"
 	"errors"
 	"fmt"
 	"strings"
@@ -53,6 +54,15 @@ func Digest(data []byte) [32]byte {
 		return [32]byte{}
 	}
 	return sha256.Sum256(data)
+}
+
+// DigestTDX is the MRCONFIGID of a TDX VM launched with data: its
+// SHA-384, or all zero for empty init data.
+func DigestTDX(data []byte) [48]byte {
+	if len(data) == 0 {
+		return [48]byte{}
+	}
+	return sha512.Sum384(data)
 }
 
 // Parse reads init data strictly: an unknown key is an error naming it.

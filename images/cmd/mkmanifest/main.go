@@ -45,6 +45,7 @@ func run(args []string) error {
 	fs.Int64Var(&m.SourceDateEpoch, "source-date-epoch", 0, "timestamp of the initramfs files")
 	simFirmware := fs.String("sim-firmware", "", "firmware `PATH` sim VMs boot; with it, the sim launch digests are recorded")
 	simVCPUs := fs.String("sim-vcpus", "1,2,4,8", "vCPU counts to record sim digests for")
+	tdxFirmware := fs.String("tdx-firmware", "", "TDVF `PATH`; with it, the TDX MRTD is recorded")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -73,6 +74,15 @@ func run(args []string) error {
 			return err
 		}
 		if err := m.SetSim(d); err != nil {
+			return err
+		}
+	}
+	if *tdxFirmware != "" {
+		d, err := tdxDigests(*tdxFirmware)
+		if err != nil {
+			return err
+		}
+		if err := m.SetTDX(d); err != nil {
 			return err
 		}
 	}

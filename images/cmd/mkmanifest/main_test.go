@@ -76,3 +76,36 @@ func TestSimDigestsAreRecordedPerShape(t *testing.T) {
 		t.Fatalf("sim digests = %+v, want 4 vCPUs -> %s", d, want)
 	}
 }
+
+func TestTDXMRTDIsRecorded(t *testing.T) {
+	const ovmf = "/usr/share/ovmf/OVMF.fd" // Debian's ovmf package (make deps)
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{"vmlinuz": []byte("kernel"), "initrd.img": []byte("initrd")} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := run([]string{"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12",
+		"-cmdline", "console=ttyS0", "-agent-sha256", strings.Repeat("ab", 32), "-tdx-firmware", ovmf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Load(filepath.Join(dir, manifest.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := m.TDX()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The MRTD google/gce-tcb-verifier computes for this file (see
+	// measurements/tdx's tests).
+	const want = "4c7206f0f483c524f12c366c711e9049030a8d47c471ee5aa9c4999a08de4057fb887fed0744d5631a212967fb231c47"
+	if d.MRTD != want || d.Firmware.Path != ovmf {
+		t.Fatalf("tdx digests = %+v, want MRTD %s", d, want)
+	}
+	if err := run([]string{"-dir", dir, "-kernel-package", "x", "-kernel-version", "1", "-kernel-release", "6",
+		"-cmdline", "c", "-agent-sha256", strings.Repeat("ab", 32), "-tdx-firmware", filepath.Join(dir, "vmlinuz")}); err == nil {
+		t.Fatal("a file without TDX metadata was accepted as TDVF")
+	}
+}

@@ -66,3 +66,45 @@ func (m *Manifest) Sim() (*SimDigests, error) {
 	}
 	return &d, nil
 }
+
+// DigestsTDX is the Digests key of the TDX expected measurements.
+const DigestsTDX = "tdx"
+
+// TDXDigests are the TDX measurements this image's pods are expected to
+// have. MRTD depends only on the TDVF firmware (measurements/tdx); the
+// kernel, initrd and command line go to RTMRs, which are not pinned yet.
+type TDXDigests struct {
+	// Firmware is the TDVF image MRTD was computed from.
+	Firmware FileDigest `json:"firmware"`
+	// MRTD is the hex SHA-384 MRTD.
+	MRTD string `json:"mrtd"`
+}
+
+// SetTDX records the TDX digests.
+func (m *Manifest) SetTDX(d TDXDigests) error {
+	raw, err := json.Marshal(d)
+	if err != nil {
+		return err
+	}
+	if m.Digests == nil {
+		m.Digests = map[string]json.RawMessage{}
+	}
+	m.Digests[DigestsTDX] = raw
+	return nil
+}
+
+// TDX returns the TDX digests, or an error saying the image has none.
+func (m *Manifest) TDX() (*TDXDigests, error) {
+	raw, ok := m.Digests[DigestsTDX]
+	if !ok {
+		return nil, fmt.Errorf("manifest: no %q digests: rebuild the image with `make image` (TDX_FIRMWARE names the TDVF)", DigestsTDX)
+	}
+	var d TDXDigests
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return nil, fmt.Errorf("manifest: digests.%s: %w", DigestsTDX, err)
+	}
+	if len(d.MRTD) != 96 {
+		return nil, fmt.Errorf("manifest: digests.%s.mrtd %q is not a SHA-384 hex digest", DigestsTDX, d.MRTD)
+	}
+	return &d, nil
+}

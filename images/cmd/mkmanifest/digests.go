@@ -11,6 +11,7 @@ import (
 	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/measurements/sim"
 	"github.com/c8s-dev/c8s/measurements/snp"
+	"github.com/c8s-dev/c8s/measurements/tdx"
 )
 
 // simVCPUType is the vCPU model of sim VMSAs (launcher/simtee.VCPUType).
@@ -54,4 +55,21 @@ func simDigests(firmware, kernel, initrd, cmdline, vcpus string) (manifest.SimDi
 		d.ByVCPUs[strconv.Itoa(c)] = digests[n].String()
 	}
 	return d, nil
+}
+
+// tdxDigests computes the MRTD of the TDVF at firmware.
+func tdxDigests(firmware string) (manifest.TDXDigests, error) {
+	fw, err := os.ReadFile(firmware)
+	if err != nil {
+		return manifest.TDXDigests{}, fmt.Errorf("-tdx-firmware: %w", err)
+	}
+	mrtd, err := tdx.FirmwareMRTD(fw, tdx.Options{})
+	if err != nil {
+		return manifest.TDXDigests{}, fmt.Errorf("-tdx-firmware %s: %w", firmware, err)
+	}
+	sum := sha256.Sum256(fw)
+	return manifest.TDXDigests{
+		Firmware: manifest.FileDigest{Path: firmware, SHA256: hex.EncodeToString(sum[:])},
+		MRTD:     hex.EncodeToString(mrtd[:]),
+	}, nil
 }

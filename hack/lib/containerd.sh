@@ -29,7 +29,7 @@ accel = "auto"
 [runtime]
 state_dir = "$CD_DIR/c8s-state"
 TOML
-	PATH=$ROOT/bin:$TOOLS_BIN:$PATH "$TOOLS_BIN/containerd" --config "$CD_DIR/config.toml" --log-level warn >"$CD_DIR/containerd.log" 2>&1 &
+	PATH=$ROOT/bin:$TOOLS_BIN:$PATH "$TOOLS_BIN/containerd" --config "$CD_DIR/config.toml" --log-level "${CD_LOG_LEVEL:-warn}" >"$CD_DIR/containerd.log" 2>&1 &
 	CD_PID=$!
 	trap cd_stop EXIT
 	for _ in $(seq 100); do

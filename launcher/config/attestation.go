@@ -28,6 +28,12 @@ type Attestation struct {
 	// InitData is the file holding the init data of pods that do not set
 	// their own (annotation io.c8s.initdata); empty means none.
 	InitData string `toml:"initdata"`
+	// MinTCB is the minimum SNP TCB_VERSION (the 64-bit value, compared
+	// component by component with REPORTED_TCB); 0 checks none.
+	MinTCB uint64 `toml:"min_tcb"`
+	// AllowDebug accepts VMs launched with debugging enabled. Never in
+	// production: the host can read a debug VM's memory.
+	AllowDebug bool `toml:"allow_debug"`
 }
 
 // ManifestPath returns attestation.manifest or its default.

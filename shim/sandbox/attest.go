@@ -45,6 +45,7 @@ func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, err
 	if err != nil {
 		return nil, err
 	}
+	policy.MinTCB, policy.AllowDebug = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug
 	trust, err := attest.TrustFor(h.TEE, SimSPDir(cfg))
 	if err != nil {
 		return nil, err

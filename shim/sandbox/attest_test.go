@@ -108,6 +108,13 @@ func TestAttestGatesOnTheManifestDigestAndInitData(t *testing.T) {
 		t.Fatalf("verified %+v; init data handed to the agent: %q", v.SNP, g.initData)
 	}
 
+	// A node that requires a newer TCB than the chip reports refuses it.
+	strict := cfg
+	strict.Attestation.MinTCB = ^uint64(0)
+	if _, err := (&Sandbox{Agent: &fakeGuest{evidence: simReport(t, sp, good, initdata.Digest(doc))}, initData: doc}).Attest(ctx, strict); err == nil || !strings.Contains(strings.ToLower(err.Error()), "tcb") {
+		t.Errorf("attestation.min_tcb above the chip's TCB: %v", err)
+	}
+
 	for name, tc := range map[string]struct {
 		evidence func([]byte) *agent.GetEvidenceResponse
 		vcpus    uint32

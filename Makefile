@@ -34,11 +34,11 @@ tools: ## Build containerd, ctr and the runc shim from their Go module (cached).
 	hack/build-tools.sh $(TOOLS_BIN)
 
 .PHONY: protos
-protos: ## Regenerate the host-guest ttrpc API in guest/api.
+protos: ## Regenerate the ttrpc APIs (guest/api, launcher/api).
 	hack/protos.sh generate
 
 .PHONY: check-protos
-check-protos: ## Fail if the generated API in guest/api is not current.
+check-protos: ## Fail if the generated ttrpc APIs are not current.
 	hack/protos.sh check
 
 .PHONY: image
@@ -50,7 +50,7 @@ image-verify: build ## Build the guest image twice and prove the builds are iden
 	images/verify-reproducible.sh
 
 .PHONY: unit
-unit: ## Run the unit tests (no VM, no containerd).
+unit: ## Run the Go tests as they are (no installs; end-to-end tests skip without their prerequisites).
 	$(GO) test ./...
 
 .PHONY: test

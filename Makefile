@@ -32,6 +32,7 @@ deps: ## Install the Debian packages c8s builds and tests with (idempotent).
 .PHONY: tools
 tools: ## Build containerd, ctr and the runc shim from their Go module (cached).
 	hack/build-tools.sh $(TOOLS_BIN)
+	hack/build-critools.sh $(TOOLS_BIN)
 
 .PHONY: protos
 protos: ## Regenerate the ttrpc APIs (guest/api, launcher/api).

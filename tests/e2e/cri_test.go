@@ -24,46 +24,7 @@ const pauseImage = "docker.io/c8s/pause:test"
 // drop-in does) and an app container in it. Both run in one pod VM, the app
 // container sees the guest kernel, and removing the pod leaks nothing.
 func TestCRIPodRunsInOneVM(t *testing.T) {
-	root, err := containerdtest.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &env{root: root, imageDir: filepath.Join(root, "_output", "image")}
-	if _, err := os.Stat(filepath.Join(e.imageDir, "initrd.img")); err != nil {
-		containerdtest.SkipOrFail(t, "no guest image: run make image")
-	}
-	// A short directory: the pod VM's sockets live below it.
-	cfgDir, err := os.MkdirTemp("", "c8s-cri-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(cfgDir) })
-	e.stateDir = filepath.Join(cfgDir, "c8s")
-	e.config = filepath.Join(cfgDir, "c8s.toml")
-	if err := os.WriteFile(e.config, []byte(fmt.Sprintf("[hypervisor]\nkernel = %q\ninitrd = %q\n[runtime]\nstate_dir = %q\n",
-		filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(e.imageDir, "initrd.img"), e.stateDir)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e.d = containerdtest.Start(t, containerdtest.Options{
-		PathPrefix: []string{filepath.Join(root, "bin")},
-		CRI:        true,
-		Namespace:  "k8s.io",
-		ExtraConfig: fmt.Sprintf(`
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]
-  runtime_type = 'io.containerd.c8s.v2'
-  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s.options]
-    ConfigPath = %q
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = %q
-`, e.config, pauseImage),
-	})
-	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: []string{"sleep", "2147483647"}}} {
-		tarball := filepath.Join(e.d.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")
-		if err := ociimage.WriteFile(tarball, img); err != nil {
-			t.Fatal(err)
-		}
-		e.d.Ctr(t, "images", "import", tarball)
-	}
+	e := setupCRI(t)
 
 	conn, err := grpc.NewClient("unix://"+e.d.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -141,4 +102,52 @@ func TestCRIPodRunsInOneVM(t *testing.T) {
 		t.Fatalf("RemovePodSandbox: %v", err)
 	}
 	e.assertNothingLeft(t)
+}
+
+// setupCRI starts a private containerd with CRI and the handler "c8s"
+// registered as the packaged drop-in does, and imports the test image and
+// the pause image (the busybox test image sleeping) into namespace k8s.io.
+func setupCRI(t *testing.T) *env {
+	t.Helper()
+	root, err := containerdtest.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{root: root, imageDir: filepath.Join(root, "_output", "image")}
+	if _, err := os.Stat(filepath.Join(e.imageDir, "initrd.img")); err != nil {
+		containerdtest.SkipOrFail(t, "no guest image: run make image")
+	}
+	// A short directory: the pod VM's sockets live below it.
+	cfgDir, err := os.MkdirTemp("", "c8s-cri-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(cfgDir) })
+	e.stateDir = filepath.Join(cfgDir, "c8s")
+	e.config = filepath.Join(cfgDir, "c8s.toml")
+	if err := os.WriteFile(e.config, []byte(fmt.Sprintf("[hypervisor]\nkernel = %q\ninitrd = %q\n[runtime]\nstate_dir = %q\n",
+		filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(e.imageDir, "initrd.img"), e.stateDir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.d = containerdtest.Start(t, containerdtest.Options{
+		PathPrefix: []string{filepath.Join(root, "bin")},
+		CRI:        true,
+		Namespace:  "k8s.io",
+		ExtraConfig: fmt.Sprintf(`
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]
+  runtime_type = 'io.containerd.c8s.v2'
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s.options]
+    ConfigPath = %q
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = %q
+`, e.config, pauseImage),
+	})
+	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: []string{"sleep", "2147483647"}}} {
+		tarball := filepath.Join(e.d.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")
+		if err := ociimage.WriteFile(tarball, img); err != nil {
+			t.Fatal(err)
+		}
+		e.d.Ctr(t, "images", "import", tarball)
+	}
+	return e
 }

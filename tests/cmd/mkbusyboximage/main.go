@@ -1,13 +1,14 @@
 // Command mkbusyboximage writes the busybox test image as an OCI image layout
 // tarball, ready for `ctr images import`:
 //
-//	mkbusyboximage OUT.tar [--name REF] [--busybox PATH]
+//	mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd "sleep 2147483647"]
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/c8s-dev/c8s/tests/internal/ociimage"
 )
@@ -23,8 +24,9 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("mkbusyboximage", flag.ContinueOnError)
 	name := fs.String("name", ociimage.DefaultName, "image reference recorded in the index")
 	busybox := fs.String("busybox", ociimage.DefaultBusybox, "static busybox binary to put in the image")
+	cmd := fs.String("cmd", "", "the image's default command, split at spaces (default: sh); e.g. \"sleep 2147483647\" for a pause image")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: mkbusyboximage OUT.tar [--name REF] [--busybox PATH]")
+		fmt.Fprintln(fs.Output(), "usage: mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd CMD]")
 		fs.PrintDefaults()
 	}
 	// Accept flags before and after the output path.
@@ -42,5 +44,5 @@ func run(args []string) error {
 		fs.Usage()
 		return fmt.Errorf("want exactly one output path")
 	}
-	return ociimage.WriteFile(out, ociimage.Options{Name: *name, Busybox: *busybox})
+	return ociimage.WriteFile(out, ociimage.Options{Name: *name, Busybox: *busybox, Cmd: strings.Fields(*cmd)})
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"bytes"
 	"encoding/json"
 	"io"
 	"os"
@@ -50,6 +51,36 @@ func TestRunWritesNamedImage(t *testing.T) {
 			t.Errorf("image name = %q", got)
 		}
 		return
+	}
+}
+
+// --cmd sets the image's default command: the tarball is the one the
+// (deterministic) writer produces for that Cmd, and not the default image.
+func TestRunSetsCmd(t *testing.T) {
+	dir := t.TempDir()
+	bb := filepath.Join(dir, "busybox")
+	if err := os.WriteFile(bb, []byte("fake"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "pause.tar")
+	if err := run([]string{out, "--name", "docker.io/c8s/pause:v1", "--busybox", bb, "--cmd", "sleep  2147483647"}); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(dir, "want.tar")
+	opts := ociimage.Options{Name: "docker.io/c8s/pause:v1", Busybox: bb, Cmd: []string{"sleep", "2147483647"}}
+	if err := ociimage.WriteFile(want, opts); err != nil {
+		t.Fatal(err)
+	}
+	plain := filepath.Join(dir, "plain.tar")
+	opts.Cmd = nil
+	if err := ociimage.WriteFile(plain, opts); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(out)
+	wantData, _ := os.ReadFile(want)
+	plainData, _ := os.ReadFile(plain)
+	if !bytes.Equal(got, wantData) || bytes.Equal(got, plainData) {
+		t.Fatalf("--cmd did not produce the image with Cmd [sleep 2147483647] (%d bytes, want %d)", len(got), len(wantData))
 	}
 }
 

@@ -66,6 +66,10 @@ demo: deps tools image ## Run a container inside a confidential VM through a pri
 bench: deps tools image ## Print the benchmark figures and ratios against peers.
 	hack/bench.sh
 
+.PHONY: conformance
+conformance: deps tools build image ## critest's CRI suite with c8s and with runc, counts side by side (long).
+	hack/conformance.sh
+
 .PHONY: fuzz
 fuzz: ## Run each parser fuzz target for a bounded time.
 	hack/fuzz.sh

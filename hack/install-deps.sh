@@ -36,6 +36,9 @@ PACKAGES=(
 	osslsigncode
 	openssl
 	linux-image-amd64
+	docker-registry
+	curl
+	iproute2
 )
 
 missing=()

@@ -1,13 +1,15 @@
 // Command mkbusyboximage writes the busybox test image as an OCI image layout
 // tarball, ready for `ctr images import`:
 //
-//	mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd "sleep 2147483647"]
+//	mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd "sleep 2147483647"] [--all-applets]
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 
 	"github.com/c8s-dev/c8s/tests/internal/ociimage"
@@ -24,9 +26,10 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("mkbusyboximage", flag.ContinueOnError)
 	name := fs.String("name", ociimage.DefaultName, "image reference recorded in the index")
 	busybox := fs.String("busybox", ociimage.DefaultBusybox, "static busybox binary to put in the image")
-	cmd := fs.String("cmd", "", "the image's default command, split at spaces (default: sh); e.g. \"sleep 2147483647\" for a pause image")
+	allApplets := fs.Bool("all-applets", false, "link every applet `busybox --list` names, not just the common ones")
+	cmd := fs.String("cmd", "", "the image's default command: split at spaces, or a JSON array (default: sh); e.g. \"sleep 2147483647\" for a pause image")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd CMD]")
+		fmt.Fprintln(fs.Output(), "usage: mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd CMD] [--all-applets]")
 		fs.PrintDefaults()
 	}
 	// Accept flags before and after the output path.
@@ -44,5 +47,20 @@ func run(args []string) error {
 		fs.Usage()
 		return fmt.Errorf("want exactly one output path")
 	}
-	return ociimage.WriteFile(out, ociimage.Options{Name: *name, Busybox: *busybox, Cmd: strings.Fields(*cmd)})
+	argv := strings.Fields(*cmd)
+	if strings.HasPrefix(strings.TrimSpace(*cmd), "[") {
+		argv = nil
+		if err := json.Unmarshal([]byte(*cmd), &argv); err != nil {
+			return fmt.Errorf("--cmd %q is not a JSON array of strings: %v", *cmd, err)
+		}
+	}
+	var applets []string
+	if *allApplets {
+		list, err := exec.Command(*busybox, "--list").Output()
+		if err != nil {
+			return fmt.Errorf("list the applets of %s: %v", *busybox, err)
+		}
+		applets = strings.Fields(string(list))
+	}
+	return ociimage.WriteFile(out, ociimage.Options{Name: *name, Busybox: *busybox, Cmd: argv, Applets: applets})
 }

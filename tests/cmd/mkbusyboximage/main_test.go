@@ -63,9 +63,6 @@ func TestRunSetsCmd(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "pause.tar")
-	if err := run([]string{out, "--name", "docker.io/c8s/pause:v1", "--busybox", bb, "--cmd", "sleep  2147483647"}); err != nil {
-		t.Fatal(err)
-	}
 	want := filepath.Join(dir, "want.tar")
 	opts := ociimage.Options{Name: "docker.io/c8s/pause:v1", Busybox: bb, Cmd: []string{"sleep", "2147483647"}}
 	if err := ociimage.WriteFile(want, opts); err != nil {
@@ -76,11 +73,19 @@ func TestRunSetsCmd(t *testing.T) {
 	if err := ociimage.WriteFile(plain, opts); err != nil {
 		t.Fatal(err)
 	}
-	got, _ := os.ReadFile(out)
 	wantData, _ := os.ReadFile(want)
 	plainData, _ := os.ReadFile(plain)
-	if !bytes.Equal(got, wantData) || bytes.Equal(got, plainData) {
-		t.Fatalf("--cmd did not produce the image with Cmd [sleep 2147483647] (%d bytes, want %d)", len(got), len(wantData))
+	for _, cmd := range []string{"sleep  2147483647", ` ["sleep", "2147483647"]`} {
+		if err := run([]string{out, "--name", "docker.io/c8s/pause:v1", "--busybox", bb, "--cmd", cmd}); err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(out)
+		if !bytes.Equal(got, wantData) || bytes.Equal(got, plainData) {
+			t.Fatalf("--cmd %q did not produce the image with Cmd [sleep 2147483647] (%d bytes, want %d)", cmd, len(got), len(wantData))
+		}
+	}
+	if err := run([]string{out, "--busybox", bb, "--cmd", `["sleep", 1]`}); err == nil {
+		t.Fatal("--cmd with a malformed JSON array succeeded")
 	}
 }
 
@@ -89,5 +94,28 @@ func TestRunRejectsBadArguments(t *testing.T) {
 		if err := run(args); err == nil {
 			t.Errorf("run(%q) succeeded", args)
 		}
+	}
+}
+
+// --all-applets links what the busybox binary lists: here a fake busybox
+// that knows two applets gives the image those two.
+func TestRunAllApplets(t *testing.T) {
+	dir := t.TempDir()
+	bb := filepath.Join(dir, "busybox")
+	if err := os.WriteFile(bb, []byte("#!/bin/sh\necho nc\necho httpd\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "all.tar")
+	if err := run([]string{out, "--busybox", bb, "--all-applets"}); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(dir, "want.tar")
+	if err := ociimage.WriteFile(want, ociimage.Options{Busybox: bb, Applets: []string{"httpd", "nc"}}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(out)
+	wantData, _ := os.ReadFile(want)
+	if !bytes.Equal(got, wantData) {
+		t.Fatal("--all-applets did not link exactly the applets busybox --list names")
 	}
 }

@@ -61,6 +61,9 @@ type Options struct {
 	// Cmd is the image's default command (empty: ["sh"]). A pause image
 	// for CRI sandboxes is this image with a command that never exits.
 	Cmd []string
+	// Applets are the applets linked into /bin (empty: Applets). Images
+	// for suites that expect a full busybox pass `busybox --list`.
+	Applets []string
 }
 
 func (o Options) withDefaults() Options {
@@ -72,6 +75,9 @@ func (o Options) withDefaults() Options {
 	}
 	if len(o.Cmd) == 0 {
 		o.Cmd = []string{"sh"}
+	}
+	if len(o.Applets) == 0 {
+		o.Applets = Applets
 	}
 	if o.Created.IsZero() {
 		o.Created = time.Unix(0, 0)
@@ -112,7 +118,7 @@ func Write(w io.Writer, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("read busybox: %w (install busybox-static: make deps)", err)
 	}
-	layerTar, err := rootfsTar(bb, opts.Created)
+	layerTar, err := rootfsTar(bb, opts.Applets, opts.Created)
 	if err != nil {
 		return err
 	}
@@ -189,7 +195,7 @@ func Write(w io.Writer, opts Options) error {
 
 // rootfsTar returns the uncompressed layer: the directory skeleton, busybox,
 // its applet links and the user database.
-func rootfsTar(busybox []byte, mtime time.Time) ([]byte, error) {
+func rootfsTar(busybox []byte, applets []string, mtime time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := newTarWriter(&buf, mtime)
 	for _, d := range []string{"bin", "dev", "etc", "proc", "root", "sys", "tmp", "usr", "usr/bin", "var"} {
@@ -202,7 +208,10 @@ func rootfsTar(busybox []byte, mtime time.Time) ([]byte, error) {
 		tw.dirMode(d, mode)
 	}
 	tw.file("bin/busybox", 0o755, busybox)
-	for _, a := range slices.Sorted(slices.Values(Applets)) {
+	for _, a := range slices.Compact(slices.Sorted(slices.Values(applets))) {
+		if a == "" || a == "busybox" || strings.Contains(a, "/") {
+			continue
+		}
 		tw.symlink(path.Join("bin", a), "busybox")
 	}
 	tw.file("etc/group", 0o644, []byte("root:x:0:\nnogroup:x:65534:\n"))

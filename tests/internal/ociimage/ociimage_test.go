@@ -244,3 +244,37 @@ func processMentioning(t *testing.T, s string) int {
 	}
 	return 0
 }
+
+// Options.Applets replaces the default applet links: each named applet is
+// linked once, busybox itself and names with a slash are not.
+func TestWriteLinksChosenApplets(t *testing.T) {
+	var out bytes.Buffer
+	if err := Write(&out, Options{Busybox: fakeBusybox(t), Applets: []string{"sh", "nc", "nc", "busybox", "../x"}}); err != nil {
+		t.Fatal(err)
+	}
+	files, _, _ := readTar(t, out.Bytes())
+	var index ocispec.Index
+	if err := json.Unmarshal(files["index.json"], &index); err != nil {
+		t.Fatal(err)
+	}
+	var m ocispec.Manifest
+	decodeBlob(t, files, index.Manifests[0], &m)
+	zr, err := gzip.NewReader(bytes.NewReader(decodeBlob(t, files, m.Layers[0], nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, headers, order := readTar(t, layer)
+	var links []string
+	for _, name := range order {
+		if headers[name].Typeflag == tar.TypeSymlink {
+			links = append(links, name)
+		}
+	}
+	if strings.Join(links, " ") != "bin/nc bin/sh" || headers["bin/busybox"].Typeflag != tar.TypeReg {
+		t.Fatalf("applet links = %v, bin/busybox type %c; want bin/nc bin/sh and the binary", links, headers["bin/busybox"].Typeflag)
+	}
+}

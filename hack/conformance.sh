@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# make conformance: critest's CRI validation suite against a private
+# containerd, once with c8s as the default runtime and once with runc, in
+# the same run; prints the pass/fail/skip counts side by side and every test
+# whose result differs.
+#
+# Needs `make deps tools image build` (the Makefile target runs them) and root.
+# There is no registry access here, so the images critest pulls are served
+# by a local registry (Debian's docker-registry on 127.0.0.1) that
+# containerd's registry config uses as the mirror of registry.k8s.io and
+# gcr.io. They are all the busybox test image (tests/cmd/mkbusyboximage)
+# (every applet linked) under the names critest expects, the web servers busybox httpd on nginx's
+# port; images whose content a test checks (a fixed digest, a USER, the
+# nonewprivs binary) are not rebuilt here and fail on both runtimes alike.
+#
+# Environment: C8S_CONFORMANCE_FOCUS (a ginkgo focus regexp, default all),
+# C8S_CONFORMANCE_RUNTIMES (default "c8s runc"), C8S_REGISTRY_PORT (5123),
+# C8S_CONFORMANCE_OUT (reports and logs; default _output/conformance).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TOOLS=$ROOT/_output/tools/bin
+IMAGE=$ROOT/_output/image
+PORT=${C8S_REGISTRY_PORT:-5123}
+REG=127.0.0.1:$PORT
+RUNTIMES=${C8S_CONFORMANCE_RUNTIMES:-c8s runc}
+FOCUS=${C8S_CONFORMANCE_FOCUS:-}
+
+for f in "$TOOLS/containerd" "$TOOLS/ctr" "$TOOLS/critest" "$TOOLS/cni/bridge" \
+	"$ROOT/bin/containerd-shim-c8s-v2" "$IMAGE/vmlinuz" "$IMAGE/initrd.img"; do
+	[[ -e $f ]] || { echo "conformance: $f is missing: run make tools build image" >&2; exit 1; }
+done
+command -v docker-registry >/dev/null || { echo "conformance: docker-registry not found: run make deps" >&2; exit 1; }
+[[ $(id -u) == 0 ]] || { echo "conformance: containerd needs root" >&2; exit 1; }
+
+WORK=$(mktemp -d /tmp/c8s-conf.XXXXXX)
+OUT=${C8S_CONFORMANCE_OUT:-$ROOT/_output/conformance}
+mkdir -p "$OUT"
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	# Shims and QEMUs of the daemons carry $WORK in their command lines.
+	for p in $(pgrep -f -- "$WORK/" || true); do kill -9 "$p" 2>/dev/null || true; done
+	grep -o " $WORK/[^ ]*" /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+	ip link del c8sconf0 2>/dev/null || true
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# --- local registry ---------------------------------------------------------
+cat >"$WORK/registry.yml" <<EOF
+version: 0.1
+log: {level: warn}
+storage: {filesystem: {rootdirectory: $WORK/registry}}
+http: {addr: $REG}
+EOF
+docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -sf "http://$REG/v2/" >/dev/null && break; sleep 0.1; done
+curl -sf "http://$REG/v2/" >/dev/null || { cat "$WORK/registry.log"; echo "conformance: registry did not start on $REG" >&2; exit 1; }
+
+mkdir -p "$WORK/certs.d/registry.k8s.io" "$WORK/certs.d/gcr.io"
+for r in registry.k8s.io gcr.io; do
+	cat >"$WORK/certs.d/$r/hosts.toml" <<EOF
+server = "https://$r"
+[host."http://$REG"]
+  capabilities = ["pull", "resolve"]
+EOF
+done
+
+# --- CNI: a bridge network for the pods that do not use the host's ----------
+mkdir -p "$WORK/cni"
+cat >"$WORK/cni/10-c8s-conformance.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "c8s-conformance", "plugins": [
+  {"type": "bridge", "bridge": "c8sconf0", "isGateway": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.231.0.0/16"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+
+cat >"$WORK/c8s.toml" <<EOF
+[hypervisor]
+kernel = "$IMAGE/vmlinuz"
+initrd = "$IMAGE/initrd.img"
+[runtime]
+state_dir = "$WORK/c8s"
+EOF
+
+# start_containerd NAME DEFAULT_RUNTIME: a private daemon in $WORK/NAME.
+start_containerd() {
+	local d=$WORK/$1
+	mkdir -p "$d"
+	cat >"$d/config.toml" <<EOF
+version = 3
+root = "$d/root"
+state = "$d/state"
+[grpc]
+  address = "$d/c.sock"
+[ttrpc]
+  address = "$d/c.sock.ttrpc"
+[debug]
+  level = "debug"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "$d/opt"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.runtime']
+  # Without CAP_SYS_RESOURCE (as in this sandbox) runc cannot lower
+  # oom_score_adj below containerd's: keep the sandbox's at containerd's.
+  restrict_oom_score_adj = true
+[plugins.'io.containerd.cri.v1.runtime'.containerd]
+  default_runtime_name = '$2'
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = 'io.containerd.runc.v2'
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]
+  runtime_type = 'io.containerd.c8s.v2'
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s.options]
+    ConfigPath = '$WORK/c8s.toml'
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ['$TOOLS/cni']
+  conf_dir = '$WORK/cni'
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = '$WORK/certs.d'
+EOF
+	PATH=$ROOT/bin:$TOOLS:$PATH "$TOOLS/containerd" --config "$d/config.toml" >"$OUT/containerd-$1.log" 2>&1 &
+	pids+=($!)
+	for _ in $(seq 300); do "$TOOLS/ctr" --address "$d/c.sock" version >/dev/null 2>&1 && return 0; sleep 0.1; done
+	cat "$OUT/containerd-$1.log" >&2
+	echo "conformance: containerd $1 did not start" >&2
+	exit 1
+}
+ctr_seed() { "$TOOLS/ctr" --address "$WORK/seed/c.sock" --namespace seed "$@"; }
+
+# --- images: the busybox test image under every name critest pulls --------
+echo "== images into the local registry $REG"
+(cd "$ROOT" && go build -o "$WORK/mkbusyboximage" ./tests/cmd/mkbusyboximage)
+start_containerd seed runc
+"$WORK/mkbusyboximage" "$WORK/busybox.tar" --name docker.io/c8s/busybox:conformance --all-applets
+"$WORK/mkbusyboximage" "$WORK/pause.tar" --name docker.io/c8s/pause:conformance --cmd "sleep 2147483647"
+# The web servers are busybox httpd serving a page on nginx's port.
+web() { # PORT
+	printf '["sh", "-c", "mkdir -p /www && echo ok >/www/index.html && exec busybox httpd -f -p %s -h /www"]' "$1"
+}
+"$WORK/mkbusyboximage" "$WORK/web80.tar" --name docker.io/c8s/web:80 --all-applets --cmd "$(web 80)"
+"$WORK/mkbusyboximage" "$WORK/web12003.tar" --name docker.io/c8s/web:12003 --all-applets --cmd "$(web 12003)"
+for t in busybox pause web80 web12003; do
+	ctr_seed images import "$WORK/$t.tar" >/dev/null
+done
+push() { # LOCAL REMOTE-PATH
+	ctr_seed images push --plain-http "$REG/$2" "$1" >/dev/null
+}
+push docker.io/c8s/pause:conformance pause:3.10.1
+push docker.io/c8s/busybox:conformance e2e-test-images/busybox:1.29-2
+push docker.io/c8s/web:80 e2e-test-images/nginx:1.14-2
+push docker.io/c8s/web:80 e2e-test-images/httpd:2.4.39-4
+staging=k8s-staging-cri-tools
+for ref in test-image-1:latest test-image-2:latest test-image-3:latest test-image-tags:1 test-image-tags:2 \
+	test-image-tags:3 test-image-latest:latest test-image-tag:test test-image-tag:all; do
+	push docker.io/c8s/busybox:conformance "$staging/$ref"
+done
+push docker.io/c8s/web:12003 "$staging/hostnet-nginx-amd64:latest"
+echo "served: registry.k8s.io/{pause:3.10.1,e2e-test-images/{busybox:1.29-2,nginx:1.14-2,httpd:2.4.39-4}}," \
+	"gcr.io/$staging/{test-image-{1,2,3,tags,latest,tag},hostnet-nginx-amd64}"
+
+# --- critest, once per runtime ---------------------------------------------
+declare -A passed failed skipped secs
+for rt in $RUNTIMES; do
+	echo "== critest with $rt as the default runtime"
+	start_containerd "$rt" "$rt"
+	args=(--runtime-endpoint "unix://$WORK/$rt/c.sock" --image-endpoint "unix://$WORK/$rt/c.sock"
+		--ginkgo.no-color --ginkgo.junit-report "$OUT/$rt.xml" --ginkgo.timeout 90m)
+	[[ -n $FOCUS ]] && args+=(--ginkgo.focus "$FOCUS")
+	start=$SECONDS
+	(cd "$WORK" && "$TOOLS/critest" "${args[@]}") >"$OUT/$rt.log" 2>&1 || true
+	secs[$rt]=$((SECONDS - start))
+	summary=$(grep -E '[0-9]+ Passed \| [0-9]+ Failed' "$OUT/$rt.log" | tail -1 || true)
+	passed[$rt]=$(sed -nE 's/.* ([0-9]+) Passed.*/\1/p' <<<"$summary")
+	failed[$rt]=$(sed -nE 's/.* ([0-9]+) Failed.*/\1/p' <<<"$summary")
+	skipped[$rt]=$(sed -nE 's/.* ([0-9]+) Skipped.*/\1/p' <<<"$summary")
+	[[ -n $summary ]] || { tail -40 "$OUT/$rt.log"; echo "conformance: critest with $rt gave no summary" >&2; }
+	# Names of the failed specs, from the junit report.
+	grep -oE '<testcase name="[^"]*"[^>]*status="failed"' "$OUT/$rt.xml" 2>/dev/null |
+		sed -E 's/<testcase name="\[It\] ([^"]*)".*/\1/' | sort >"$OUT/$rt.failed" || true
+	kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+	unset 'pids[-1]'
+done
+
+echo
+printf '%-10s %8s %8s %8s %8s\n' runtime passed failed skipped seconds
+for rt in $RUNTIMES; do
+	printf '%-10s %8s %8s %8s %8s\n' "$rt" "${passed[$rt]:-?}" "${failed[$rt]:-?}" "${skipped[$rt]:-?}" "${secs[$rt]}"
+done
+set -- $RUNTIMES
+if [[ $# == 2 ]]; then
+	echo
+	echo "== failed with $1 but not with $2:"
+	comm -23 "$OUT/$1.failed" "$OUT/$2.failed" | sed 's/^/  /'
+	echo "== failed with $2 but not with $1:"
+	comm -13 "$OUT/$1.failed" "$OUT/$2.failed" | sed 's/^/  /'
+	echo "== failed with both (images or host features missing here, see the logs):"
+	comm -12 "$OUT/$1.failed" "$OUT/$2.failed" | sed 's/^/  /'
+fi
+echo "reports and critest logs: $OUT"

@@ -30,30 +30,13 @@ func runDiscover(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg := config.Default()
-	if *cfgPath != "" {
-		c, err := config.Load(*cfgPath)
-		if err != nil {
-			return err
-		}
-		cfg = *c
-	}
-	settings, err := nodelabels.SettingsFromConfig(cfg.Node)
+	cfg, settings, err := loadAgentConfig(*cfgPath)
 	if err != nil {
 		return err
 	}
-	opts := discovery.ConfigOptions(&cfg)
-	opts.Root = *root
-	if *probe {
-		qemu, err := cfg.Hypervisor.QEMUBinary()
-		if err != nil {
-			return err
-		}
-		res, err := accel.Choose(ctx, accel.Auto, qemu, cfg.Hypervisor.Kernel, cfg.CachePath())
-		if err != nil {
-			return fmt.Errorf("KVM probe: %w", err)
-		}
-		opts.KVMProbe = &res
+	opts, err := nodeDiscoveryOptions(ctx, cfg, *root, *probe)
+	if err != nil {
+		return err
 	}
 	r, err := discovery.Discover(opts)
 	if err != nil {
@@ -65,4 +48,40 @@ func runDiscover(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	_, err = fmt.Fprintf(stdout, "%s\n", out)
 	return err
+}
+
+// loadAgentConfig reads the c8s config at path (built-in defaults when
+// empty) and its validated [node] settings.
+func loadAgentConfig(path string) (config.Config, nodelabels.Settings, error) {
+	cfg := config.Default()
+	if path != "" {
+		c, err := config.Load(path)
+		if err != nil {
+			return cfg, nodelabels.Settings{}, err
+		}
+		cfg = *c
+	}
+	settings, err := nodelabels.SettingsFromConfig(cfg.Node)
+	return cfg, settings, err
+}
+
+// nodeDiscoveryOptions returns the discovery options for the node: the
+// config's choices, the filesystem root, and the KVM probe result when
+// probe is set.
+func nodeDiscoveryOptions(ctx context.Context, cfg config.Config, root string, probe bool) (discovery.Options, error) {
+	opts := discovery.ConfigOptions(&cfg)
+	opts.Root = root
+	if !probe {
+		return opts, nil
+	}
+	qemu, err := cfg.Hypervisor.QEMUBinary()
+	if err != nil {
+		return opts, err
+	}
+	res, err := accel.Choose(ctx, accel.Auto, qemu, cfg.Hypervisor.Kernel, cfg.CachePath())
+	if err != nil {
+		return opts, fmt.Errorf("KVM probe: %w", err)
+	}
+	opts.KVMProbe = &res
+	return opts, nil
 }

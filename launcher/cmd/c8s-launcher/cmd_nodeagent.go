@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/c8s-dev/c8s/launcher/deviceplugin"
+	"github.com/c8s-dev/c8s/launcher/discovery"
+	"github.com/c8s-dev/c8s/launcher/nodeagent"
+)
+
+func init() {
+	register("node-agent", "report the node's TEE capacity to Kubernetes (labels, taint, extended resources) and serve its device plugins, continuously", runNodeAgent)
+}
+
+// Kubelet paths the node agent uses by default.
+const (
+	defaultDevicePluginDir    = "/var/lib/kubelet/device-plugins"
+	defaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
+)
+
+func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("node-agent")
+	cfgPath := fs.String("config", "", "c8s configuration file (TOML; its [node] table); default: built-in defaults")
+	root := fs.String("root", "/", "filesystem root to read sysfs, procfs and /dev under")
+	probe := fs.Bool("probe-kvm", false, "run (or reuse the cached) KVM probe with hypervisor.kernel before reporting")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file; default: the pod's service account")
+	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "name of this node's Node object (default $NODE_NAME)")
+	pluginDir := fs.String("device-plugin-dir", defaultDevicePluginDir, "kubelet device-plugins directory; empty to publish labels only")
+	podResources := fs.String("pod-resources-socket", defaultPodResourcesSocket, "kubelet PodResources socket, to keep ASIDs and keys used outside Kubernetes off the advertised capacity; empty to not")
+	interval := fs.Duration("interval", nodeagent.DefaultInterval, "time between reconciliations")
+	once := fs.Bool("once", false, "reconcile once, print what was done (JSON) and exit; device plugins are not served")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, settings, err := loadAgentConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	opts, err := nodeDiscoveryOptions(ctx, cfg, *root, *probe)
+	if err != nil {
+		return err
+	}
+	client, err := nodeagent.NewKubeClient(*kubeconfig, *nodeName)
+	if err != nil {
+		return err
+	}
+	a := &nodeagent.Agent{
+		Client:             client,
+		Discover:           func() (discovery.Result, error) { return discovery.Discover(opts) },
+		Settings:           settings,
+		PodResourcesSocket: *podResources,
+		Interval:           *interval,
+	}
+	if *once {
+		rep, err := a.Once(ctx)
+		if err != nil {
+			return err
+		}
+		out, err := json.MarshalIndent(onceReport{Desired: rep.Desired, Patch: rawOrNull(rep.Patched), StatusPatch: rawOrNull(rep.StatusPatched)}, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdout, "%s\n", out)
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *pluginDir != "" {
+		a.Plugins = deviceplugin.NewManager(ctx, *pluginDir)
+	}
+	return a.Run(ctx)
+}
+
+// onceReport is what `node-agent --once` prints.
+type onceReport struct {
+	Desired     any             `json:"desired"`
+	Patch       json.RawMessage `json:"patch"`
+	StatusPatch json.RawMessage `json:"statusPatch"`
+}
+
+func rawOrNull(b []byte) json.RawMessage {
+	if b == nil {
+		return json.RawMessage("null")
+	}
+	return b
+}

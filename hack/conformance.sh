@@ -8,10 +8,11 @@
 # There is no registry access here, so the images critest pulls are served
 # by a local registry (Debian's docker-registry on 127.0.0.1) that
 # containerd's registry config uses as the mirror of registry.k8s.io and
-# gcr.io. They are all the busybox test image (tests/cmd/mkbusyboximage)
-# (every applet linked) under the names critest expects, the web servers busybox httpd on nginx's
-# port; images whose content a test checks (a fixed digest, a USER, the
-# nonewprivs binary) are not rebuilt here and fail on both runtimes alike.
+# gcr.io. They are all the busybox test image (tests/cmd/mkbusyboximage,
+# every applet linked) under the names critest expects; the web servers are
+# busybox httpd on nginx's port. Images whose content a test checks (a fixed
+# digest, a USER, the nonewprivs binary) are not rebuilt here, so those tests
+# fail on both runtimes alike.
 #
 # Environment: C8S_CONFORMANCE_FOCUS (a ginkgo focus regexp, default all),
 # C8S_CONFORMANCE_RUNTIMES (default "c8s runc"), C8S_REGISTRY_PORT (5123),

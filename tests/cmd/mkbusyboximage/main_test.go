@@ -14,12 +14,19 @@ import (
 	"github.com/c8s-dev/c8s/tests/internal/ociimage"
 )
 
-func TestRunWritesNamedImage(t *testing.T) {
-	dir := t.TempDir()
+// writeBusybox writes a stand-in busybox binary into dir.
+func writeBusybox(t *testing.T, dir, body string) string {
+	t.Helper()
 	bb := filepath.Join(dir, "busybox")
-	if err := os.WriteFile(bb, []byte("fake"), 0o755); err != nil {
+	if err := os.WriteFile(bb, []byte(body), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return bb
+}
+
+func TestRunWritesNamedImage(t *testing.T) {
+	dir := t.TempDir()
+	bb := writeBusybox(t, dir, "fake")
 	out := filepath.Join(dir, "img.tar")
 	// Flags after the output path, as in the documented usage.
 	if err := run([]string{out, "--name", "docker.io/c8s/cli:v1", "--busybox", bb}); err != nil {
@@ -58,10 +65,7 @@ func TestRunWritesNamedImage(t *testing.T) {
 // (deterministic) writer produces for that Cmd, and not the default image.
 func TestRunSetsCmd(t *testing.T) {
 	dir := t.TempDir()
-	bb := filepath.Join(dir, "busybox")
-	if err := os.WriteFile(bb, []byte("fake"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	bb := writeBusybox(t, dir, "fake")
 	out := filepath.Join(dir, "pause.tar")
 	want := filepath.Join(dir, "want.tar")
 	opts := ociimage.Options{Name: "docker.io/c8s/pause:v1", Busybox: bb, Cmd: []string{"sleep", "2147483647"}}
@@ -101,10 +105,7 @@ func TestRunRejectsBadArguments(t *testing.T) {
 // that knows two applets gives the image those two.
 func TestRunAllApplets(t *testing.T) {
 	dir := t.TempDir()
-	bb := filepath.Join(dir, "busybox")
-	if err := os.WriteFile(bb, []byte("#!/bin/sh\necho nc\necho httpd\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	bb := writeBusybox(t, dir, "#!/bin/sh\necho nc\necho httpd\n")
 	out := filepath.Join(dir, "all.tar")
 	if err := run([]string{out, "--busybox", bb, "--all-applets"}); err != nil {
 		t.Fatal(err)

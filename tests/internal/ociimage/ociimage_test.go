@@ -69,6 +69,20 @@ func decodeBlob(t *testing.T, files map[string][]byte, d ocispec.Descriptor, v a
 	return blob
 }
 
+// gunzipBlob returns the uncompressed content of a gzip layer blob.
+func gunzipBlob(t *testing.T, files map[string][]byte, d ocispec.Descriptor) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(decodeBlob(t, files, d, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return layer
+}
+
 func TestWriteLayout(t *testing.T) {
 	bb := fakeBusybox(t)
 	var out bytes.Buffer
@@ -100,14 +114,7 @@ func TestWriteLayout(t *testing.T) {
 	if len(m.Layers) != 1 || m.Layers[0].MediaType != ocispec.MediaTypeImageLayerGzip {
 		t.Fatalf("layers = %+v", m.Layers)
 	}
-	zr, err := gzip.NewReader(bytes.NewReader(decodeBlob(t, files, m.Layers[0], nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	layer, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	layer := gunzipBlob(t, files, m.Layers[0])
 	if digest.FromBytes(layer) != cfg.RootFS.DiffIDs[0] {
 		t.Errorf("diff ID %s does not match the uncompressed layer", cfg.RootFS.DiffIDs[0])
 	}
@@ -259,14 +266,7 @@ func TestWriteLinksChosenApplets(t *testing.T) {
 	}
 	var m ocispec.Manifest
 	decodeBlob(t, files, index.Manifests[0], &m)
-	zr, err := gzip.NewReader(bytes.NewReader(decodeBlob(t, files, m.Layers[0], nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	layer, err := io.ReadAll(zr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	layer := gunzipBlob(t, files, m.Layers[0])
 	_, headers, order := readTar(t, layer)
 	var links []string
 	for _, name := range order {

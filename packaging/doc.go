@@ -5,4 +5,6 @@
 // here; launcher/install installs them. kubernetes/runtimeclasses.yaml
 // holds the per-TEE RuntimeClasses c8s-sim, c8s-snp and c8s-tdx, whose
 // handlers the drop-in registers, each with its own config (Configs).
+// kubernetes/node-agent.yaml runs `c8s-launcher node-agent` as a DaemonSet
+// with the RBAC it needs (get and patch its Node and the Node's status).
 package packaging

@@ -157,6 +157,21 @@ type Runtime struct {
 	// CacheDir holds node-wide caches such as the accelerator probe result
 	// (default: <state_dir>/cache).
 	CacheDir string `toml:"cache_dir"`
+	// AllowHostRootfs lets snp and tdx pods run containers whose root
+	// filesystem comes from the host (containerd's snapshots, copied into
+	// the VM unverified). Off by default there: a confidential pod must not
+	// run code the host can change. The sim TEE always allows it.
+	AllowHostRootfs bool `toml:"allow_host_rootfs"`
+}
+
+// HostRootfsAllowed reports whether containers may run from a rootfs the
+// host supplies, and if not, why.
+func (c *Config) HostRootfsAllowed() error {
+	if c.Hypervisor.TEE == "sim" || c.Runtime.AllowHostRootfs {
+		return nil
+	}
+	return fmt.Errorf("tee %s does not trust a container rootfs supplied by the host (containerd's snapshot, copied into the VM unverified): "+
+		"set runtime.allow_host_rootfs = true to accept that risk; guest-side image pull and dm-verity-protected layers are not available yet", c.Hypervisor.TEE)
 }
 
 // Default returns the configuration used for every key a file leaves out.

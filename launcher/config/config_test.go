@@ -235,3 +235,21 @@ func TestAttestationSection(t *testing.T) {
 		t.Fatalf("bad attestation.mode: %v", err)
 	}
 }
+
+func TestHostRootfsIsRefusedByConfidentialTEEs(t *testing.T) {
+	c := Default()
+	if err := c.HostRootfsAllowed(); err != nil {
+		t.Fatalf("sim must accept a host rootfs: %v", err)
+	}
+	for _, tee := range []string{"snp", "tdx"} {
+		c.Hypervisor.TEE = tee
+		c.Runtime.AllowHostRootfs = false
+		if err := c.HostRootfsAllowed(); err == nil || !strings.Contains(err.Error(), "runtime.allow_host_rootfs") {
+			t.Errorf("%s with a host rootfs: %v, want a refusal naming runtime.allow_host_rootfs", tee, err)
+		}
+		c.Runtime.AllowHostRootfs = true
+		if err := c.HostRootfsAllowed(); err != nil {
+			t.Errorf("%s with allow_host_rootfs: %v", tee, err)
+		}
+	}
+}

@@ -185,6 +185,9 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, err
 	}
 
+	if err := pod.cfg.HostRootfsAllowed(); err != nil {
+		return nil, fmt.Errorf("container %q: %w: %w", r.ID, err, errdefs.ErrFailedPrecondition)
+	}
 	mounts := make([]mount.Mount, 0, len(r.Rootfs))
 	for _, m := range r.Rootfs {
 		mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})

@@ -155,7 +155,8 @@ func (e *env) assertNothingLeft(t *testing.T) {
 	if pids := e.qemus(t); len(pids) > 0 {
 		t.Errorf("QEMU processes left behind: %v", pids)
 	}
-	shim := func() int { return processMatching(t, "containerd-shim-c8s-v2", "-namespace "+e.d.Namespace+" ") }
+	// Shims of this daemon carry its socket in their command line.
+	shim := func() int { return processMatching(t, "containerd-shim-c8s-v2", "-address "+e.d.Address) }
 	for shim() != 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}

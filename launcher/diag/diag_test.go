@@ -21,9 +21,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/internal/golden"
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/internal/golden"
 )
 
 // fixtureRoot copies testdata/<name> into a short temporary directory (unix

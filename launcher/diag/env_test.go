@@ -7,7 +7,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
-	"github.com/c8s-dev/c8s/launcher/internal/golden"
+	"github.com/c8s-dev/c8s/internal/golden"
 )
 
 // TestEnvOnFixtureHost collects the environment of the SNP fixture host

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/internal/golden"
 	"github.com/c8s-dev/c8s/launcher/ctrdconfig"
-	"github.com/c8s-dev/c8s/launcher/internal/golden"
 )
 
 var fixedNow = func() time.Time { return time.Date(2026, 11, 29, 19, 30, 0, 0, time.UTC) }

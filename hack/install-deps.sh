@@ -13,6 +13,7 @@ PACKAGES=(
 	busybox-static
 	ovmf
 	runc
+	crun
 	cpio
 	cryptsetup-bin
 	erofs-utils

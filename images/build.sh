@@ -4,7 +4,7 @@
 # Builds the c8s guest image into OUTDIR, reproducibly, from pinned Debian
 # packages and the guest agent built by `make build`:
 #   vmlinuz        the kernel of KERNEL_PKG at KERNEL_VERSION
-#   initrd.img     zstd -9 compressed newc cpio: /init (the agent), runc and the
+#   initrd.img     zstd -9 compressed newc cpio: /init (the agent), crun, runc and the
 #                  libraries it links, the kernel modules the agent loads
 #                  (listed in load order in /etc/c8s/modules), /etc/c8s/image.json
 #   manifest.json  sizes and sha256 of every artefact plus version information
@@ -69,6 +69,7 @@ if readelf -l "$AGENT" 2>/dev/null | grep -q 'Requesting program interpreter'; t
 	die "agent $AGENT is dynamically linked; it runs as /init and must be static (CGO_ENABLED=0)"
 fi
 RUNC=$(command -v runc) || die "runc not found; run 'make deps'"
+CRUN=$(command -v crun) || die "crun not found; run 'make deps'"
 
 mkdir -p "$OUTDIR" "$CACHE"
 OUTDIR=$(cd "$OUTDIR" && pwd)
@@ -155,7 +156,8 @@ install -m 0755 "$RUNC" "$R/usr/bin/runc"
 while read -r lib; do
 	mkdir -p "$R$(dirname "$lib")"
 	install -m 0755 "$(readlink -f "$lib")" "$R$lib"
-done < <(ldd "$RUNC" | grep -oE '/[^ ]+' | sort -u)
+done < <(for b in "$RUNC" "$CRUN"; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
+install -m 0755 "$CRUN" "$R/usr/bin/crun"
 
 : >"$R/etc/c8s/modules"
 for file in "${order[@]}"; do
@@ -191,7 +193,7 @@ declare -A owners=()
 while read -r f; do
 	pkg=$(owner "$f")
 	owners[$pkg]=1
-done < <(echo "$RUNC"; ldd "$RUNC" | grep -oE '/[^ ]+')
+done < <(echo "$RUNC"; echo "$CRUN"; for b in "$RUNC" "$CRUN"; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
 for pkg in $(printf '%s\n' "${!owners[@]}" | sort); do
 	PACKAGES+=("$pkg=$(pkgver "$pkg")")
 done

@@ -144,6 +144,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		Terminal:      stdio.Terminal,
 		Exists:        func(p string) bool { _, err := os.Stat(p); return err == nil },
 		Warn:          func(msg string) { log.G(ctx).WithField("container", c.id).Warn(msg) },
+		OCIVersion:    s.cfg.Runtime.SpecVersion,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)

@@ -51,6 +51,9 @@ type Process struct {
 type Runtime struct {
 	// Command is the runc binary; empty means runc from PATH.
 	Command string
+	// SpecVersion, when set, is the ociVersion written into bundles: the
+	// newest spec version Command accepts.
+	SpecVersion string
 	// Root is runc's state root (runc --root).
 	Root   string
 	Reaper *reaper.Reaper

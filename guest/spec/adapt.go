@@ -50,6 +50,9 @@ type Options struct {
 	Exists func(path string) bool
 	// Warn receives a message for each part of the spec that was dropped.
 	Warn func(msg string)
+	// OCIVersion, when set, replaces the spec's ociVersion: the guest's OCI
+	// runtime may accept only an older version string than the host wrote.
+	OCIVersion string
 }
 
 // Plan is an adapted spec and the files it needs.
@@ -84,6 +87,9 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 	readonly := s.Root != nil && s.Root.Readonly
 	s.Root = &specs.Root{Path: o.Rootfs, Readonly: readonly}
 	s.Hooks = nil
+	if o.OCIVersion != "" {
+		s.Version = o.OCIVersion
+	}
 	s.Process.Terminal = o.Terminal
 	s.Process.ApparmorProfile = ""
 	s.Process.SelinuxLabel = ""

@@ -223,3 +223,15 @@ func TestAdaptHostNetworkSandboxGetsItsOwnUTS(t *testing.T) {
 		t.Fatalf("namespaces added without a hostname: %+v, %v", plan.Spec.Linux.Namespaces, err)
 	}
 }
+
+func TestAdaptRewritesTheSpecVersionForTheGuestRuntime(t *testing.T) {
+	raw := hostSpec(t)
+	plan, err := Adapt(raw, Options{ContainerID: "c", Rootfs: "/r", Exists: guestHas(), OCIVersion: "1.1.0"})
+	if err != nil || plan.Spec.Version != "1.1.0" {
+		t.Fatalf("ociVersion = %q, %v; want 1.1.0", plan.Spec.Version, err)
+	}
+	plan, err = Adapt(raw, Options{ContainerID: "c", Rootfs: "/r", Exists: guestHas()})
+	if err != nil || plan.Spec.Version != specs.Version {
+		t.Fatalf("without OCIVersion the host's version stays: %q, %v", plan.Spec.Version, err)
+	}
+}

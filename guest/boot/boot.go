@@ -41,6 +41,7 @@ const (
 
 // Main runs the agent.
 func Main() {
+	started := initsys.Uptime()
 	pid1 := os.Getpid() == 1
 	if pid1 && os.Getenv(PowerOffEnv) == "1" {
 		// The benchmark's baseline: a boot that reaches init and powers off.
@@ -77,15 +78,16 @@ func Main() {
 		if err := initsys.MountAll(); err != nil {
 			fatal(err)
 		}
+		log.L.WithField("guest_uptime", initsys.Uptime()).Debug("filesystems mounted")
 		n := initsys.LoadModules(initsys.ModulesList, func(p string) bool { return !initsys.Deferred(p) })
-		log.L.Infof("loaded %d kernel modules", n)
+		log.L.WithField("guest_uptime", initsys.Uptime()).Infof("loaded %d kernel modules", n)
 		if err := initsys.SetupNetwork(); err != nil {
 			log.L.WithError(err).Error("network setup failed")
 		}
 	} else {
 		logrus.SetLevel(level)
 	}
-	log.L.WithField("version", agent.Version).WithField("pid1", pid1).Info("c8s-agent starting")
+	log.L.WithField("version", agent.Version).WithField("pid1", pid1).WithField("guest_uptime", started).Info("c8s-agent starting")
 
 	r, err := reaper.New()
 	if err != nil {
@@ -118,7 +120,7 @@ func Main() {
 	if err != nil {
 		fatal(err)
 	}
-	log.L.WithField("channel", ch).WithField("address", l.Addr().String()).Info("serving")
+	log.L.WithField("channel", ch).WithField("address", l.Addr().String()).WithField("guest_uptime", initsys.Uptime()).Info("serving")
 	for {
 		err := srv.Serve(context.Background(), l)
 		log.L.WithError(err).Error("ttrpc server stopped; serving again in 1s")
@@ -155,7 +157,7 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		}
 		p, err := attest.Detect(ctx, "/", func() {
 			if pid1 {
-				initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/drivers/virt/coco/") })
+				initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/fs/configfs/", "/drivers/virt/coco/") })
 			}
 		})
 		if err != nil {

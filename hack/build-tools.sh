@@ -3,15 +3,15 @@
 #
 # Builds containerd, ctr and containerd-shim-runc-v2 into OUTDIR from the tools
 # module in tests/tools, at the containerd version that the root go.mod
-# requires (the version the shim is built against). The build is cached: a
-# stamp file in OUTDIR records what was built, and a run that would build the
-# same thing again does nothing.
+# requires (the version the shim is built against), and etcd, kube-apiserver,
+# kube-scheduler and kubelet from the module in tests/tools/kubernetes, at the
+# k8s.io/kubernetes version it requires (for the real-Kubernetes e2e test).
+# Each group is cached: a stamp file in OUTDIR records what was built, and a
+# run that would build the same thing again does nothing.
 #
 # tests/tools/go.mod must require the same containerd version as go.mod; when
 # it does not, the script fails and prints the command that brings it in line.
 #
-# To add a tool group later (e.g. Kubernetes components), add its packages to
-# a new array below, its version to stamp_content, and one build line.
 set -euo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -54,31 +54,54 @@ EOF
 	exit 1
 fi
 
-stamp_content() {
-	echo "containerd=$want"
-	echo "go=$("$GO" env GOVERSION)"
+# build_group NAME STAMP MODDIR "PKGS..." "BINS..." STAMP_CONTENT [GO BUILD FLAGS...]
+# builds PKGS in MODDIR into OUTDIR unless STAMP and every BIN say it is done.
+# A package whose binary is named "server" (etcd) is installed as "etcd".
+build_group() {
+	local name=$1 stamp=$2 moddir=$3 pkgs=$4 bins=$5 content=$6
+	shift 6
+	local cached=1 bin
+	if [[ ! -f "$stamp" ]] || [[ "$(cat "$stamp")" != "$content" ]]; then
+		cached=0
+	fi
+	for bin in $bins; do
+		[[ -x "$OUTDIR/$bin" ]] || cached=0
+	done
+	if [[ $cached -eq 1 ]]; then
+		echo "build-tools: $name already built in $OUTDIR (cached)"
+		return 0
+	fi
+	echo "build-tools: building $name into $OUTDIR"
+	rm -f "$stamp"
+	local tmp start=$SECONDS
+	tmp=$(mktemp -d "$OUTDIR/.build.XXXXXX")
+	# shellcheck disable=SC2086
+	if ! (cd "$moddir" && "$GO" build -trimpath -buildvcs=false "$@" -o "$tmp/" $pkgs); then
+		rm -rf "$tmp"
+		return 1
+	fi
+	[[ -f "$tmp/server" ]] && mv -f "$tmp/server" "$tmp/etcd"
+	for bin in $bins; do
+		mv -f "$tmp/$bin" "$OUTDIR/$bin"
+	done
+	rm -rf "$tmp"
+	echo "$content" >"$stamp"
+	echo "build-tools: built $bins in $((SECONDS - start)) s"
 }
 
-cached=1
-if [[ ! -f "$STAMP" ]] || [[ "$(cat "$STAMP")" != "$(stamp_content)" ]]; then
-	cached=0
-fi
-for bin in "${CONTAINERD_BINS[@]}"; do
-	[[ -x "$OUTDIR/$bin" ]] || cached=0
-done
-if [[ $cached -eq 1 ]]; then
-	echo "build-tools: containerd $want already built in $OUTDIR (cached)"
-	exit 0
-fi
+goversion=$("$GO" env GOVERSION)
+build_group "containerd $want" "$STAMP" "$TOOLS_MOD" "${CONTAINERD_PKGS[*]}" "${CONTAINERD_BINS[*]}" \
+	"$(printf 'containerd=%s\ngo=%s' "$want" "$goversion")" -tags no_btrfs
 
-echo "build-tools: building containerd $want into $OUTDIR"
-rm -f "$STAMP"
-tmp=$(mktemp -d "$OUTDIR/.build.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-start=$SECONDS
-(cd "$TOOLS_MOD" && "$GO" build -trimpath -buildvcs=false -tags no_btrfs -o "$tmp/" "${CONTAINERD_PKGS[@]}")
-for bin in "${CONTAINERD_BINS[@]}"; do
-	mv -f "$tmp/$bin" "$OUTDIR/$bin"
-done
-stamp_content >"$STAMP"
-echo "build-tools: built ${CONTAINERD_BINS[*]} in $((SECONDS - start)) s"
+KUBE_MOD="$TOOLS_MOD/kubernetes"
+KUBE_PKGS=(
+	go.etcd.io/etcd/server/v3
+	k8s.io/kubernetes/cmd/kube-apiserver
+	k8s.io/kubernetes/cmd/kube-scheduler
+	k8s.io/kubernetes/cmd/kubelet
+)
+KUBE_BINS=(etcd kube-apiserver kube-scheduler kubelet)
+kube=$(modversion "$KUBE_MOD" k8s.io/kubernetes)
+etcd=$(modversion "$KUBE_MOD" go.etcd.io/etcd/server/v3)
+build_group "Kubernetes $kube (etcd $etcd)" "$OUTDIR/.c8s-kube.stamp" "$KUBE_MOD" "${KUBE_PKGS[*]}" "${KUBE_BINS[*]}" \
+	"$(printf 'kubernetes=%s\netcd=%s\ngo=%s' "$kube" "$etcd" "$goversion")"

@@ -173,6 +173,24 @@ func TestKubernetesSchedulesPodVMs(t *testing.T) {
 	}, diag("vm1", "vm2"))
 	deletePod(t, c, "vm2")
 	e.assertNothingLeft(t)
+
+	// A kubelet restart drops the device plugins' registrations; the
+	// node agent registers the sim slot again.
+	registered := func() int {
+		data, _ := os.ReadFile(c.logs["c8s-launcher"])
+		return strings.Count(string(data), "registered "+nodelabels.ResourceSimSlot+" ")
+	}
+	before := registered()
+	if before == 0 {
+		t.Fatalf("the node agent never logged registering %s:\n%s", nodelabels.ResourceSimSlot, c.logTail("c8s-launcher", 20))
+	}
+	c.stopKubelet()
+	c.stopKubelet = c.start(t, "kubelet", c.kubeletArgs...)
+	c.wait(t, "the sim slot registered again after a kubelet restart", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		return registered() > before, nil
+	}, func() string {
+		return "node agent log:\n" + c.logTail("c8s-launcher", 20) + "\nkubelet log:\n" + c.logGrep("kubelet", 30, "plugin", "Plugin", "sim-slot")
+	})
 }
 
 // installHandlers writes the packaged per-TEE c8s configs under dir with

@@ -35,9 +35,12 @@ type cluster struct {
 	kubeconfig string
 	kubeletDir string // kubelet --root-dir
 	pluginDir  string // the kubelet's device-plugins directory
-	node       string
-	cs         *kubernetes.Clientset
-	logs       map[string]string // component -> log file
+	// kubeletArgs and stopKubelet restart the kubelet.
+	kubeletArgs []string
+	stopKubelet func()
+	node        string
+	cs          *kubernetes.Clientset
+	logs        map[string]string // component -> log file
 }
 
 // devicePluginDir is where the kubelet serves device plugin registration.
@@ -58,11 +61,12 @@ func freePort(t *testing.T) int {
 }
 
 // start runs a component in its own process group with its output in a
-// log file, and stops it (SIGTERM, then SIGKILL) at cleanup.
-func (c *cluster) start(t *testing.T, name string, args ...string) {
+// log file, and stops it (SIGTERM, then SIGKILL) at cleanup or when the
+// returned function is called.
+func (c *cluster) start(t *testing.T, name string, args ...string) func() {
 	t.Helper()
 	logPath := filepath.Join(c.dir, name+".log")
-	f, err := os.Create(logPath)
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +85,7 @@ func (c *cluster) start(t *testing.T, name string, args ...string) {
 	c.logs[name] = logPath
 	done := make(chan struct{})
 	go func() { cmd.Wait(); f.Close(); close(done) }()
-	t.Cleanup(func() {
+	stop := func() {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
 		select {
 		case <-done:
@@ -89,7 +93,9 @@ func (c *cluster) start(t *testing.T, name string, args ...string) {
 			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 			<-done
 		}
-	})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // logTail returns the last n lines of a component's log.
@@ -257,8 +263,9 @@ localStorageCapacityIsolation: false
 			}
 		})
 	}
-	c.start(t, "kubelet", "--config="+kcfg, "--kubeconfig="+c.kubeconfig, "--root-dir="+c.kubeletDir,
-		"--cert-dir="+filepath.Join(c.kubeletDir, "pki"), "--hostname-override="+c.node, "--v=2")
+	c.kubeletArgs = []string{"--config=" + kcfg, "--kubeconfig=" + c.kubeconfig, "--root-dir=" + c.kubeletDir,
+		"--cert-dir=" + filepath.Join(c.kubeletDir, "pki"), "--hostname-override=" + c.node, "--v=2"}
+	c.stopKubelet = c.start(t, "kubelet", c.kubeletArgs...)
 	t.Cleanup(func() { unmountBelow(t, c.kubeletDir) }) // after the kubelet stopped
 	return c
 }

@@ -30,7 +30,7 @@ deps: ## Install the Debian packages c8s builds and tests with (idempotent).
 	hack/install-deps.sh
 
 .PHONY: tools
-tools: ## Build containerd, ctr and the runc shim from their Go module (cached).
+tools: ## Build containerd, Kubernetes (etcd, apiserver, scheduler, kubelet), crictl, critest and CNI plugins from their Go modules (cached).
 	hack/build-tools.sh $(TOOLS_BIN)
 	hack/build-critools.sh $(TOOLS_BIN)
 

@@ -1,7 +1,7 @@
 // Package e2e tests c8s end to end: a real containerd 2.x built from its Go
 // module drives containerd-shim-c8s-v2, which boots real pod VMs under
 // QEMU with the guest image from `make image`. Every test here boots as
-// few VMs as it can; the whole package boots four.
+// few VMs as it can: one per scenario that needs a pod VM.
 //
 // Prerequisites (`make test` provides them all): root, `make build`,
 // `make image`, `make tools`. Without them the tests skip with the reason,

@@ -138,9 +138,13 @@ func setupCRI(t *testing.T) *env {
   runtime_type = 'io.containerd.c8s.v2'
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s.options]
     ConfigPath = %q
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s-sim]
+  runtime_type = 'io.containerd.c8s.v2'
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s-sim.options]
+    ConfigPath = %q
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = %q
-`, e.config, pauseImage),
+`, e.config, e.config, pauseImage),
 	})
 	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: []string{"sleep", "2147483647"}}} {
 		tarball := filepath.Join(e.d.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")

@@ -14,7 +14,7 @@ import (
 )
 
 // TestCrictlPodLifecycle drives containerd's CRI with the real crictl, as
-// a node admin would: a host-network pod with `--runtime c8s`, a container
+// a node admin would: a host-network pod with `--runtime c8s-sim`, a container
 // created, started, exec'd into (it sees the guest kernel), its logs read,
 // then everything stopped and removed, leaving nothing behind. One VM.
 func TestCrictlPodLifecycle(t *testing.T) {
@@ -58,7 +58,7 @@ func TestCrictlPodLifecycle(t *testing.T) {
 		return strings.TrimSpace(stdout.String())
 	}
 
-	pod := crictl("runp", "--runtime", "c8s", podConfig)
+	pod := crictl("runp", "--runtime", "c8s-sim", podConfig)
 	removed := false
 	t.Cleanup(func() {
 		if !removed {

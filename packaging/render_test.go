@@ -1,7 +1,6 @@
 package packaging
 
 import (
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,31 +8,17 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
+	goldenfile "github.com/c8s-dev/c8s/internal/golden"
 	"github.com/c8s-dev/c8s/launcher/config"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
-
 var paths = Paths{SysconfDir: "/etc", DataDir: "/usr/local/share"}
 
+// golden checks a rendered file against testdata/golden (go test
+// ./packaging -update rewrites it).
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join("testdata", strings.ReplaceAll(name, "/", "_")+".golden")
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run: go test ./packaging -update)", err)
-	}
-	if got != string(want) {
-		t.Fatalf("%s differs from %s (run: go test ./packaging -update)\n%s", name, path, got)
-	}
+	goldenfile.Check(t, strings.ReplaceAll(name, "/", "_"), []byte(got))
 }
 
 func TestContainerdDropInRegistersTheC8sHandler(t *testing.T) {

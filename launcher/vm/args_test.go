@@ -1,17 +1,14 @@
 package vm
 
 import (
-	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/tee"
-)
 
-var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+	"github.com/c8s-dev/c8s/internal/golden"
+)
 
 // goldenSpec is a fixed spec; paths need not exist since Args is pure.
 func goldenSpec(teeName, accel string) Spec {
@@ -60,22 +57,7 @@ func TestArgsGolden(t *testing.T) {
 				t.Fatalf("Args: %v", err)
 			}
 			got := strings.Join(argv, "\n") + "\n"
-			path := filepath.Join("testdata", c.name+".golden")
-			if *update {
-				if err := os.MkdirAll("testdata", 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test ./launcher/vm -update)", err)
-			}
-			if got != string(want) {
-				t.Fatalf("argv differs from %s (if intended, run go test ./launcher/vm -update):\ngot:\n%s\nwant:\n%s", path, got, want)
-			}
+			golden.Check(t, c.name, []byte(got))
 		})
 	}
 }

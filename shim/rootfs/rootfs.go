@@ -54,7 +54,7 @@ func Build(ctx context.Context, mounts []mount.Mount, target, image string, opts
 			}
 		}()
 	}
-	if _, err := os.Stat(filepath.Join(target)); err != nil {
+	if _, err := os.Stat(target); err != nil {
 		return fmt.Errorf("container rootfs %s: %w", target, err)
 	}
 	used, files, err := usage(target)

@@ -10,6 +10,13 @@
 //	[agent_policy]
 //	allow_exec = false   # refuse `ctr task exec` / `kubectl exec` from the host
 //
+//	[kbs]                # optional: secrets from a KBS-protocol key broker (see KBS)
+//	url = "https://kbs.example:8080"
+//	cert = "-----BEGIN CERTIFICATE-----..."
+//	[[kbs.secrets]]
+//	resource = "kbs:///default/key/db-password"
+//	path = "/run/secrets/db-password"
+//
 // Empty init data means the default policy (everything allowed) and an
 // all-zero HOST_DATA. Both sides of the host-guest API use this package,
 // so that they agree on the format and the digest.
@@ -36,6 +43,9 @@ const Annotation = "io.c8s.initdata"
 type InitData struct {
 	Version string      `toml:"version"`
 	Agent   AgentPolicy `toml:"agent_policy"`
+	// KBS names the pod's key broker and the secrets it releases to the
+	// pod once its evidence verifies.
+	KBS KBS `toml:"kbs"`
 }
 
 // AgentPolicy says which host requests the agent serves.
@@ -81,12 +91,15 @@ func Parse(data []byte) (*InitData, error) {
 			for _, e := range strict.Errors {
 				keys = append(keys, strings.Join(e.Key(), "."))
 			}
-			return nil, fmt.Errorf("init data: unknown key %s (known: version, agent_policy.allow_exec)", strings.Join(keys, ", "))
+			return nil, fmt.Errorf("init data: unknown key %s (known: version, agent_policy.allow_exec, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path)", strings.Join(keys, ", "))
 		}
 		return nil, fmt.Errorf("init data: %w", err)
 	}
 	if d.Version != Version {
 		return nil, fmt.Errorf("init data: version %q is not supported; this agent reads version %q", d.Version, Version)
+	}
+	if err := d.KBS.validate(); err != nil {
+		return nil, err
 	}
 	return d, nil
 }

@@ -1,0 +1,281 @@
+package kbs
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-sev-guest/kds"
+
+	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
+	guestkbs "github.com/c8s-dev/c8s/guest/kbs"
+	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+)
+
+const secret = "s3cr3t-db-password-9f1c"
+
+var shared struct {
+	once sync.Once
+	sp   *simsp.SP
+	err  error
+}
+
+// simSP returns a simulated secure processor shared by the tests (making
+// one costs two RSA-4096 keys).
+func simSP(t *testing.T) *simsp.SP {
+	t.Helper()
+	shared.once.Do(func() { shared.sp, shared.err = simsp.New(kds.TCBParts{BlSpl: 3, SnpSpl: 20, UcodeSpl: 200}) })
+	if shared.err != nil {
+		t.Fatal(shared.err)
+	}
+	return shared.sp
+}
+
+// fixture is a broker over real TLS and a pod whose evidence the sim SP
+// signs.
+type fixture struct {
+	srv         *httptest.Server
+	roots       *x509.CertPool
+	broker      *Broker
+	sp          *simsp.SP
+	measurement [48]byte // what the pod's reports carry
+	initData    []byte
+	evidence    atomic.Int32 // evidence requests
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	sp := simSP(t)
+	f := &fixture{sp: sp, initData: []byte("version = \"0.1\"\n")}
+	if _, err := rand.Read(f.measurement[:]); err != nil {
+		t.Fatal(err)
+	}
+	v, err := attest.NewVerifier(attest.Trust{Mode: attest.ModeSim, SimCertChain: sp.CertChainPEM()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := f.measurement
+	f.broker = &Broker{
+		Verifier:  v,
+		Policy:    attest.Policy{Measurements: map[int]attest.Hex{1: m[:]}, VCPUs: 1},
+		Resources: Map{"default/key/db-password": []byte(secret)},
+		Log:       t.Logf,
+	}
+	f.srv, f.roots = tlsServer(t, f.broker)
+	return f
+}
+
+// tlsServer serves h over TLS with a fresh self-signed certificate and
+// returns the pool that pins it.
+func tlsServer(t *testing.T, h http.Handler) (*httptest.Server, *x509.CertPool) {
+	t.Helper()
+	certPEM, keyPEM, err := SelfSigned([]string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(certPEM) {
+		t.Fatal("pin the broker certificate")
+	}
+	return srv, pool
+}
+
+// snpEvidence is the pod's evidence source.
+func (f *fixture) snpEvidence(_ context.Context, rd [64]byte) (string, []byte, error) {
+	f.evidence.Add(1)
+	req := simsp.Request{Measurement: f.measurement, HostData: initdata.Digest(f.initData), ReportData: rd}
+	report, err := f.sp.Report(req)
+	if err != nil {
+		return "", nil, err
+	}
+	ev, err := json.Marshal(kbsapi.SNPEvidence{Report: report, CertTable: f.sp.CertTable(), Provider: "sim"})
+	return kbsapi.TeeSNP, ev, err
+}
+
+func (f *fixture) client() *guestkbs.Client {
+	return &guestkbs.Client{URL: f.srv.URL, Roots: f.roots, Evidence: f.snpEvidence, Tee: kbsapi.TeeSNP, InitData: f.initData}
+}
+
+func TestFetch(t *testing.T) {
+	f := newFixture(t)
+	got, err := f.client().Fetch(context.Background(), []string{"default/key/db-password"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got[0]) != secret {
+		t.Fatalf("got %q, want the stored secret", got[0])
+	}
+}
+
+func TestAlteredMeasurementRefused(t *testing.T) {
+	f := newFixture(t)
+	f.measurement[0] ^= 1 // the pod booted something else than the policy's image
+	c := f.client()
+	_, err := c.FetchRetry(context.Background(), []string{"default/key/db-password"}, guestkbs.Retry{Attempts: 3, Backoff: time.Millisecond})
+	var e *guestkbs.Error
+	if !errors.As(err, &e) || e.Status != http.StatusUnauthorized || e.Op != "attest" {
+		t.Fatalf("err = %v, want a 401 on attest", err)
+	}
+	if !strings.Contains(err.Error(), "measurement mismatch") || strings.Contains(err.Error(), secret) {
+		t.Fatalf("err = %v: want the mismatch named and no secret", err)
+	}
+	if n := f.evidence.Load(); n != 1 {
+		t.Fatalf("a refusal was retried: %d evidence requests", n)
+	}
+}
+
+func TestHostDataMustMatchInitData(t *testing.T) {
+	f := newFixture(t)
+	c := f.client()
+	c.InitData = []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = true\n") // not what HOST_DATA holds
+	_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
+	if err == nil || !strings.Contains(err.Error(), "HOST_DATA") {
+		t.Fatalf("err = %v, want a HOST_DATA mismatch", err)
+	}
+}
+
+func TestWrongBrokerCertRefused(t *testing.T) {
+	f := newFixture(t)
+	_, otherRoots := tlsServer(t, http.NotFoundHandler())
+	c := f.client()
+	c.Roots = otherRoots
+	_, err := c.FetchRetry(context.Background(), []string{"default/key/db-password"}, guestkbs.Retry{Attempts: 3, Backoff: time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("err = %v, want a certificate error", err)
+	}
+	if n := f.evidence.Load(); n != 0 {
+		t.Fatalf("evidence was produced for an unauthenticated broker (%d times)", n)
+	}
+}
+
+func TestMissingResource(t *testing.T) {
+	f := newFixture(t)
+	_, err := f.client().Fetch(context.Background(), []string{"default/key/nope"})
+	var e *guestkbs.Error
+	if !errors.As(err, &e) || e.Status != http.StatusNotFound || !strings.Contains(err.Error(), "default/key/nope") {
+		t.Fatalf("err = %v, want a 404 naming the resource", err)
+	}
+}
+
+func TestUnreachableBrokerRetried(t *testing.T) {
+	f := newFixture(t)
+	c := f.client()
+	f.srv.Close()
+	var logged int
+	_, err := c.FetchRetry(context.Background(), []string{"default/key/db-password"}, guestkbs.Retry{
+		Attempts: 3, Backoff: time.Millisecond, Log: func(int, error, time.Duration) { logged++ }})
+	if err == nil || !strings.Contains(err.Error(), "after 3 attempts") || logged != 2 {
+		t.Fatalf("err = %v, %d retries logged; want 3 attempts", err, logged)
+	}
+}
+
+// rawSession speaks the protocol by hand, to replay messages.
+type rawSession struct {
+	t    *testing.T
+	f    *fixture
+	http *http.Client
+}
+
+func (f *fixture) rawSession(t *testing.T) *rawSession {
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: f.roots}}}
+	return &rawSession{t: t, f: f, http: c}
+}
+
+func (s *rawSession) post(path string, v any) (int, []byte) {
+	s.t.Helper()
+	b, _ := json.Marshal(v)
+	resp, err := s.http.Post(s.f.srv.URL+path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
+}
+
+func (s *rawSession) auth() kbsapi.Challenge {
+	s.t.Helper()
+	st, body := s.post(kbsapi.AuthPath, kbsapi.Request{Version: kbsapi.ProtocolVersion, Tee: kbsapi.TeeSNP, ExtraParams: map[string]any{}})
+	var ch kbsapi.Challenge
+	if st != http.StatusOK || json.Unmarshal(body, &ch) != nil {
+		s.t.Fatalf("auth: %d %s", st, body)
+	}
+	return ch
+}
+
+// attestation answers ch.
+func (s *rawSession) attestation(ch kbsapi.Challenge) kbsapi.Attestation {
+	s.t.Helper()
+	rt, _ := json.Marshal(map[string]any{"nonce": ch.Nonce, "tee-pubkey": json.RawMessage(`{"kty":"EC","crv":"P-256","alg":"ECDH-ES+A256KW","x":"weNJy2HscCSM6AEDTDg04biOvhFhyyWvOHQfeF_PxMQ","y":"e8lnCO-AlStT-NJVX-crhB7QRYhiix03illJOVAOyck"}`)})
+	rd, err := kbsapi.ReportData(rt, kbsapi.DefaultHashAlgorithm)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	_, ev, err := s.f.snpEvidence(context.Background(), rd)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return kbsapi.Attestation{RuntimeData: rt, TeeEvidence: ev, InitData: &kbsapi.InitData{Format: "toml", Body: string(s.f.initData)}}
+}
+
+func TestReplayedAttestationRefused(t *testing.T) {
+	f := newFixture(t)
+	a := f.rawSession(t)
+	att := a.attestation(a.auth())
+	if st, body := a.post(kbsapi.AttestPath, att); st != http.StatusOK {
+		t.Fatalf("first attestation: %d %s", st, body)
+	}
+	// The same message again on the same session: the challenge is spent.
+	if st, body := a.post(kbsapi.AttestPath, att); st != http.StatusUnauthorized || !strings.Contains(string(body), "already answered") {
+		t.Fatalf("replay on the same session: %d %s", st, body)
+	}
+	// The old message on a fresh session: its nonce is not the new one.
+	b := f.rawSession(t)
+	b.auth()
+	if st, body := b.post(kbsapi.AttestPath, att); st != http.StatusUnauthorized || !strings.Contains(string(body), "nonce") {
+		t.Fatalf("replay on a new session: %d %s", st, body)
+	}
+	// That session never attested: nothing is released to it.
+	resp, err := b.http.Get(f.srv.URL + kbsapi.ResourcePath + "default/key/db-password")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || strings.Contains(string(body), secret) {
+		t.Fatalf("resource for an unattested session: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestDirResources(t *testing.T) {
+	d := Dir(t.TempDir())
+	for _, p := range []string{"../x/y", "a/b", "/a/b/c", "a/../b/c"} {
+		if _, err := d.Get(p); err == nil {
+			t.Errorf("Get(%q) succeeded", p)
+		}
+	}
+}

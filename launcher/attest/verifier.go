@@ -42,6 +42,12 @@ type Trust struct {
 	FetchCertificates bool
 	// Now returns the time certificates must be valid at; nil is time.Now.
 	Now func() time.Time
+	// SNPRoots, in ModeSNP only, replaces AMD's roots by another ASK and
+	// ARK (PEM, in the order of AMD's KDS cert_chain endpoint) whose ARK is
+	// named "ARK-<product line>". It exists for tests with go-sev-guest's
+	// fake secure processor, which signs with its own test-only ARK; it is
+	// never read from configuration.
+	SNPRoots []byte
 }
 
 // SimTrust returns the Trust of a sim-mode verifier for the simulated
@@ -106,6 +112,16 @@ func NewVerifier(t Trust) (*Verifier, error) {
 		if len(t.SimCertChain) != 0 {
 			return nil, failure(KindConfig, "trust", fmt.Errorf("mode %s trusts the hardware vendor's roots only; a simulated root must not be configured", t.Mode), "")
 		}
+		if len(t.SNPRoots) != 0 {
+			if t.Mode != ModeSNP {
+				return nil, failure(KindConfig, "trust", fmt.Errorf("mode %s takes no SNP roots", t.Mode), "")
+			}
+			roots, err := snpRootsFromPEM(t.SNPRoots)
+			if err != nil {
+				return nil, failure(KindConfig, "trust", err, "")
+			}
+			v.snpRoots = roots
+		}
 		if t.Mode == ModeTDX {
 			pool, err := intelRoot()
 			if err != nil {
@@ -129,6 +145,23 @@ func NewVerifier(t Trust) (*Verifier, error) {
 		return nil, failure(KindConfig, "trust", fmt.Errorf("unknown mode %q: want snp, tdx or sim", t.Mode), "")
 	}
 	return v, nil
+}
+
+// snpRootsFromPEM parses an ASK and ARK of one of AMD's product lines.
+func snpRootsFromPEM(b []byte) (map[string][]*trust.AMDRootCerts, error) {
+	var lastErr error
+	for _, line := range []string{"Milan", "Genoa", "Turin"} {
+		root := trust.AMDRootCertsProduct(line)
+		if err := root.FromKDSCertBytes(b); err != nil {
+			lastErr = err
+			continue
+		}
+		if root.ProductCerts.Ark == nil || root.ProductCerts.Ark.Subject.CommonName != "ARK-"+line {
+			continue
+		}
+		return map[string][]*trust.AMDRootCerts{line: {root}}, nil
+	}
+	return nil, fmt.Errorf("SNP roots: not an ASK and ARK of a known product line (Milan, Genoa, Turin): %v", lastErr)
 }
 
 // Mode returns the verifier's mode.

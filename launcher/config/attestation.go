@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/hex"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -34,7 +35,17 @@ type Attestation struct {
 	// AllowDebug accepts VMs launched with debugging enabled. Never in
 	// production: the host can read a debug VM's memory.
 	AllowDebug bool `toml:"allow_debug"`
+	// NodeLaunchDigests are the launch digests (hex: the SNP MEASUREMENT or
+	// the TDX MRTD, 48 bytes) the node itself may have when it runs as a
+	// confidential VM (node-as-CVM); the node agent publishes its own
+	// digest as matched only when it is one of them. Empty publishes the
+	// verified digest without comparing it to a reference. MinTCB and
+	// AllowDebug apply to the node's own evidence too.
+	NodeLaunchDigests []string `toml:"node_launch_digests"`
 }
+
+// launchDigestSize is the size of an SNP MEASUREMENT and a TDX MRTD.
+const launchDigestSize = 48
 
 // ManifestPath returns attestation.manifest or its default.
 func (c *Config) ManifestPath() string {
@@ -47,6 +58,12 @@ func (c *Config) ManifestPath() string {
 func (a Attestation) validate() error {
 	if !contains(AttestModes, a.Mode) {
 		return fmt.Errorf("attestation.mode %q is not valid; use one of: %s", a.Mode, strings.Join(AttestModes, ", "))
+	}
+	for i, d := range a.NodeLaunchDigests {
+		b, err := hex.DecodeString(strings.TrimPrefix(d, "0x"))
+		if err != nil || len(b) != launchDigestSize {
+			return fmt.Errorf("attestation.node_launch_digests[%d] %q is not a %d-byte hex digest (an SNP MEASUREMENT or TDX MRTD)", i, d, launchDigestSize)
+		}
 	}
 	return nil
 }

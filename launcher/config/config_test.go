@@ -234,6 +234,15 @@ func TestAttestationSection(t *testing.T) {
 	if err := c.Attestation.validate(); err == nil || !strings.Contains(err.Error(), "required, off") {
 		t.Fatalf("bad attestation.mode: %v", err)
 	}
+	c.Attestation.Mode = AttestRequired
+	c.Attestation.NodeLaunchDigests = []string{strings.Repeat("ab", 48), "0x" + strings.Repeat("01", 48)}
+	if err := c.Attestation.validate(); err != nil {
+		t.Fatalf("good node_launch_digests: %v", err)
+	}
+	c.Attestation.NodeLaunchDigests = append(c.Attestation.NodeLaunchDigests, strings.Repeat("ab", 32))
+	if err := c.Attestation.validate(); err == nil || !strings.Contains(err.Error(), "node_launch_digests[2]") {
+		t.Fatalf("a 32-byte node launch digest: %v", err)
+	}
 }
 
 func TestHostRootfsIsRefusedByConfidentialTEEs(t *testing.T) {

@@ -161,6 +161,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 			return nil, err
 		}
 	}
+	plan.Spec.Mounts = append(plan.Spec.Mounts, s.secretMounts()...)
 	c.cgroup = plan.Spec.Linux.CgroupsPath
 	config, err := json.Marshal(plan.Spec)
 	if err != nil {

@@ -47,10 +47,15 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 			return nil, err
 		}
 	}
+	// The pod's secrets come before its policy takes effect: a pod whose
+	// broker refuses it does not start.
+	if err := s.fetchSecrets(ctx, doc, r.InitData); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	s.policy = doc.Agent
 	s.mu.Unlock()
-	log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).Info("measured init data accepted")
+	log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("secrets", len(doc.KBS.Secrets)).Info("measured init data accepted")
 	return &agentapi.Empty{}, nil
 }
 

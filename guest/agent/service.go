@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -54,6 +56,14 @@ type Config struct {
 	// Evidence produces TEE evidence binding reportData (guest/attest). Nil
 	// makes GetEvidence fail: the guest has no TEE to vouch for it.
 	Evidence func(ctx context.Context, reportData [64]byte) (*agentapi.GetEvidenceResponse, error)
+	// KBSDial opens a byte stream to the pod's key broker (the guest: a
+	// stream over the c8s.kbs port that the host relays). Nil dials TCP.
+	KBSDial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// SecretsDir holds the pod's secrets (guest: SecretsDir).
+	SecretsDir string
+	// MountSecrets prepares SecretsDir before secrets are written to it
+	// (guest: MountSecretsTmpfs). Nil only creates the directory.
+	MountSecrets func(dir string) error
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.
@@ -65,6 +75,8 @@ type Service struct {
 	containers map[string]*container
 	// policy is the agent policy of the pod's measured init data.
 	policy initdata.AgentPolicy
+	// secrets are the pod's secrets, once fetched from its key broker.
+	secrets []secretMount
 }
 
 var (
@@ -79,6 +91,12 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.CgroupsParent == "" {
 		cfg.CgroupsParent = "/c8s"
+	}
+	if cfg.SecretsDir == "" {
+		cfg.SecretsDir = filepath.Join(cfg.StateDir, "secrets")
+	}
+	if cfg.MountSecrets == nil {
+		cfg.MountSecrets = func(dir string) error { return os.MkdirAll(dir, 0o700) }
 	}
 	if cfg.MountRootfs == nil {
 		cfg.MountRootfs = MountSCSIRootfs

@@ -5,6 +5,8 @@ package boot
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/attest"
 	"github.com/c8s-dev/c8s/guest/channel"
 	"github.com/c8s-dev/c8s/guest/initsys"
+	"github.com/c8s-dev/c8s/guest/kbs"
 	"github.com/c8s-dev/c8s/guest/reaper"
 	"github.com/c8s-dev/c8s/guest/runtime"
 )
@@ -112,6 +115,11 @@ func Main() {
 		cfg.PowerOff = initsys.PowerOff
 	}
 	cfg.Evidence = evidence(pid1)
+	cfg.KBSDial = kbsDial()
+	cfg.SecretsDir = agent.SecretsDir
+	if pid1 {
+		cfg.MountSecrets = agent.MountSecretsTmpfs
+	}
 	svc, err := agent.New(cfg)
 	if err != nil {
 		fatal(err)
@@ -178,4 +186,17 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		}
 		return &agentapi.GetEvidenceResponse{Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable}, nil
 	}
+}
+
+// kbsDial returns the dialer for the pod's key broker: streams over the
+// relay port the host serves (the pod VM has no other path to it).
+func kbsDial() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &kbs.PortDialer{Open: func() (net.Conn, error) {
+		path, ok := channel.FindPort("/", kbs.PortName)
+		if !ok {
+			return nil, fmt.Errorf("this VM has no virtio-serial port %s", kbs.PortName)
+		}
+		return channel.DialPort(path)
+	}}
+	return d.DialContext
 }

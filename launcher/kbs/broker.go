@@ -31,8 +31,8 @@ import (
 
 	jose "github.com/go-jose/go-jose/v4"
 
-	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	"github.com/c8s-dev/c8s/launcher/attest"
 )
 

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -20,8 +21,8 @@ import (
 
 	"github.com/google/go-sev-guest/kds"
 
-	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	guestkbs "github.com/c8s-dev/c8s/guest/kbs"
 	"github.com/c8s-dev/c8s/launcher/attest"
 	"github.com/c8s-dev/c8s/launcher/attest/simsp"
@@ -277,5 +278,36 @@ func TestDirResources(t *testing.T) {
 		if _, err := d.Get(p); err == nil {
 			t.Errorf("Get(%q) succeeded", p)
 		}
+	}
+}
+
+func TestFetchThroughRelay(t *testing.T) {
+	f := newFixture(t)
+	guestEnd, hostEnd := net.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Relay(ctx, hostEnd, f.srv.Listener.Addr().String(), t.Logf) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	opened := 0
+	d := &guestkbs.PortDialer{Open: func() (net.Conn, error) { opened++; return guestEnd, nil }}
+	c := f.client()
+	c.URL = "https://127.0.0.1:1" // the relay, not the URL, decides where bytes go
+	c.Dial = d.DialContext
+	for range 2 {
+		got, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got[0]) != secret {
+			t.Fatalf("got %q through the relay", got[0])
+		}
+	}
+	if opened != 1 {
+		t.Fatalf("the port was opened %d times; one session carries every stream", opened)
 	}
 }

@@ -27,5 +27,5 @@ func (Sim) QEMU(h config.Hypervisor) (Pieces, error) {
 	if fw == "" {
 		fw = SimFirmware
 	}
-	return Pieces{Firmware: fw, Ports: []string{SimAttestPort}}, nil
+	return Pieces{Firmware: fw, Ports: []string{SimAttestPort, KBSPort}}, nil
 }

@@ -77,6 +77,7 @@ func (SNP) QEMU(h config.Hypervisor) (Pieces, error) {
 		Firmware:       h.Firmware,
 		RequiresKVM:    true,
 		QOMTypes:       []string{"sev-snp-guest", "memory-backend-memfd"},
+		Ports:          []string{KBSPort},
 	}, nil
 }
 

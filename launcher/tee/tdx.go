@@ -58,6 +58,7 @@ func (TDX) QEMU(h config.Hypervisor) (Pieces, error) {
 		Firmware:       h.Firmware,
 		RequiresKVM:    true,
 		QOMTypes:       []string{"tdx-guest"},
+		Ports:          []string{KBSPort},
 	}, nil
 }
 

@@ -53,6 +53,12 @@ type Pieces struct {
 	Ports []string
 }
 
+// KBSPort is the virtio-serial port on which the host relays byte streams
+// from the guest to the key broker named in the pod's measured init data
+// (launcher/kbs Relay). Every TEE has it: the pod VM has no other network
+// path to the broker, and TLS runs end to end from the guest.
+const KBSPort = "c8s.kbs"
+
 var (
 	mu       sync.RWMutex
 	backends = map[string]Backend{}

@@ -34,7 +34,7 @@ func hypervisor() config.Hypervisor {
 func TestSim(t *testing.T) {
 	h := config.Default().Hypervisor
 	p, err := Sim{}.QEMU(h)
-	want := Pieces{Firmware: SimFirmware, Ports: []string{SimAttestPort}}
+	want := Pieces{Firmware: SimFirmware, Ports: []string{SimAttestPort, KBSPort}}
 	if err != nil || !reflect.DeepEqual(p, want) {
 		t.Fatalf("sim without firmware = %+v, %v; want %+v", p, err, want)
 	}

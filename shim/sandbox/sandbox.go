@@ -122,6 +122,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 			return nil, fmt.Errorf("start the host side of TEE %s: %w", h.TEE, err)
 		}
 	}
+	if err := startKBSRelay(hostCtx, v, opts.InitData); err != nil {
+		return nil, err
+	}
 	// `shim delete` uses the pid file to stop a VM whose shim died.
 	if err := os.WriteFile(filepath.Join(v.StateDir(), PidFile), []byte(fmt.Sprint(v.Pid())), 0o600); err != nil {
 		return nil, fmt.Errorf("record QEMU pid: %w", err)

@@ -1,0 +1,142 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/c8s-dev/c8s/guest/api/initdata"
+	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
+	"github.com/c8s-dev/c8s/guest/kbs"
+)
+
+// SecretsDir is where the guest keeps the pod's secrets: a tmpfs of its
+// own, in guest memory, never on a disk and never sent to the host.
+const SecretsDir = "/run/c8s/secrets"
+
+// secretRetry bounds the broker handshake: about 15 s of trying in all
+// before the pod fails.
+var secretRetry = kbs.Retry{Attempts: 5, Backoff: time.Second}
+
+// secretMount is one fetched secret: its guest file and its container path.
+type secretMount struct {
+	source, destination string
+}
+
+// MountSecretsTmpfs is the guest's MountSecrets: a tmpfs only root can
+// enter, not swappable (the guest has no swap), sized for secrets.
+func MountSecretsTmpfs(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.TMPFS_MAGIC {
+		if parent := filepath.Dir(dir); unix.Statfs(parent, &st) != nil || !sameDev(dir, parent) {
+			return nil // already our own tmpfs
+		}
+	}
+	if err := unix.Mount("c8s-secrets", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0711,size=16m"); err != nil {
+		return fmt.Errorf("mount the secrets tmpfs on %s: %w", dir, err)
+	}
+	return nil
+}
+
+func sameDev(a, b string) bool {
+	var sa, sb unix.Stat_t
+	if unix.Stat(a, &sa) != nil || unix.Stat(b, &sb) != nil {
+		return false
+	}
+	return sa.Dev == sb.Dev
+}
+
+// fetchSecrets gets the secrets the pod's init data names from its key
+// broker, once per pod, and keeps them on the secrets tmpfs.
+func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw []byte) error {
+	k := doc.KBS
+	if k.URL == "" || len(k.Secrets) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	done := s.secrets != nil
+	s.mu.Unlock()
+	if done {
+		return nil // a re-attestation hands the same init data again
+	}
+	roots, err := k.CertPool()
+	if err != nil {
+		return err
+	}
+	paths := make([]string, len(k.Secrets))
+	for i, sec := range k.Secrets {
+		if paths[i], err = sec.ResourcePath(); err != nil {
+			return err
+		}
+	}
+	c := &kbs.Client{URL: k.URL, Roots: roots, Dial: s.cfg.KBSDial, Tee: kbsapi.TeeSNP, InitData: raw, Evidence: s.kbsEvidence}
+	retry := secretRetry
+	retry.Log = func(attempt int, err error, wait time.Duration) {
+		log.G(ctx).WithError(err).WithField("attempt", attempt).WithField("retry_in", wait).Warn("key broker: retrying")
+	}
+	t0 := time.Now()
+	values, err := c.FetchRetry(ctx, paths, retry)
+	if err != nil {
+		return fmt.Errorf("get the pod's secrets from the key broker %s: %w: %w", k.URL, err, errdefs.ErrPermissionDenied)
+	}
+	if err := s.cfg.MountSecrets(s.cfg.SecretsDir); err != nil {
+		return err
+	}
+	var mounts []secretMount
+	for i, v := range values {
+		file := filepath.Join(s.cfg.SecretsDir, strconv.Itoa(i))
+		if err := os.WriteFile(file, v, 0o444); err != nil {
+			return fmt.Errorf("keep secret %s: %w", paths[i], err)
+		}
+		if err := os.Chmod(file, 0o444); err != nil {
+			return err
+		}
+		clear(v)
+		mounts = append(mounts, secretMount{source: file, destination: k.Secrets[i].Path})
+	}
+	s.mu.Lock()
+	s.secrets = mounts
+	s.mu.Unlock()
+	log.G(ctx).WithField("resources", paths).WithField("took", time.Since(t0).Round(time.Millisecond)).Info("key broker released the pod's secrets")
+	return nil
+}
+
+// kbsEvidence is the broker client's evidence: SNP evidence (sim
+// included) with reportData bound.
+func (s *Service) kbsEvidence(ctx context.Context, reportData [64]byte) (string, []byte, error) {
+	ev, err := s.cfg.Evidence(ctx, reportData)
+	if err != nil {
+		return "", nil, err
+	}
+	if ev.Kind != "snp" {
+		return "", nil, fmt.Errorf("key broker attestation with %s evidence is not supported yet: %w", ev.Kind, errdefs.ErrNotImplemented)
+	}
+	b, err := json.Marshal(kbsapi.SNPEvidence{Report: ev.Report, CertTable: ev.CertTable, Provider: ev.Provider})
+	return kbsapi.TeeSNP, b, err
+}
+
+// secretMounts are the read-only bind mounts of the pod's secrets.
+func (s *Service) secretMounts() []specs.Mount {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]specs.Mount, 0, len(s.secrets))
+	for _, m := range s.secrets {
+		out = append(out, specs.Mount{
+			Destination: m.destination, Type: "bind", Source: m.source,
+			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
+		})
+	}
+	return out
+}

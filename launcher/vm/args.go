@@ -63,6 +63,11 @@ type Spec struct {
 	// guest CID instead of the virtio-serial agent port. Start fills it in
 	// when the host has /dev/vhost-vsock.
 	VsockCID uint32
+	// Incoming starts QEMU as the destination of a live migration
+	// (-incoming defer): the guest does not boot; its state arrives with
+	// MigrateIncoming. Start then never picks vsock on its own: the
+	// destination must have the source's devices.
+	Incoming bool
 }
 
 // Disk is a host file or block device given to the guest as a SCSI disk.
@@ -135,6 +140,9 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		"-qmp", "unix:"+filepath.Join(spec.StateDir, QMPSocketName)+",server=on,wait=off",
 	)
 	argv = append(argv, pieces.Args...)
+	if spec.Incoming {
+		argv = append(argv, "-incoming", "defer")
+	}
 
 	argv = append(argv, govmm.RngDevice{ID: "rng0", Filename: "/dev/urandom"}.QemuParams(gcfg)...)
 	argv = append(argv, govmm.SCSIController{ID: scsiControllerID}.QemuParams(gcfg)...)

@@ -71,6 +71,7 @@ func (v *VM) AddDisk(ctx context.Context, d Disk) (DiskAddress, error) {
 	addr := DiskAddress{Target: target}
 	v.mu.Lock()
 	v.disks[d.ID] = addr
+	v.hotDisks[d.ID] = d
 	v.mu.Unlock()
 	return addr, nil
 }
@@ -118,6 +119,7 @@ func (v *VM) RemoveDisk(ctx context.Context, id string) error {
 	}
 	v.mu.Lock()
 	delete(v.disks, id)
+	delete(v.hotDisks, id)
 	delete(v.targets, addr.Target)
 	v.mu.Unlock()
 	return nil

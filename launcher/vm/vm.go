@@ -62,6 +62,7 @@ type VM struct {
 	stopErr  error
 	disks    map[string]DiskAddress
 	targets  map[int]string
+	hotDisks map[string]Disk // hot-plugged disks, for MigrationSpec
 }
 
 // Start starts QEMU for spec and returns once its QMP socket answers. On
@@ -89,7 +90,7 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 		return nil, err
 	}
 
-	useVsock := spec.VsockCID == 0 && exists(vhostVsockDevice)
+	useVsock := spec.VsockCID == 0 && !spec.Incoming && exists(vhostVsockDevice)
 	attempts := 1
 	if useVsock {
 		attempts = 5 // a random CID may already be taken by another VM
@@ -123,12 +124,13 @@ func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (_ 
 	}
 
 	v := &VM{
-		spec:    spec,
-		argv:    argv,
-		output:  newTailBuffer(64 << 10),
-		done:    make(chan struct{}),
-		disks:   map[string]DiskAddress{},
-		targets: map[int]string{},
+		spec:     spec,
+		argv:     argv,
+		output:   newTailBuffer(64 << 10),
+		done:     make(chan struct{}),
+		disks:    map[string]DiskAddress{},
+		targets:  map[int]string{},
+		hotDisks: map[string]Disk{},
 	}
 	for i, d := range spec.Disks {
 		v.disks[d.ID] = DiskAddress{Target: i}

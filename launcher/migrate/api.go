@@ -1,0 +1,193 @@
+package migrate
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/vm"
+)
+
+// The destination API, HTTP/JSON on the Server's unix socket:
+//
+//	GET    /v1/node            NodeInfo
+//	POST   /v1/incoming        IncomingRequest -> IncomingResponse
+//	GET    /v1/vms/{id}        VMStatus
+//	GET    /v1/vms/{id}/wait   VMStatus, once the VM has exited
+//	DELETE /v1/vms/{id}        stops the VM and removes its state
+//
+// Errors are {"error": "..."} with a 4xx or 5xx status.
+
+// IncomingRequest asks a destination to prepare for a pod VM.
+type IncomingRequest struct {
+	// ID is the VM's id (the sandbox id).
+	ID string `json:"id"`
+	// Source describes the sending node; the destination runs the same
+	// preflight.
+	Source NodeInfo `json:"source"`
+	Shape  Shape    `json:"shape"`
+	// MinTCB is the pod's minimum TCB (attestation.min_tcb).
+	MinTCB uint64 `json:"min_tcb,omitempty"`
+	// KernelParams are the pod's extra kernel parameters (measured).
+	KernelParams string `json:"kernel_params,omitempty"`
+	// Accel is the source VM's accelerator; the destination uses the same.
+	Accel string `json:"accel"`
+	// Disks are attached at their SCSI targets 0..n-1, in order. Their
+	// paths must be reachable from the destination (shared storage).
+	Disks []vm.Disk `json:"disks,omitempty"`
+	// VsockCID is the source's vsock CID (0: virtio-serial agent port).
+	VsockCID uint32 `json:"vsock_cid,omitempty"`
+	// HostData is the VM's HOST_DATA, which migrates with the guest
+	// context; the destination's secure processor reports it.
+	HostData attest.Hex `json:"host_data,omitempty"`
+}
+
+// IncomingResponse says where the destination listens.
+type IncomingResponse struct {
+	ID string `json:"id"`
+	// URI is the migrate URI for the source ("tcp:HOST:PORT").
+	URI string `json:"uri"`
+	// AgentSocket is the destination VM's agent channel (virtio-serial).
+	AgentSocket string `json:"agent_socket"`
+	// StateDir is the destination VM's state directory.
+	StateDir string `json:"state_dir"`
+	// Pid is the destination QEMU's pid.
+	Pid int `json:"pid"`
+	// Node is the destination's NodeInfo.
+	Node NodeInfo `json:"node"`
+}
+
+// VMStatus is the state of a VM a destination runs.
+type VMStatus struct {
+	ID       string `json:"id"`
+	Pid      int    `json:"pid"`
+	RunState string `json:"run_state,omitempty"`
+	Exited   bool   `json:"exited"`
+	// Error says why the VM exited on its own ("" after a stop).
+	Error string `json:"error,omitempty"`
+}
+
+// Client talks to a destination's Server.
+type Client struct {
+	socket string
+	hc     *http.Client
+}
+
+// NewClient returns a client for the Server on the unix socket path.
+func NewClient(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConns: 4,
+	}
+	return &Client{socket: socket, hc: &http.Client{Transport: tr}}
+}
+
+// Socket is the server's socket path.
+func (c *Client) Socket() string { return c.socket }
+
+// Node returns the destination's NodeInfo.
+func (c *Client) Node(ctx context.Context) (NodeInfo, error) {
+	var n NodeInfo
+	err := c.do(ctx, http.MethodGet, "/v1/node", nil, &n)
+	return n, err
+}
+
+// Incoming asks the destination to start QEMU for req and listen.
+func (c *Client) Incoming(ctx context.Context, req IncomingRequest) (IncomingResponse, error) {
+	var r IncomingResponse
+	err := c.do(ctx, http.MethodPost, "/v1/incoming", req, &r)
+	return r, err
+}
+
+// Status returns the state of the destination VM id.
+func (c *Client) Status(ctx context.Context, id string) (VMStatus, error) {
+	var s VMStatus
+	err := c.do(ctx, http.MethodGet, "/v1/vms/"+url.PathEscape(id), nil, &s)
+	return s, err
+}
+
+// Wait returns once the destination VM id has exited (or ctx ends).
+func (c *Client) Wait(ctx context.Context, id string) (VMStatus, error) {
+	var s VMStatus
+	err := c.do(ctx, http.MethodGet, "/v1/vms/"+url.PathEscape(id)+"/wait", nil, &s)
+	return s, err
+}
+
+// Delete stops the destination VM id and removes its state. A VM the
+// destination does not know is not an error.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/vms/"+url.PathEscape(id), nil, nil)
+}
+
+// ErrNotFound is returned for a VM the destination does not know.
+var ErrNotFound = errors.New("not found")
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://c8s-migrate"+path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("destination %s: %s %s: %w", c.socket, method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("destination %s: %s %s: reading the answer: %w", c.socket, method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error string `json:"error"`
+		}
+		_ = json.Unmarshal(b, &e)
+		if e.Error == "" {
+			e.Error = resp.Status
+		}
+		err := fmt.Errorf("destination %s: %s", c.socket, e.Error)
+		if resp.StatusCode == http.StatusNotFound {
+			err = fmt.Errorf("%w (%w)", err, ErrNotFound)
+		}
+		return err
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("destination %s: decoding the answer to %s %s: %w", c.socket, method, path, err)
+	}
+	return nil
+}
+
+// writeJSON and writeError are the server's answers.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, map[string]string{"error": err.Error()})
+}
+
+// requestTimeout bounds the server's work for one request.
+const requestTimeout = 2 * time.Minute

@@ -1,0 +1,330 @@
+package migrate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/containerd/log"
+
+	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/simtee"
+	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/vm"
+)
+
+// Server is the destination side (`c8s-launcher serve`): it accepts
+// incoming pod VMs, runs them, and serves their host-side TEE part (the
+// sim TEE's secure processor with this node's identity).
+type Server struct {
+	// Config is the node's configuration (hypervisor paths, state dir,
+	// [node]).
+	Config config.Config
+	// Name is the node's name ("" for the host name).
+	Name string
+	// MigrationHost is the address QEMU listens on for incoming migrations
+	// (default 127.0.0.1).
+	MigrationHost string
+
+	mu  sync.Mutex
+	vms map[string]*hostedVM
+}
+
+// hostedVM is one VM the server started.
+type hostedVM struct {
+	vm       *vm.VM
+	stopHost context.CancelFunc
+}
+
+// Handler returns the API's HTTP handler.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/node", s.handleNode)
+	mux.HandleFunc("POST /v1/incoming", s.handleIncoming)
+	mux.HandleFunc("GET /v1/vms/{id}", s.handleStatus)
+	mux.HandleFunc("GET /v1/vms/{id}/wait", s.handleWait)
+	mux.HandleFunc("DELETE /v1/vms/{id}", s.handleDelete)
+	return mux
+}
+
+// Listen creates the API's unix socket (mode 0600) at path, replacing a
+// stale one.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	if c, err := net.Dial("unix", path); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("migrate: %s is in use by another server", path)
+	}
+	_ = os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// Serve serves the API on l until ctx ends, then stops every VM it runs.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	hs := &http.Server{Handler: s.Handler(), BaseContext: func(net.Listener) context.Context { return ctx }}
+	go func() {
+		<-ctx.Done()
+		hs.Close()
+	}()
+	err := hs.Serve(l)
+	s.Close(context.WithoutCancel(ctx))
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops every VM the server runs.
+func (s *Server) Close(ctx context.Context) {
+	s.mu.Lock()
+	vms := s.vms
+	s.vms = nil
+	s.mu.Unlock()
+	for _, h := range vms {
+		h.stop(ctx)
+	}
+}
+
+func (h *hostedVM) stop(ctx context.Context) error {
+	h.stopHost()
+	return h.vm.Stop(ctx)
+}
+
+func (s *Server) local() (NodeInfo, error) { return LocalNode(s.Config, s.Name) }
+
+func (s *Server) handleNode(w http.ResponseWriter, r *http.Request) {
+	n, err := s.local()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, n)
+}
+
+func (s *Server) handleIncoming(w http.ResponseWriter, r *http.Request) {
+	var req IncomingRequest
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("decoding the incoming request: %w", err))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
+	resp, code, err := s.incoming(ctx, req)
+	if err != nil {
+		log.G(ctx).WithError(err).WithField("vm", req.ID).Warn("incoming migration refused")
+		writeError(w, code, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// incoming starts QEMU for req with `-incoming defer` and makes it listen.
+func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingResponse, code int, retErr error) {
+	local, err := s.local()
+	if err != nil {
+		return IncomingResponse{}, http.StatusInternalServerError, err
+	}
+	if err := Preflight(req.Source, local, req.Shape, req.MinTCB); err != nil {
+		return IncomingResponse{}, http.StatusConflict, err
+	}
+	s.mu.Lock()
+	if s.vms == nil {
+		s.vms = map[string]*hostedVM{}
+	}
+	if _, dup := s.vms[req.ID]; dup {
+		s.mu.Unlock()
+		return IncomingResponse{}, http.StatusConflict, fmt.Errorf("VM %q already runs on node %s", req.ID, local.Name)
+	}
+	s.vms[req.ID] = nil // reserved
+	s.mu.Unlock()
+	defer func() {
+		if retErr != nil {
+			s.mu.Lock()
+			delete(s.vms, req.ID)
+			s.mu.Unlock()
+		}
+	}()
+
+	h := s.Config.Hypervisor
+	h.DefaultVCPUs, h.DefaultMemoryMiB, h.KernelParams = req.Shape.VCPUs, req.Shape.MemoryMiB, req.KernelParams
+	spec := vm.Spec{
+		ID:         req.ID,
+		StateDir:   filepath.Join(s.Config.Runtime.StateDir, "migrate", req.ID),
+		Hypervisor: h,
+		Accel:      req.Accel,
+		Disks:      req.Disks,
+		VsockCID:   req.VsockCID,
+		Incoming:   true,
+	}
+	var svc *simtee.Service
+	if h.TEE == "sim" {
+		if svc, err = s.simService(spec, req.HostData); err != nil {
+			return IncomingResponse{}, http.StatusInternalServerError, err
+		}
+	}
+	v, err := vm.Start(context.WithoutCancel(ctx), spec)
+	if err != nil {
+		return IncomingResponse{}, http.StatusInternalServerError, fmt.Errorf("start the destination QEMU: %w", err)
+	}
+	hostCtx, stopHost := context.WithCancel(context.WithoutCancel(ctx))
+	hv := &hostedVM{vm: v, stopHost: stopHost}
+	defer func() {
+		if retErr != nil {
+			hv.stop(context.WithoutCancel(ctx))
+		}
+	}()
+	if svc != nil {
+		conn, err := v.DialPort(ctx, tee.SimAttestPort)
+		if err != nil {
+			return IncomingResponse{}, http.StatusInternalServerError, err
+		}
+		go func() {
+			if err := simtee.Serve(hostCtx, conn, svc); err != nil {
+				log.G(hostCtx).WithError(err).Warn("simulated secure processor of a migrated VM stopped")
+			}
+		}()
+	}
+	host := s.MigrationHost
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if err := v.QMP().MigrateIncoming(ctx, "tcp:"+net.JoinHostPort(host, "0")); err != nil {
+		return IncomingResponse{}, http.StatusInternalServerError, err
+	}
+	info, err := v.QMP().QueryMigrate(ctx)
+	if err != nil {
+		return IncomingResponse{}, http.StatusInternalServerError, err
+	}
+	var uri string
+	for _, a := range info.SocketAddress {
+		if a.Type == "inet" {
+			uri = "tcp:" + net.JoinHostPort(a.Host, a.Port)
+			break
+		}
+	}
+	if uri == "" {
+		return IncomingResponse{}, http.StatusInternalServerError, fmt.Errorf("the destination QEMU did not report its migration port (query-migrate: %+v)", info.SocketAddress)
+	}
+	s.mu.Lock()
+	s.vms[req.ID] = hv
+	s.mu.Unlock()
+	log.G(ctx).WithFields(log.Fields{"vm": req.ID, "uri": uri, "pid": v.Pid()}).Info("waiting for an incoming migration")
+	return IncomingResponse{
+		ID: req.ID, URI: uri, Pid: v.Pid(), StateDir: v.StateDir(),
+		AgentSocket: filepath.Join(v.StateDir(), vm.AgentSocketName), Node: local,
+	}, http.StatusOK, nil
+}
+
+// simService measures what the destination QEMU is handed and signs
+// reports with this node's simulated secure processor; HOST_DATA comes
+// with the guest.
+func (s *Server) simService(spec vm.Spec, hostData []byte) (*simtee.Service, error) {
+	backend, err := tee.Lookup("sim")
+	if err != nil {
+		return nil, err
+	}
+	argv, err := vm.Args(spec, backend)
+	if err != nil {
+		return nil, err
+	}
+	launch, err := simtee.LaunchFromArgv(argv)
+	if err != nil {
+		return nil, err
+	}
+	m, err := simtee.Measure(launch)
+	if err != nil {
+		return nil, err
+	}
+	sp, err := simsp.Open(SimSPDir(s.Config))
+	if err != nil {
+		return nil, err
+	}
+	svc := &simtee.Service{SP: sp, Measurement: m}
+	if len(hostData) != 0 && len(hostData) != len(svc.HostData) {
+		return nil, fmt.Errorf("host_data has %d bytes, want %d", len(hostData), len(svc.HostData))
+	}
+	copy(svc.HostData[:], hostData)
+	return svc, nil
+}
+
+func (s *Server) get(id string) *hostedVM {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.vms[id]
+}
+
+func (s *Server) status(ctx context.Context, id string, h *hostedVM) VMStatus {
+	st := VMStatus{ID: id, Pid: h.vm.Pid()}
+	select {
+	case <-h.vm.Done():
+		st.Exited = true
+		if err := h.vm.Err(); err != nil {
+			st.Error = err.Error()
+		}
+	default:
+		st.RunState, _ = h.vm.QMP().RunState(ctx)
+	}
+	return st
+}
+
+func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	h := s.get(id)
+	if h == nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no VM %q on this node", id))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.status(r.Context(), id, h))
+}
+
+func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	h := s.get(id)
+	if h == nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no VM %q on this node", id))
+		return
+	}
+	select {
+	case <-h.vm.Done():
+	case <-r.Context().Done():
+		return
+	}
+	writeJSON(w, http.StatusOK, s.status(r.Context(), id, h))
+}
+
+func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	h := s.vms[id]
+	if h != nil {
+		delete(s.vms, id)
+	}
+	s.mu.Unlock()
+	if h == nil {
+		writeJSON(w, http.StatusOK, map[string]string{})
+		return
+	}
+	if err := h.stop(context.WithoutCancel(r.Context())); err != nil {
+		writeError(w, http.StatusInternalServerError, err)
+		return
+	}
+	log.G(r.Context()).WithField("vm", id).Info("VM stopped")
+	writeJSON(w, http.StatusOK, map[string]string{})
+}

@@ -1,0 +1,270 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/containerd/log"
+
+	"github.com/c8s-dev/c8s/launcher/vm"
+)
+
+// Defaults of Options.
+const (
+	DefaultTimeout      = 10 * time.Minute
+	DefaultPollInterval = 100 * time.Millisecond
+	// DefaultMaxBandwidth lifts QEMU's 128 MiB/s default: pod VMs are small
+	// and the network between pool nodes is fast.
+	DefaultMaxBandwidth = 8 << 30
+	// rollbackTimeout bounds the rollback, which runs even after ctx ended.
+	rollbackTimeout = time.Minute
+)
+
+// Capabilities are the migration capabilities the source sets.
+var Capabilities = map[string]bool{
+	// events: MIGRATION state events, for logs.
+	"events": true,
+	// pause-before-switchover would stop at pre-switchover; the guest is
+	// re-attested after the switch-over instead, with rollback by cont.
+}
+
+// Source is the pod VM to move.
+type Source struct {
+	VM *vm.VM
+	// Node is the source node's NodeInfo (LocalNode).
+	Node NodeInfo
+	// HostData is the VM's HOST_DATA (the digest of its init data).
+	HostData []byte
+	// MinTCB is the pod's minimum TCB.
+	MinTCB uint64
+}
+
+// Options tune Run.
+type Options struct {
+	// Timeout bounds the transfer (DefaultTimeout when zero); on expiry the
+	// migration is cancelled and rolled back.
+	Timeout time.Duration
+	// PollInterval is how often query-migrate is polled.
+	PollInterval time.Duration
+	// Parameters are set before migrating; a zero MaxBandwidth means
+	// DefaultMaxBandwidth.
+	Parameters vm.MigrationParameters
+	// Progress, when set, is called with each query-migrate answer.
+	Progress func(vm.MigrationInfo)
+	// Reattest verifies the VM on the destination after the transfer (the
+	// caller dials in.AgentSocket). An error rolls the migration back.
+	Reattest func(ctx context.Context, in IncomingResponse) error
+	// QEMUCapabilities are the source QEMU's migration capability names,
+	// for CheckTEESupport (Run queries them when nil).
+	QEMUCapabilities []string
+
+	// rewriteURI lets tests put a proxy between source and destination.
+	rewriteURI func(string) string
+}
+
+// Result is a successful migration.
+type Result struct {
+	Incoming IncomingResponse
+	// Info is the source's final query-migrate (TotalTime, Downtime).
+	Info vm.MigrationInfo
+	// Total is preflight to re-attested, as c8s measures it.
+	Total time.Duration
+	// Reattest is the re-attestation's share of Total.
+	Reattest time.Duration
+}
+
+// Run migrates src to the destination behind dst; see the package
+// documentation. On success the source QEMU is paused in postmigrate and
+// the caller must stop it; on failure it runs again and the destination
+// VM is gone.
+func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, error) {
+	t0 := time.Now()
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.PollInterval == 0 {
+		opts.PollInterval = DefaultPollInterval
+	}
+	if opts.Parameters.MaxBandwidth == 0 {
+		opts.Parameters.MaxBandwidth = DefaultMaxBandwidth
+	}
+	q := src.VM.QMP()
+	caps := opts.QEMUCapabilities
+	if caps == nil {
+		var err error
+		if caps, err = queryCapabilities(ctx, q); err != nil {
+			return nil, err
+		}
+	}
+	if err := CheckTEESupport(src.Node.TEE, q.Version(), caps); err != nil {
+		return nil, err
+	}
+	spec, err := src.VM.MigrationSpec()
+	if err != nil {
+		return nil, err
+	}
+	dnode, err := dst.Node(ctx)
+	if err != nil {
+		return nil, err
+	}
+	shape := Shape{VCPUs: spec.Hypervisor.DefaultVCPUs, MemoryMiB: spec.Hypervisor.DefaultMemoryMiB}
+	if err := Preflight(src.Node, dnode, shape, src.MinTCB); err != nil {
+		return nil, err
+	}
+	in, err := dst.Incoming(ctx, IncomingRequest{
+		ID: spec.ID, Source: src.Node, Shape: shape, MinTCB: src.MinTCB,
+		KernelParams: spec.Hypervisor.KernelParams, Accel: spec.Accel,
+		Disks: spec.Disks, VsockCID: spec.VsockCID, HostData: src.HostData,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("migration of %s to node %s: %w", spec.ID, dnode.Name, err)
+	}
+	r := &rollback{src: src.VM, dst: dst, id: spec.ID, node: dnode.Name}
+	info, err := transfer(ctx, q, in, opts)
+	if err != nil {
+		return nil, r.do(ctx, err)
+	}
+	log.G(ctx).WithFields(log.Fields{
+		"vm": spec.ID, "to": dnode.Name, "qemu_total_ms": info.TotalTime, "downtime_ms": info.Downtime,
+	}).Info("migration transferred; re-attesting on the destination")
+	res := &Result{Incoming: in, Info: info}
+	if opts.Reattest != nil {
+		t1 := time.Now()
+		if err := opts.Reattest(ctx, in); err != nil {
+			return nil, r.do(ctx, fmt.Errorf("re-attestation on node %s failed: %w", dnode.Name, err))
+		}
+		res.Reattest = time.Since(t1)
+	}
+	res.Total = time.Since(t0)
+	return res, nil
+}
+
+func queryCapabilities(ctx context.Context, q *vm.QMP) ([]string, error) {
+	var list []struct {
+		Capability string `json:"capability"`
+	}
+	if err := q.Execute(ctx, "query-migrate-capabilities", nil, &list); err != nil {
+		return nil, err
+	}
+	names := make([]string, len(list))
+	for i, c := range list {
+		names[i] = c.Capability
+	}
+	return names, nil
+}
+
+// transfer runs the migration to in.URI until QEMU reports it completed.
+func transfer(ctx context.Context, q *vm.QMP, in IncomingResponse, opts Options) (vm.MigrationInfo, error) {
+	if err := q.SetMigrationCapabilities(ctx, Capabilities); err != nil {
+		return vm.MigrationInfo{}, err
+	}
+	if err := q.SetMigrationParameters(ctx, opts.Parameters); err != nil {
+		return vm.MigrationInfo{}, err
+	}
+	uri := in.URI
+	if opts.rewriteURI != nil {
+		uri = opts.rewriteURI(uri)
+	}
+	tctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+	if err := q.Migrate(tctx, uri); err != nil {
+		return vm.MigrationInfo{}, err
+	}
+	tick := time.NewTicker(opts.PollInterval)
+	defer tick.Stop()
+	for {
+		info, err := q.QueryMigrate(tctx)
+		if err == nil {
+			if opts.Progress != nil {
+				opts.Progress(info)
+			}
+			switch info.Status {
+			case vm.MigrationCompleted:
+				return info, nil
+			case vm.MigrationFailed:
+				return info, fmt.Errorf("QEMU reports the migration failed: %s", orUnknown(info.ErrorDesc))
+			case vm.MigrationCancelled:
+				return info, errors.New("the migration was cancelled (migrate_cancel)")
+			}
+		}
+		select {
+		case <-tick.C:
+			continue
+		case <-tctx.Done():
+		}
+		if ctx.Err() != nil {
+			return info, fmt.Errorf("the migration was cancelled: %w", ctx.Err())
+		}
+		return info, fmt.Errorf("the migration timed out after %s (status %s, %s remaining)", opts.Timeout, info.Status, remaining(info))
+	}
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "no reason given"
+	}
+	return s
+}
+
+func remaining(info vm.MigrationInfo) string {
+	if info.RAM == nil {
+		return "unknown"
+	}
+	return fmt.Sprintf("%d MiB", info.RAM.Remaining>>20)
+}
+
+// rollback undoes a failed migration: no outgoing migration, no
+// destination VM, the source running.
+type rollback struct {
+	src  *vm.VM
+	dst  *Client
+	id   string
+	node string
+}
+
+func (r *rollback) do(ctx context.Context, cause error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	q := r.src.QMP()
+	var errs []error
+	// 1. End the outgoing migration.
+	if info, err := q.QueryMigrate(ctx); err == nil && !finished(info.Status) {
+		if err := q.MigrateCancel(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("migrate_cancel: %w", err))
+		}
+		for !finished(info.Status) && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond)
+			if info, err = q.QueryMigrate(ctx); err != nil {
+				break
+			}
+		}
+	}
+	// 2. Destroy the destination VM before the source takes its disks back.
+	if err := r.dst.Delete(ctx, r.id); err != nil && !errors.Is(err, ErrNotFound) {
+		errs = append(errs, fmt.Errorf("destroying the destination VM: %w", err))
+	}
+	// 3. Resume the source (cont also from postmigrate).
+	state, err := q.RunState(ctx)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("query-status: %w", err))
+	} else if state != "running" {
+		if err := q.Cont(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("cont from %s: %w", state, err))
+		}
+	}
+	log.G(ctx).WithError(cause).WithFields(log.Fields{"vm": r.id, "to": r.node, "source_state_was": state}).Warn("migration rolled back")
+	if len(errs) > 0 {
+		return fmt.Errorf("migration of %s to node %s failed: %w; ROLLBACK INCOMPLETE: %w", r.id, r.node, cause, errors.Join(errs...))
+	}
+	return fmt.Errorf("migration of %s to node %s failed: %w; rolled back: the VM runs on the source again and the destination VM is destroyed", r.id, r.node, cause)
+}
+
+func finished(status string) bool {
+	switch status {
+	case "", "none", vm.MigrationCompleted, vm.MigrationFailed, vm.MigrationCancelled:
+		return true
+	}
+	return false
+}

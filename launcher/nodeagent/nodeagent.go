@@ -2,7 +2,9 @@
 // discovers the node's TEE capacity, brings the Node object's labels,
 // taint and extended-resource capacity in line (launcher/nodelabels), and
 // serves the per-unit resources through kubelet device plugins
-// (launcher/deviceplugin), again and again, so that what Kubernetes sees
+// (launcher/deviceplugin), and, on a node that is itself a confidential
+// VM, publishes its verified launch digest and TCB as annotations
+// (launcher/nodecvm), again and again, so that what Kubernetes sees
 // follows the node.
 //
 // The Kubernetes API is behind the Client interface (the agent needs only
@@ -23,6 +25,7 @@ import (
 
 	"github.com/c8s-dev/c8s/launcher/deviceplugin"
 	"github.com/c8s-dev/c8s/launcher/discovery"
+	"github.com/c8s-dev/c8s/launcher/nodecvm"
 	"github.com/c8s-dev/c8s/launcher/nodelabels"
 )
 
@@ -57,6 +60,17 @@ type Agent struct {
 	PodResourcesSocket string
 	// Interval between reconciliations (default DefaultInterval).
 	Interval time.Duration
+	// NodeCVM returns the self-attester of a node that discovery found to
+	// be a confidential VM (nodecvm.New with the node's root and policy);
+	// nil leaves the c8s.io/node-cvm.* annotations alone.
+	NodeCVM func(discovery.NodeCVMInfo) (*nodecvm.Attester, error)
+	// NodeCVMInterval is how long a successful self-attestation stands
+	// (default DefaultNodeCVMInterval).
+	NodeCVMInterval time.Duration
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+
+	cvm selfAttest
 }
 
 // Report is what one reconciliation did.
@@ -67,6 +81,10 @@ type Report struct {
 	// ForeignUse counts devices marked unhealthy per resource because
 	// the capacity is used outside Kubernetes.
 	ForeignUse map[string]int64
+	// NodeCVM is the node's self-attestation (nil: not a CVM, or not
+	// configured) and NodeCVMPatched the annotation patch sent (nil: none).
+	NodeCVM        *nodecvm.Result
+	NodeCVMPatched []byte
 }
 
 // Once reconciles one time.
@@ -94,6 +112,18 @@ func (a *Agent) Once(ctx context.Context) (Report, error) {
 			return rep, fmt.Errorf("nodeagent: patching the Node: %w", err)
 		}
 		rep.Patched = patch
+	}
+	if a.NodeCVM != nil {
+		want, res := a.nodeCVMAnnotations(ctx, r.NodeCVM)
+		rep.NodeCVM = res
+		if rep.NodeCVMPatched, err = nodecvm.MergePatch(node.Annotations, want); err != nil {
+			return rep, err
+		}
+		if rep.NodeCVMPatched != nil {
+			if err := a.Client.Patch(ctx, rep.NodeCVMPatched); err != nil {
+				return rep, fmt.Errorf("nodeagent: patching the node-as-CVM annotations: %w", err)
+			}
+		}
 	}
 	if rep.StatusPatched, err = statusPatch(capacity, rep.Desired.Resources); err != nil {
 		return rep, err

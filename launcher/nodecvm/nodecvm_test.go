@@ -3,17 +3,12 @@ package nodecvm
 import (
 	"bytes"
 	"context"
-	"crypto/sha512"
-	"encoding/pem"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-sev-guest/abi"
 	sevclient "github.com/google/go-sev-guest/client"
-	labi "github.com/google/go-sev-guest/client/linuxabi"
 	"github.com/google/go-sev-guest/kds"
-	spb "github.com/google/go-sev-guest/proto/sevsnp"
 	sevtest "github.com/google/go-sev-guest/testing"
 	tdxabi "github.com/google/go-tdx-guest/abi"
 	tdxclient "github.com/google/go-tdx-guest/client"
@@ -24,78 +19,20 @@ import (
 	"github.com/c8s-dev/c8s/launcher/attest"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/discovery"
+	"github.com/c8s-dev/c8s/launcher/internal/fakecvm"
 )
 
-// nodeTCB is the fake chip's TCB: realistic Milan patch levels.
-var nodeTCB = kds.TCBParts{BlSpl: 3, TeeSpl: 0, SnpSpl: 8, UcodeSpl: 115}
-
-// nodeDigest is the node's launch digest in the SNP tests.
-var nodeDigest = func() []byte { d := sha512.Sum384([]byte("node firmware")); return d[:] }()
-
-// fakeAMD is a test-only AMD secure processor: go-sev-guest's fake signer
-// (its own ARK, ASK and VCEK, from keys) whose VCEK carries the fake
-// chip's TCB.
-func fakeAMD(t *testing.T, keys *sevtest.AmdKeys) *sevtest.AmdSigner {
-	t.Helper()
-	now := time.Now().Add(-time.Hour)
-	b := &sevtest.AmdSignerBuilder{
-		Keys: keys, ProductName: "Milan-B1", CSPID: "go-sev-guest",
-		ArkCreationTime: now, AskCreationTime: now, AsvkCreationTime: now, VcekCreationTime: now,
-		VcekCustom: sevtest.CertOverride{Extensions: sevtest.CustomExtensions(nodeTCB, make([]byte, abi.ChipIDSize), "go-sev-guest", "Milan-B1")},
-	}
-	s, err := b.TestOnlyCertChain()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// rootsPEM is the ASK and ARK a verifier trusting signer is configured with.
-func rootsPEM(s *sevtest.AmdSigner) []byte {
-	b := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.Ask.Raw})
-	return append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.Ark.Raw})...)
-}
-
-// snpNode is a node-as-CVM on the fake chip whose sev-guest device answers
-// nonce with a report of the node launched with policy.
+// snpNode is a node-as-CVM on signer's fake chip whose sev-guest device
+// answers nonce with a report of the node launched with policy.
 func snpNode(t *testing.T, signer *sevtest.AmdSigner, nonce []byte, policy uint64) *SEVGuest {
 	t.Helper()
-	var rd [64]byte
-	copy(rd[:], nonce)
-	tcb := tcbValue(t, nodeTCB)
-	raw, err := abi.ReportToAbiBytes(&spb.Report{
-		Version: 2, Policy: policy, SignatureAlgo: abi.SignEcdsaP384Sha384, Vmpl: 0,
-		ReportData: rd[:], Measurement: nodeDigest,
-		FamilyId: make([]byte, 16), ImageId: make([]byte, 16), HostData: make([]byte, 32),
-		IdKeyDigest: make([]byte, 48), AuthorKeyDigest: make([]byte, 48), ReportId: make([]byte, 32), ReportIdMa: make([]byte, 32),
-		ChipId: signer.HWID[:], CurrentTcb: tcb, ReportedTcb: tcb, CommittedTcb: tcb, LaunchTcb: tcb,
-		PlatformInfo: 1, Signature: make([]byte, abi.SignatureSize),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out [labi.SnpReportRespReportSize]byte
-	copy(out[:], raw)
-	d, err := sevtest.TcDevice([]sevtest.TestCase{{Name: "node", Input: rd, Output: out}},
-		&sevtest.DeviceOptions{Now: time.Now(), Signer: signer, Product: abi.DefaultSevProduct()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := fakecvm.Device(t, signer, nonce, policy)
 	return &SEVGuest{Path: "/fixture/dev/sev-guest", Open: func(path string) (sevclient.Device, error) {
 		if path != "/fixture/dev/sev-guest" {
 			t.Errorf("opened %s", path)
 		}
 		return d, d.Open(path)
 	}}
-}
-
-func tcbValue(t *testing.T, p kds.TCBParts) uint64 {
-	t.Helper()
-	v, err := kds.ComposeTCBParts(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return uint64(v)
 }
 
 func newVerifier(t *testing.T, tr attest.Trust) *attest.Verifier {
@@ -124,32 +61,32 @@ var verifiedAt = time.Date(2026, 11, 29, 21, 30, 0, 0, time.UTC)
 
 func snpAttester(t *testing.T, trusted *sevtest.AmdSigner, src Source, nonce []byte, p Policy) *Attester {
 	t.Helper()
-	v := newVerifier(t, attest.Trust{Mode: attest.ModeSNP, SNPRoots: rootsPEM(trusted)})
+	v := newVerifier(t, attest.Trust{Mode: attest.ModeSNP, SNPRoots: fakecvm.RootsPEM(trusted)})
 	return &Attester{Source: src, Verifier: v, Policy: p, Nonce: fixedNonce(nonce), Now: func() time.Time { return verifiedAt }}
 }
 
 func TestSNPNodeVerified(t *testing.T) {
-	signer := fakeAMD(t, sevtest.DefaultAmdKeys())
+	signer := fakecvm.Signer(t, sevtest.DefaultAmdKeys())
 	nonce := bytes.Repeat([]byte{7}, 32)
-	minTCB := tcbValue(t, nodeTCB)
+	minTCB := fakecvm.TCBValue(t, fakecvm.TCB)
 	for _, tc := range []struct {
 		name    string
 		digests []attest.Hex
 		ref     string
 	}{
 		{"no reference", nil, ReferenceNone},
-		{"matched", []attest.Hex{bytes.Repeat([]byte{1}, 48), nodeDigest}, ReferenceMatched},
+		{"matched", []attest.Hex{bytes.Repeat([]byte{1}, 48), fakecvm.Digest}, ReferenceMatched},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := snpAttester(t, signer, snpNode(t, signer, nonce, 0x30000), nonce, Policy{Digests: tc.digests, MinTCB: minTCB})
+			a := snpAttester(t, signer, snpNode(t, signer, nonce, fakecvm.Policy), nonce, Policy{Digests: tc.digests, MinTCB: minTCB})
 			res := a.Attest(context.Background(), discovery.SNP)
 			if res.Err != nil || !res.Verified {
 				t.Fatalf("attest: %+v", res)
 			}
 			want := map[string]string{
 				AnnotationTEE:       "snp",
-				AnnotationDigest:    attest.Hex(nodeDigest).String(),
-				AnnotationTCB:       "bl=3,tee=0,snp=8,ucode=115",
+				AnnotationDigest:    attest.Hex(fakecvm.Digest).String(),
+				AnnotationTCB:       fakecvm.TCBString,
 				AnnotationReference: tc.ref,
 				AnnotationVerified:  "2026-11-29T21:30:00Z",
 			}
@@ -174,18 +111,18 @@ func equal(a, b map[string]string) bool {
 
 // Every failure publishes the TEE and the reason only: no digest.
 func TestSNPNodeNotVerified(t *testing.T) {
-	signer := fakeAMD(t, sevtest.DefaultAmdKeys())
+	signer := fakecvm.Signer(t, sevtest.DefaultAmdKeys())
 	nonce := bytes.Repeat([]byte{9}, 32)
-	above := tcbValue(t, kds.TCBParts{BlSpl: 3, SnpSpl: 9, UcodeSpl: 115})
+	above := fakecvm.TCBValue(t, kds.TCBParts{BlSpl: 3, SnpSpl: 9, UcodeSpl: 115})
 	for _, tc := range []struct {
 		name   string
 		a      *Attester
 		reason string
 	}{
-		{"debug node", snpAttester(t, signer, snpNode(t, signer, nonce, 0x30000|1<<19), nonce, Policy{}), "DEBUG"},
-		{"debug allowed but TCB too old", snpAttester(t, signer, snpNode(t, signer, nonce, 0x30000|1<<19), nonce, Policy{AllowDebug: true, MinTCB: above}), "TCB below minimum"},
-		{"unexpected digest", snpAttester(t, signer, snpNode(t, signer, nonce, 0x30000), nonce, Policy{Digests: []attest.Hex{bytes.Repeat([]byte{1}, 48)}}), "is not one of attestation.node_launch_digests"},
-		{"stale report", snpAttester(t, signer, snpNode(t, signer, bytes.Repeat([]byte{8}, 32), 0x30000), nonce, Policy{}), "no response"},
+		{"debug node", snpAttester(t, signer, snpNode(t, signer, nonce, fakecvm.DebugPolicy), nonce, Policy{}), "DEBUG"},
+		{"debug allowed but TCB too old", snpAttester(t, signer, snpNode(t, signer, nonce, fakecvm.DebugPolicy), nonce, Policy{AllowDebug: true, MinTCB: above}), "TCB below minimum"},
+		{"unexpected digest", snpAttester(t, signer, snpNode(t, signer, nonce, fakecvm.Policy), nonce, Policy{Digests: []attest.Hex{bytes.Repeat([]byte{1}, 48)}}), "is not one of attestation.node_launch_digests"},
+		{"stale report", snpAttester(t, signer, snpNode(t, signer, bytes.Repeat([]byte{8}, 32), fakecvm.Policy), nonce, Policy{}), "no response"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := tc.a.Attest(context.Background(), discovery.SNP)
@@ -203,10 +140,10 @@ func TestSNPNodeNotVerified(t *testing.T) {
 // A report signed by another chip than the trusted roots' fails on its
 // certificate chain.
 func TestSNPNodeUntrustedRoot(t *testing.T) {
-	signer := fakeAMD(t, sevtest.DefaultAmdKeys())
-	trusted := fakeAMD(t, otherKeys())
+	signer := fakecvm.Signer(t, sevtest.DefaultAmdKeys())
+	trusted := fakecvm.Signer(t, otherKeys())
 	nonce := bytes.Repeat([]byte{3}, 32)
-	res := snpAttester(t, trusted, snpNode(t, signer, nonce, 0x30000), nonce, Policy{}).Attest(context.Background(), discovery.SNP)
+	res := snpAttester(t, trusted, snpNode(t, signer, nonce, fakecvm.Policy), nonce, Policy{}).Attest(context.Background(), discovery.SNP)
 	if res.Verified || res.Err == nil || !strings.Contains(res.Err.Error(), "certificate chain") {
 		t.Fatalf("untrusted root: %+v", res)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/c8s-dev/c8s/launcher/deviceplugin"
 	"github.com/c8s-dev/c8s/launcher/discovery"
 	"github.com/c8s-dev/c8s/launcher/nodeagent"
+	"github.com/c8s-dev/c8s/launcher/nodecvm"
 )
 
 func init() {
@@ -34,6 +35,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 	pluginDir := fs.String("device-plugin-dir", defaultDevicePluginDir, "kubelet device-plugins directory; empty to publish labels only")
 	podResources := fs.String("pod-resources-socket", defaultPodResourcesSocket, "kubelet PodResources socket, to keep ASIDs and keys used outside Kubernetes off the advertised capacity; empty to not")
 	interval := fs.Duration("interval", nodeagent.DefaultInterval, "time between reconciliations")
+	cvmInterval := fs.Duration("node-cvm-interval", nodeagent.DefaultNodeCVMInterval, "how long a node-as-CVM's verified self-attestation stands before it attests itself again")
 	once := fs.Bool("once", false, "reconcile once, print what was done (JSON) and exit; device plugins are not served")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -43,6 +45,10 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	opts, err := nodeDiscoveryOptions(ctx, cfg, *root, *probe)
+	if err != nil {
+		return err
+	}
+	cvmPolicy, err := nodecvm.PolicyFromConfig(cfg.Attestation)
 	if err != nil {
 		return err
 	}
@@ -56,13 +62,18 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 		Settings:           settings,
 		PodResourcesSocket: *podResources,
 		Interval:           *interval,
+		NodeCVM: func(c discovery.NodeCVMInfo) (*nodecvm.Attester, error) {
+			return nodecvm.New(*root, c, cvmPolicy)
+		},
+		NodeCVMInterval: *cvmInterval,
 	}
 	if *once {
 		rep, err := a.Once(ctx)
 		if err != nil {
 			return err
 		}
-		out, err := json.MarshalIndent(onceReport{Desired: rep.Desired, Patch: rawOrNull(rep.Patched), StatusPatch: rawOrNull(rep.StatusPatched)}, "", "  ")
+		out, err := json.MarshalIndent(onceReport{Desired: rep.Desired, Patch: rawOrNull(rep.Patched), StatusPatch: rawOrNull(rep.StatusPatched),
+			NodeCVMPatch: rawOrNull(rep.NodeCVMPatched)}, "", "  ")
 		if err != nil {
 			return err
 		}
@@ -82,6 +93,8 @@ type onceReport struct {
 	Desired     any             `json:"desired"`
 	Patch       json.RawMessage `json:"patch"`
 	StatusPatch json.RawMessage `json:"statusPatch"`
+	// NodeCVMPatch is the c8s.io/node-cvm.* annotation patch.
+	NodeCVMPatch json.RawMessage `json:"nodeCVMPatch"`
 }
 
 func rawOrNull(b []byte) json.RawMessage {

@@ -12,7 +12,6 @@
 package kbs
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"encoding/base64"
@@ -350,17 +349,4 @@ func seal(key *jose.JSONWebKey, data []byte) (string, error) {
 		return "", err
 	}
 	return obj.FullSerialize(), nil
-}
-
-// Serve runs the broker over TLS on l's address until ctx ends.
-func Serve(ctx context.Context, srv *http.Server, certFile, keyFile string) error {
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	err := srv.ListenAndServeTLS(certFile, keyFile)
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
-	return err
 }

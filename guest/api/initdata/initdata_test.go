@@ -1,8 +1,16 @@
 package initdata
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"math/big"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParse(t *testing.T) {
@@ -33,5 +41,83 @@ func TestDigest(t *testing.T) {
 	a, b := Digest([]byte("version = \"0.1\"\n")), Digest([]byte("version = \"0.1\"\n\n"))
 	if a == b || a == [32]byte{} {
 		t.Fatal("the digest must cover every byte of the document")
+	}
+}
+
+const testCert = `-----BEGIN CERTIFICATE-----
+MIIBUjCB+qADAgECAhAXDTkSpJ4Z0SVTqJxJJJbXMAoGCCqGSM49BAMCMBkxFzAV
+BgNVBAMTDmM4cyBrZXkgYnJva2VyMB4XDTI2MTEyOTIxMDAwMFoXDTI3MTEyOTIx
+MDAwMFowGTEXMBUGA1UEAxMOYzhzIGtleSBicm9rZXIwWTATBgcqhkjOPQIBBggq
+hkjOPQMBBwNCAAQ=
+-----END CERTIFICATE-----`
+
+func TestParseKBS(t *testing.T) {
+	doc := "version = \"0.1\"\n[kbs]\nurl = \"https://kbs.example:8443\"\ncert = '''\nCERT'''\n[[kbs.secrets]]\nresource = \"kbs:///default/key/db-password\"\npath = \"/run/secrets/db\"\n"
+	// A certificate that does not parse is refused.
+	if _, err := Parse([]byte(strings.Replace(doc, "CERT", testCert, 1))); err == nil || !strings.Contains(err.Error(), "kbs.cert") {
+		t.Fatalf("a broken certificate: err = %v", err)
+	}
+	k := KBS{URL: "https://kbs.example", Secrets: []Secret{{Resource: "default/key/x", Path: "/s"}}}
+	if a, err := k.Address(); err != nil || a != "kbs.example:443" {
+		t.Fatalf("Address() = %q, %v", a, err)
+	}
+	for res, want := range map[string]string{
+		"kbs:///default/key/db-password":     "default/key/db-password",
+		"kbs://ignored.host/default/key/tag": "default/key/tag",
+		"repo/type/tag":                      "repo/type/tag",
+	} {
+		if got, err := (Secret{Resource: res}).ResourcePath(); err != nil || got != want {
+			t.Errorf("ResourcePath(%q) = %q, %v; want %q", res, got, err, want)
+		}
+	}
+	for _, res := range []string{"default/key", "kbs:///a/../b", "a/b/c/d", "a//c", "kbs:nope"} {
+		if _, err := (Secret{Resource: res}).ResourcePath(); err == nil {
+			t.Errorf("ResourcePath(%q) accepted", res)
+		}
+	}
+	for _, bad := range []KBS{
+		{URL: "http://kbs.example"},
+		{URL: "https://"},
+		{Secrets: []Secret{{Resource: "a/b/c", Path: "/x"}}},
+	} {
+		if err := bad.validate(); err == nil {
+			t.Errorf("validate(%+v) accepted", bad)
+		}
+	}
+}
+
+func selfSignedPEM(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+func TestParseKBSSecretPaths(t *testing.T) {
+	doc := func(paths ...string) []byte {
+		s := "version = \"0.1\"\n[kbs]\nurl = \"https://127.0.0.1:8443\"\ncert = '''\n" + selfSignedPEM(t) + "'''\n"
+		for i, p := range paths {
+			s += fmt.Sprintf("[[kbs.secrets]]\nresource = \"default/key/k%d\"\npath = %q\n", i, p)
+		}
+		return []byte(s)
+	}
+	d, err := Parse(doc("/run/secrets/a", "/etc/b"))
+	if err != nil || len(d.KBS.Secrets) != 2 || d.KBS.Secrets[1].Path != "/etc/b" {
+		t.Fatalf("Parse = %+v, %v", d, err)
+	}
+	if _, err := d.KBS.CertPool(); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]string{{"relative"}, {"/"}, {"/a/../b"}, {"/a", "/a"}} {
+		if _, err := Parse(doc(bad...)); err == nil {
+			t.Errorf("paths %q accepted", bad)
+		}
 	}
 }

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/kbs"
+)
+
+func init() {
+	register("kbs", "serve the KBS protocol for this node's pods from a directory of secrets (single node; Trustee is the multi-node path)", runKBS)
+}
+
+func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("kbs")
+	dir := fs.String("dir", "", "directory of secrets: DIR/REPO/TYPE/TAG (required)")
+	listen := fs.String("listen", "127.0.0.1:8443", "address to serve HTTPS on")
+	certFile := fs.String("cert", "", "TLS certificate (PEM); with --key. Both missing files: a self-signed pair for --hosts is created")
+	keyFile := fs.String("key", "", "TLS key (PEM)")
+	hosts := fs.String("hosts", "127.0.0.1", "comma-separated names and addresses of a created certificate")
+	configPath := fs.String("config", "/etc/c8s/config.toml", "c8s config: the TEE, the image manifest and the state dir")
+	policyPath := fs.String("policy", "", "policy (JSON, as verify-report reads it) instead of the manifest's launch digests")
+	simDir := fs.String("sim-dir", "", "sim: the node's simulated secure processor state dir (default STATE_DIR/node/sim-sp)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dir == "" || *certFile == "" || *keyFile == "" {
+		return errors.New("--dir, --cert and --key are required")
+	}
+	cfg, err := config.Load(*configPath)
+	if err != nil {
+		return err
+	}
+	tee := cfg.Hypervisor.TEE
+	if *simDir == "" {
+		*simDir = filepath.Join(cfg.Runtime.StateDir, "node", "sim-sp")
+	}
+	trust, err := attest.TrustFor(tee, *simDir)
+	if err != nil {
+		return err
+	}
+	v, err := attest.NewVerifier(trust)
+	if err != nil {
+		return err
+	}
+	var policy attest.Policy
+	if *policyPath != "" {
+		p, err := attest.LoadPolicy(*policyPath)
+		if err != nil {
+			return err
+		}
+		policy = *p
+	} else {
+		m, err := manifest.Load(cfg.ManifestPath())
+		if err != nil {
+			return err
+		}
+		if policy.Measurements, err = attest.ExpectedMeasurements(m, tee); err != nil {
+			return err
+		}
+		policy.MinTCB, policy.AllowDebug = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug
+	}
+	if err := ensureCert(*certFile, *keyFile, strings.Split(*hosts, ","), stdout); err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	logger := log.New(os.Stderr, "", log.LstdFlags)
+	srv := &http.Server{
+		Handler:           &kbs.Broker{Verifier: v, Policy: policy, Resources: kbs.Dir(*dir), Log: logger.Printf},
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	fmt.Fprintf(stdout, "serving the KBS protocol on https://%s (tee %s, resources in %s)\n", l.Addr(), tee, *dir)
+	if err := srv.ServeTLS(l, *certFile, *keyFile); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// ensureCert creates a self-signed certificate and key when neither file
+// exists.
+func ensureCert(certFile, keyFile string, hosts []string, stdout io.Writer) error {
+	_, cerr := os.Stat(certFile)
+	_, kerr := os.Stat(keyFile)
+	if cerr == nil && kerr == nil {
+		return nil
+	}
+	if !errors.Is(cerr, os.ErrNotExist) || !errors.Is(kerr, os.ErrNotExist) {
+		return fmt.Errorf("--cert %s and --key %s: give both existing files, or two missing ones to create", certFile, keyFile)
+	}
+	certPEM, keyPEM, err := kbs.SelfSigned(hosts, 365*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(certFile, certPEM, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "created a self-signed certificate %s for %s: put it in the pods' init data as kbs.cert\n", certFile, strings.Join(hosts, ", "))
+	return nil
+}

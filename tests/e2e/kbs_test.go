@@ -1,0 +1,279 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/c8s-dev/c8s/guest/api/initdata"
+	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+	"github.com/c8s-dev/c8s/launcher/kbs"
+)
+
+// kbsSecret is the value the broker holds; it must reach the container
+// and appear nowhere on the host.
+const kbsSecret = "e2e-db-password-5d41402abc4b2a76"
+
+// broker is an in-process key broker over TLS on 127.0.0.1, with a log of
+// its decisions.
+type broker struct {
+	addr    string
+	certPEM []byte
+	mu      sync.Mutex
+	log     []string
+}
+
+func (b *broker) logf(format string, args ...any) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.log = append(b.log, fmt.Sprintf(format, args...))
+}
+
+func (b *broker) Log() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Join(b.log, "\n")
+}
+
+// startBroker serves default/key/db-password to pods whose sim evidence
+// shows the image manifest's launch digest for one vCPU.
+func startBroker(t *testing.T, e *env) *broker {
+	t.Helper()
+	spDir := filepath.Join(e.stateDir, "node", "sim-sp") // sandbox.SimSPDir
+	if _, err := simsp.Open(spDir); err != nil {
+		t.Fatal(err)
+	}
+	trust, err := attest.SimTrust(spDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := attest.NewVerifier(trust)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Load(filepath.Join(e.imageDir, manifest.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	expected, err := attest.ExpectedMeasurements(m, "sim")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := kbs.SelfSigned([]string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &broker{addr: l.Addr().String(), certPEM: certPEM}
+	srv := &http.Server{Handler: &kbs.Broker{
+		Verifier:  v,
+		Policy:    attest.Policy{Measurements: expected, VCPUs: 1},
+		Resources: kbs.Map{"default/key/db-password": []byte(kbsSecret)},
+		Log:       b.logf,
+	}, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return b
+}
+
+// podInitData asks for the secret from the broker that certPEM pins.
+func podInitData(addr string, certPEM []byte) string {
+	doc := fmt.Sprintf(`version = "0.1"
+
+[kbs]
+url = "https://%s"
+cert = '''
+%s'''
+
+[[kbs.secrets]]
+resource = "kbs:///default/key/db-password"
+path = "/run/secrets/db-password"
+`, addr, certPEM)
+	if _, err := initdata.Parse([]byte(doc)); err != nil {
+		panic(err)
+	}
+	return base64.StdEncoding.EncodeToString([]byte(doc))
+}
+
+// TestKBSSecrets: a pod gets its secret from the key broker only when
+// its evidence verifies, sees it read-only at the path its init data
+// chose, and the value never appears on the host.
+func TestKBSSecrets(t *testing.T) {
+	e := setup(t)
+	b := startBroker(t, e)
+	good := podInitData(b.addr, b.certPEM)
+
+	t.Run("SecretReachesTheAttestedPod", func(t *testing.T) {
+		c := ctx(t)
+		if _, stderr, code := result(t, e.run(c, e.config, "-d", "--annotation", initdata.Annotation+"="+good, image, "kbs1", "sleep", "600")); code != 0 {
+			t.Fatalf("exit %d: %s\nbroker:\n%s\ncontainerd log:\n%s", code, stderr, b.Log(), e.d.Log())
+		}
+		stdout, stderr, code := result(t, e.d.CtrCommand(c, "task", "exec", "--exec-id", "s1", "kbs1",
+			"sh", "-c", "cat /run/secrets/db-password; echo; if echo x > /run/secrets/db-password; then echo writable; fi; grep ' /run/secrets/db-password ' /proc/mounts"))
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		if code != 0 || len(lines) != 2 || lines[0] != kbsSecret {
+			t.Fatalf("exit %d, stdout %q: want the secret, then its mount\nstderr: %s", code, stdout, stderr)
+		}
+		if f := strings.Fields(lines[1]); len(f) < 4 || f[2] != "tmpfs" || !strings.HasPrefix(f[3], "ro,") {
+			t.Fatalf("the secret's mount is %q: want a read-only tmpfs", lines[1])
+		}
+		if !strings.Contains(b.Log(), "released default/key/db-password") {
+			t.Fatalf("the broker did not log the release:\n%s", b.Log())
+		}
+		// While the pod runs: its VM's state dir (console log, sockets),
+		// its container disk, containerd's root and state, the logs.
+		assertNoSecretOnHost(t, e)
+		e.d.Ctr(t, "task", "kill", "-s", "KILL", "kbs1")
+		waitStopped(t, e, "kbs1")
+		e.d.Ctr(t, "task", "delete", "kbs1")
+		e.d.Ctr(t, "container", "delete", "kbs1")
+		e.assertNothingLeft(t)
+	})
+
+	t.Run("AlteredInitrdRefusedByTheBroker", func(t *testing.T) {
+		before := strings.Count(b.Log(), "released")
+		testKBSAlteredInitrd(t, e, good)
+		if after := strings.Count(b.Log(), "released"); after != before {
+			t.Fatalf("the broker released a secret to the altered pod:\n%s", b.Log())
+		}
+		if !strings.Contains(b.Log(), "attestation refused: measurement mismatch") {
+			t.Fatalf("the broker's log does not show the refusal:\n%s", b.Log())
+		}
+	})
+
+	t.Run("WrongBrokerCertificate", func(t *testing.T) {
+		other, _, err := kbs.SelfSigned([]string{"127.0.0.1"}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := b.Log()
+		_, stderr, code := result(t, e.run(ctx(t), e.config, "--rm", "--annotation", initdata.Annotation+"="+podInitData(b.addr, other), image, "kbs3", "true"))
+		if code == 0 || !strings.Contains(stderr, "certificate") || !strings.Contains(stderr, "key broker") {
+			t.Fatalf("exit %d: want the pod to fail on the broker's certificate:\n%s", code, stderr)
+		}
+		if b.Log() != before {
+			t.Fatalf("the agent reached the broker's protocol despite a wrong certificate:\n%s", b.Log())
+		}
+		e.d.CtrCommand(ctx(t), "container", "delete", "kbs3").Run()
+		e.assertNothingLeft(t)
+	})
+
+	t.Run("NoTraceOnTheHost", func(t *testing.T) { assertNoSecretOnHost(t, e) })
+}
+
+// assertNoSecretOnHost searches every file under the test's node dirs
+// (containerd's root and state, c8s's state with the VMs' console logs and
+// container disks) and containerd's log, with the shims' logs in it.
+func assertNoSecretOnHost(t *testing.T, e *env) {
+	t.Helper()
+	if strings.Contains(e.d.Log(), kbsSecret) {
+		t.Fatal("the secret is in containerd's or the shims' log")
+	}
+	files, size := 0, int64(0)
+	err := filepath.WalkDir(e.d.Dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return nil
+		}
+		files++
+		size += int64(len(data))
+		if bytes.Contains(data, []byte(kbsSecret)) {
+			t.Errorf("the secret is in %s", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files == 0 {
+		t.Fatal("no files under the node's dirs: the search proved nothing")
+	}
+	t.Logf("searched %d files (%d MiB) under %s", files, size>>20, e.d.Dir)
+}
+
+// testKBSAlteredInitrd boots the pod from an altered initrd on a host that
+// also doctored its own manifest, so the host's gate lets it through: the
+// broker, which holds the real digests, must refuse it.
+func testKBSAlteredInitrd(t *testing.T, e *env, initData string) {
+	dir := filepath.Join(e.d.Dir, "kbs-altered")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	initrd, err := os.ReadFile(filepath.Join(e.imageDir, "initrd.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "initrd.img"), append(initrd, make([]byte, 4096)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	config := func(manifestPath string) string {
+		return e.writeConfig(t, "kbs-altered.toml", fmt.Sprintf(`
+[hypervisor]
+kernel = %q
+initrd = %q
+[attestation]
+manifest = %q
+[runtime]
+state_dir = %q
+`, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(dir, "initrd.img"), manifestPath, e.stateDir))
+	}
+	// The real manifest: the host's gate refuses, and names the digest.
+	_, stderr, code := result(t, e.run(ctx(t), config(filepath.Join(e.imageDir, manifest.FileName)), "--rm", image, "kbs2", "true"))
+	got := regexp.MustCompile(`measurement mismatch: expected [0-9a-f]+, got ([0-9a-f]{96})`).FindStringSubmatch(stderr)
+	if code == 0 || got == nil {
+		t.Fatalf("exit %d: want the host's gate to refuse the altered initrd and name its digest:\n%s", code, stderr)
+	}
+	e.d.CtrCommand(ctx(t), "container", "delete", "kbs2").Run()
+	// A doctored manifest that expects the altered digest.
+	raw, err := os.ReadFile(filepath.Join(e.imageDir, manifest.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	doc["digests"].(map[string]any)["sim"].(map[string]any)["by_vcpus"].(map[string]any)["1"] = got[1]
+	doctored, _ := json.Marshal(doc)
+	if err := os.WriteFile(filepath.Join(dir, manifest.FileName), doctored, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, cancel := context.WithTimeout(ctx(t), 5*time.Minute)
+	defer cancel()
+	stdout, stderr, code := result(t, e.run(c, config(filepath.Join(dir, manifest.FileName)), "--rm", "--annotation", initdata.Annotation+"="+initData, image, "kbs2",
+		"cat", "/run/secrets/db-password"))
+	if code == 0 || strings.Contains(stdout, kbsSecret) {
+		t.Fatalf("a pod booted from an altered initrd started (exit %d, stdout %q)", code, stdout)
+	}
+	for _, want := range []string{"key broker", "401", "measurement mismatch"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("ctr's error does not say %q:\n%s", want, stderr)
+		}
+	}
+	e.d.CtrCommand(ctx(t), "container", "delete", "kbs2").Run()
+	e.assertNothingLeft(t)
+}

@@ -30,6 +30,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
 	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/vm"
@@ -308,6 +309,9 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 // expected launch digests.
 func attestSandbox(ctx context.Context, sb *sandbox.Sandbox, pod *podState) error {
 	if pod.cfg.Attestation.Mode == config.AttestOff {
+		if doc, err := initdata.Parse(pod.initData); err == nil && len(doc.KBS.Secrets) > 0 {
+			return fmt.Errorf("pod %s asks for secrets from a key broker, which releases them only to an attested pod: attestation.mode is off: %w", pod.id, errdefs.ErrFailedPrecondition)
+		}
 		log.G(ctx).WithField("sandbox", pod.id).Warn("attestation is off (attestation.mode): the pod VM is not verified")
 		return nil
 	}

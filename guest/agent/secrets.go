@@ -38,11 +38,8 @@ func MountSecretsTmpfs(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err == nil && st.Type == unix.TMPFS_MAGIC {
-		if parent := filepath.Dir(dir); unix.Statfs(parent, &st) != nil || !sameDev(dir, parent) {
-			return nil // already our own tmpfs
-		}
+	if !sameDev(dir, filepath.Dir(dir)) {
+		return nil // already mounted (a second pod start in one VM)
 	}
 	if err := unix.Mount("c8s-secrets", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0711,size=16m"); err != nil {
 		return fmt.Errorf("mount the secrets tmpfs on %s: %w", dir, err)

@@ -80,8 +80,9 @@ func TestNodeAgentManifest(t *testing.T) {
 			rules[res] = append(rules[res], r.Verbs...)
 		}
 	}
-	want := map[string][]string{"nodes": {"get", "patch"}, "nodes/status": {"patch"}}
-	if len(rules) != len(want) || !slices.Equal(rules["nodes"], want["nodes"]) || !slices.Equal(rules["nodes/status"], want["nodes/status"]) {
+	want := map[string][]string{"nodes": {"get", "patch"}, "nodes/status": {"patch"}, "pods": {"list"}}
+	if len(rules) != len(want) || !slices.Equal(rules["nodes"], want["nodes"]) || !slices.Equal(rules["nodes/status"], want["nodes/status"]) ||
+		!slices.Equal(rules["pods"], want["pods"]) {
 		t.Errorf("ClusterRole rules %v, want %v", rules, want)
 	}
 	if d.binding.RoleRef.Kind != "ClusterRole" || d.binding.RoleRef.Name != d.role.Name ||
@@ -102,6 +103,10 @@ func TestNodeAgentManifest(t *testing.T) {
 	pod := ds.Spec.Template.Spec
 	if len(pod.Tolerations) != 1 || pod.Tolerations[0].Operator != corev1.TolerationOpExists || pod.Tolerations[0].Key != "" {
 		t.Errorf("the agent must tolerate every taint, its own c8s.io/confidential included: %v", pod.Tolerations)
+	}
+	// The pod VMs' QEMU pids are the host's.
+	if !pod.HostPID {
+		t.Error("the agent does not see the host's processes (hostPID)")
 	}
 	if len(pod.Containers) != 1 {
 		t.Fatalf("%d containers", len(pod.Containers))
@@ -136,7 +141,7 @@ func TestNodeAgentManifest(t *testing.T) {
 		}
 		mounted[hp] = m.MountPath
 	}
-	for _, p := range []string{"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/etc/c8s", "/sys", "/dev"} {
+	for _, p := range []string{"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/etc/c8s", "/sys", "/dev", "/run/c8s"} {
 		if mounted[p] != p {
 			t.Errorf("host %s is mounted at %q, want the same path", p, mounted[p])
 		}

@@ -20,20 +20,25 @@
 //
 // # What is accounted
 //
-// The kubelet's device manager does the bookkeeping: a device it
-// allocated stays assigned to the pod until the pod terminates, across
-// container restarts and kubelet restarts (its checkpoint file), so a pod
-// holds its ASID, key or slot for its whole life and the scheduler sees
-// the node's remaining count. The plugin itself is not told when pods
-// end: Allocations only lists the device IDs it handed out. HeldDevices
-// asks the kubelet's PodResources API which devices live pods hold right
-// now, and ReserveForeignUse turns host-wide usage (misc.current, which
-// counts every VM, c8s's or not) minus those into unhealthy devices, so
-// ASIDs and keys taken outside Kubernetes are not advertised; the node
-// agent is meant to run both periodically and call SetDevices. A device
-// is advertised per unit of capacity, not per hardware object: ASID
-// "snp-asid-7" is a token, not ASID 7, and a pod's RuntimeClass overhead
-// unit is counted by the scheduler without any Allocate call.
+// A pod VM holds its ASID, TDX key or sim slot from its start until its
+// QEMU exits, which can be later than Kubernetes thinks: the c8s
+// RuntimeClasses take the unit as pod overhead, which the scheduler counts
+// while the pod object exists and has not terminated, and the kubelet's
+// device manager allocates devices only to containers that request the
+// resource (Allocate, HeldDevices), until their pod ends. A VM whose pod
+// is gone (a leaked VM after a shim crash, a VM still stopping) and a VM
+// outside Kubernetes still hold their unit.
+//
+// So the node agent accounts for every unit in use, not only the ones
+// Kubernetes knows: ScanVMs finds the live pod VMs from their state
+// directories under runtime.state_dir (PidFile, checked against the
+// process's command line), discovery reads the host-wide usage from the
+// misc cgroup (misc.current "sev_es" and "tdx"), and ReserveUncounted
+// marks as many devices unhealthy as units are in use (the larger of the
+// two) beyond what the scheduler counts for the node's live pods, so
+// ListAndWatch offers only units that are really free. Devices allocated
+// to containers are never marked. A device is advertised per unit of
+// capacity, not per hardware object: "snp-asid-7" is a token, not ASID 7.
 package deviceplugin
 
 import (

@@ -53,26 +53,3 @@ func HeldDevices(ctx context.Context, socket, resource string) (map[string]Holde
 	}
 	return held, nil
 }
-
-// ReserveForeignUse marks devices unhealthy for capacity that is used
-// outside Kubernetes, so that the kubelet advertises only what is really
-// free. hostUsed is the host-wide usage (discovery's misc.current count:
-// every VM's ASIDs or keys, c8s pods' included) and held the devices the
-// node's pods hold (HeldDevices); the difference is used by someone else.
-// Devices not held are marked from the end of the list; held devices are
-// never marked (their pods have them). It returns a new slice and how many
-// devices it marked.
-func ReserveForeignUse(devs []Device, held map[string]Holder, hostUsed int64) ([]Device, int64) {
-	foreign := hostUsed - int64(len(held))
-	out := make([]Device, len(devs))
-	copy(out, devs)
-	var marked int64
-	for i := len(out) - 1; i >= 0 && marked < foreign; i-- {
-		if _, isHeld := held[out[i].ID]; isHeld {
-			continue
-		}
-		out[i].Healthy = false
-		marked++
-	}
-	return out, marked
-}

@@ -59,7 +59,7 @@ func TestHeldDevicesFromThePodResourcesAPI(t *testing.T) {
 	}
 }
 
-func TestReserveForeignUse(t *testing.T) {
+func TestReserveUncounted(t *testing.T) {
 	devs := Devices("c8s.io/snp-asid", 5)
 	held := map[string]Holder{"snp-asid-4": {Pod: "p"}, "snp-asid-1": {Pod: "q"}}
 	health := func(ds []Device) string {
@@ -74,21 +74,29 @@ func TestReserveForeignUse(t *testing.T) {
 		return b.String()
 	}
 	for _, tc := range []struct {
-		hostUsed int64
+		name     string
+		use      Usage
 		want     string
-		marked   int64
+		reserved int64
 	}{
-		{hostUsed: 2, want: "+++++", marked: 0}, // only the two pods
-		{hostUsed: 0, want: "+++++", marked: 0}, // usage below what pods hold (pods starting)
-		{hostUsed: 4, want: "++--+", marked: 2}, // two VMs outside Kubernetes
-		{hostUsed: 9, want: "-+--+", marked: 3}, // every free device is taken; held ones stay
+		// Two pods hold devices, a third takes its unit as RuntimeClass
+		// overhead: three counted, three VMs.
+		{"all counted", Usage{HostUsed: 3, LiveVMs: 3, Counted: 3}, "+++++", 0},
+		{"pods starting", Usage{HostUsed: 0, LiveVMs: 0, Counted: 3}, "+++++", 0},
+		// Two more SNP VMs outside Kubernetes.
+		{"foreign VMs", Usage{HostUsed: 5, LiveVMs: 3, Counted: 3}, "++--+", 2},
+		// The pod of a VM is gone but its QEMU still runs, and the misc
+		// cgroup is not readable.
+		{"leaked VM", Usage{HostUsed: -1, LiveVMs: 4, Counted: 3}, "+++-+", 1},
+		// Everything free is taken; held devices stay healthy.
+		{"full", Usage{HostUsed: 9, LiveVMs: 2, Counted: 2}, "-+--+", 3},
 	} {
-		got, marked := ReserveForeignUse(devs, held, tc.hostUsed)
-		if health(got) != tc.want || marked != tc.marked {
-			t.Errorf("host used %d: %s (%d marked), want %s (%d)", tc.hostUsed, health(got), marked, tc.want, tc.marked)
+		got, u := ReserveUncounted(devs, held, tc.use)
+		if health(got) != tc.want || u.Reserved != tc.reserved || u.Devices != 5 || u.Held != 2 {
+			t.Errorf("%s: %s (%+v), want %s (%d reserved)", tc.name, health(got), u, tc.want, tc.reserved)
 		}
 	}
 	if health(devs) != "+++++" {
-		t.Fatal("ReserveForeignUse changed its input")
+		t.Fatal("ReserveUncounted changed its input")
 	}
 }

@@ -55,9 +55,15 @@ type Agent struct {
 	Settings nodelabels.Settings
 	// Plugins serves the per-unit resources; nil to publish labels only.
 	Plugins *deviceplugin.Manager
-	// PodResourcesSocket is the kubelet's PodResources API; empty to not
-	// reserve ASIDs and keys used outside Kubernetes.
+	// PodResourcesSocket is the kubelet's PodResources API, to keep the
+	// devices allocated to containers healthy; empty when there is none.
 	PodResourcesSocket string
+	// StateRoot is where the node's pod VMs keep their state
+	// (runtime.state_dir) and ProcRoot the host's /proc (default
+	// "/proc"): the live pod VMs found there hold their ASID, key or slot
+	// even when Kubernetes no longer counts their pod. Empty StateRoot: not
+	// scanned.
+	StateRoot, ProcRoot string
 	// Interval between reconciliations (default DefaultInterval).
 	Interval time.Duration
 	// NodeCVM returns the self-attester of a node that discovery found to
@@ -71,6 +77,18 @@ type Agent struct {
 	Now func() time.Time
 
 	cvm selfAttest
+	// lastDevices are the device lists last served, kept when usage
+	// cannot be accounted for a while.
+	lastDevices map[string][]deviceplugin.Device
+}
+
+// PodCounter is implemented by Clients that can tell what the scheduler
+// counts against the node.
+type PodCounter interface {
+	// PodUnits returns, per resource, the units the scheduler counts for
+	// the pods bound to this node that have not terminated: their
+	// RuntimeClass overhead plus their containers' requests.
+	PodUnits(ctx context.Context) (map[string]int64, error)
 }
 
 // Report is what one reconciliation did.
@@ -78,9 +96,12 @@ type Report struct {
 	Desired nodelabels.Desired
 	// Patched and StatusPatched are the merge patches sent (nil: none).
 	Patched, StatusPatched []byte
-	// ForeignUse counts devices marked unhealthy per resource because
-	// the capacity is used outside Kubernetes.
-	ForeignUse map[string]int64
+	// Usage is the accounting of each device-plugin resource: units in
+	// use, counted by the scheduler, and devices reserved (unhealthy)
+	// for the difference.
+	Usage map[string]deviceplugin.Usage
+	// VMs are the pod VMs found under StateRoot.
+	VMs []deviceplugin.VM
 	// NodeCVM is the node's self-attestation (nil: not a CVM, or not
 	// configured) and NodeCVMPatched the annotation patch sent (nil: none).
 	NodeCVM        *nodecvm.Result
@@ -134,8 +155,8 @@ func (a *Agent) Once(ctx context.Context) (Report, error) {
 		}
 	}
 	if a.Plugins != nil {
-		want, foreign := a.devices(ctx, r, rep.Desired.Resources)
-		rep.ForeignUse = foreign
+		want, usage, vms := a.devices(ctx, r, rep.Desired.Resources)
+		rep.Usage, rep.VMs = usage, vms
 		if err := a.Plugins.Update(want); err != nil {
 			return rep, fmt.Errorf("nodeagent: device plugins: %w", err)
 		}
@@ -167,32 +188,73 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
-// devices returns the device list per device-plugin resource, with
-// capacity used outside Kubernetes marked unhealthy where discovery knows
-// the host-wide usage (SNP ASIDs, TDX keys).
-func (a *Agent) devices(ctx context.Context, r discovery.Result, res []nodelabels.Resource) (map[string][]deviceplugin.Device, map[string]int64) {
-	used := map[string]discovery.Capacity{
+// vmKinds are the pod VM kinds holding a unit of each resource.
+var vmKinds = map[string]string{
+	nodelabels.ResourceSNPASID: deviceplugin.VMSNP,
+	nodelabels.ResourceTDXKey:  deviceplugin.VMTDX,
+	nodelabels.ResourceSimSlot: deviceplugin.VMSim,
+}
+
+// devices returns the device list per device-plugin resource, with the
+// units in use that the scheduler does not count marked unhealthy (see
+// launcher/deviceplugin, "What is accounted"). When the pods' units or the
+// containers' devices cannot be read, the previous list of the resource
+// is kept.
+func (a *Agent) devices(ctx context.Context, r discovery.Result, res []nodelabels.Resource) (map[string][]deviceplugin.Device, map[string]deviceplugin.Usage, []deviceplugin.VM) {
+	hostUsed := map[string]discovery.Capacity{
 		nodelabels.ResourceSNPASID: r.SNP.ASIDs,
 		nodelabels.ResourceTDXKey:  r.TDX.Keys,
 	}
+	var vms []deviceplugin.VM
+	if a.StateRoot != "" {
+		procRoot := a.ProcRoot
+		if procRoot == "" {
+			procRoot = "/proc"
+		}
+		var err error
+		if vms, err = deviceplugin.ScanVMs(a.StateRoot, procRoot); err != nil {
+			log.G(ctx).WithError(err).Warn("nodeagent: live pod VMs are not accounted")
+		}
+	}
+	live := deviceplugin.CountLive(vms)
+	counted, countErr := map[string]int64(nil), errors.New("the Kubernetes client cannot list pods")
+	if pc, ok := a.Client.(PodCounter); ok {
+		counted, countErr = pc.PodUnits(ctx)
+	}
 	want := map[string][]deviceplugin.Device{}
-	foreign := map[string]int64{}
+	usage := map[string]deviceplugin.Usage{}
 	for _, x := range res {
 		if !x.DevicePlugin {
 			continue
 		}
 		devs := deviceplugin.Devices(x.Name, x.Count)
-		if c, ok := used[x.Name]; ok && c.UsedKnown && a.PodResourcesSocket != "" {
-			held, err := deviceplugin.HeldDevices(ctx, a.PodResourcesSocket, x.Name)
-			if err != nil {
-				log.G(ctx).WithError(err).Warnf("nodeagent: %s: not reserving capacity used outside Kubernetes", x.Name)
-			} else {
-				devs, foreign[x.Name] = deviceplugin.ReserveForeignUse(devs, held, c.Used)
+		u := deviceplugin.Usage{HostUsed: -1, LiveVMs: live[vmKinds[x.Name]]}
+		if c := hostUsed[x.Name]; c.UsedKnown {
+			u.HostUsed = c.Used
+		}
+		held, err := map[string]deviceplugin.Holder{}, countErr
+		if err == nil && a.PodResourcesSocket != "" {
+			held, err = deviceplugin.HeldDevices(ctx, a.PodResourcesSocket, x.Name)
+		}
+		if err == nil {
+			u.Counted = counted[x.Name]
+			devs, u = deviceplugin.ReserveUncounted(devs, held, u)
+		} else {
+			log.G(ctx).WithError(err).Warnf("nodeagent: %s: usage not accounted this time; keeping the previous device list", x.Name)
+			if prev, ok := a.lastDevices[x.Name]; ok && len(prev) == len(devs) {
+				devs = prev
+			}
+			u.Devices = int64(len(devs))
+			for _, d := range devs {
+				if !d.Healthy {
+					u.Reserved++
+				}
 			}
 		}
-		want[x.Name] = devs
+		want[x.Name], usage[x.Name] = devs, u
 	}
-	return want, foreign
+	a.lastDevices = want
+	return want, usage, vms
 }
 
 // statusPatch returns the merge patch that sets the status capacity of

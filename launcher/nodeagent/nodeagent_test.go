@@ -24,7 +24,11 @@ import (
 type fakeNode struct {
 	obj     map[string]any
 	patches int
+	// units is what the scheduler counts for the node's pods (PodCounter).
+	units map[string]int64
 }
+
+func (f *fakeNode) PodUnits(context.Context) (map[string]int64, error) { return f.units, nil }
 
 func (f *fakeNode) Node(context.Context) (nodelabels.Node, map[string]string, error) {
 	str := func(path ...string) map[string]string {
@@ -128,7 +132,8 @@ func TestAgentReconcilesTheNode(t *testing.T) {
 	serve(t, podRes, func(s *grpc.Server) { podresources.RegisterPodResourcesListerServer(s, k) })
 
 	fixture := "snp-host"
-	node := &fakeNode{obj: map[string]any{"metadata": map[string]any{"labels": map[string]any{"kubernetes.io/hostname": "n1"}}}}
+	node := &fakeNode{obj: map[string]any{"metadata": map[string]any{"labels": map[string]any{"kubernetes.io/hostname": "n1"}}},
+		units: map[string]int64{nodelabels.ResourceSNPASID: 1}}
 	plugins := deviceplugin.NewManager(context.Background(), dir)
 	t.Cleanup(func() { _ = plugins.Stop() })
 	taint := &nodelabels.Taint{Key: "c8s.io/confidential", Value: "true", Effect: "NoSchedule"}
@@ -155,10 +160,10 @@ func TestAgentReconcilesTheNode(t *testing.T) {
 	if n.Annotations[nodelabels.OwnedLabelsAnnotation] != nodelabels.NFDSNP || len(capacity) != 0 || rep.StatusPatched != nil {
 		t.Fatalf("annotations %v capacity %v status patch %s", n.Annotations, capacity, rep.StatusPatched)
 	}
-	// misc.current says 3 SEV-ES/SNP ASIDs are in use and pods hold one:
-	// two are used outside Kubernetes.
-	if rep.ForeignUse[nodelabels.ResourceSNPASID] != 2 {
-		t.Fatalf("foreign use = %v", rep.ForeignUse)
+	// misc.current says 3 SEV-ES/SNP ASIDs are in use and the scheduler
+	// counts one pod's: two are used outside Kubernetes.
+	if u := rep.Usage[nodelabels.ResourceSNPASID]; u != (deviceplugin.Usage{Devices: 99, HostUsed: 3, Counted: 1, Held: 1, Reserved: 2}) {
+		t.Fatalf("SNP ASID usage = %+v", u)
 	}
 	got := map[string]bool{}
 	for range 2 {

@@ -82,7 +82,9 @@ func TestKubernetesSchedulesPodVMs(t *testing.T) {
 	}, func() string { return "kubelet log:\n" + c.logTail("kubelet", 40) })
 
 	agentCfg := filepath.Join(dir, "node-agent.toml")
-	if err := os.WriteFile(agentCfg, []byte("[node]\nsim_slots = 1\n"), 0o644); err != nil {
+	// The agent scans the pod VMs' state dir, so a slot stays held until
+	// its VM is gone.
+	if err := os.WriteFile(agentCfg, fmt.Appendf(nil, "[node]\nsim_slots = 1\n[runtime]\nstate_dir = %q\n", e.stateDir), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.start(t, "c8s-launcher", "node-agent", "--kubeconfig="+c.kubeconfig, "--node-name="+c.node,

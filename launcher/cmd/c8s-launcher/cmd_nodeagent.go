@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/c8s-dev/c8s/launcher/deviceplugin"
@@ -61,6 +62,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 		Discover:           func() (discovery.Result, error) { return discovery.Discover(opts) },
 		Settings:           settings,
 		PodResourcesSocket: *podResources,
+		StateRoot:          filepath.Join(*root, cfg.Runtime.StateDir),
+		ProcRoot:           filepath.Join(*root, "proc"),
 		Interval:           *interval,
 		NodeCVM: func(c discovery.NodeCVMInfo) (*nodecvm.Attester, error) {
 			return nodecvm.New(*root, c, cvmPolicy)

@@ -73,6 +73,10 @@ type Broker struct {
 	// session's binding is used). When HostData is empty, the evidence's
 	// HOST_DATA must be the digest of the init data sent with it.
 	Policy attest.Policy
+	// AllowExec releases resources to pods whose init data lets the host
+	// exec into their containers (agent_policy.allow_exec not false),
+	// where the host could read the secrets back. Off by default.
+	AllowExec bool
 	// Resources are released to attested sessions.
 	Resources Resources
 	// SessionTTL bounds a session's life (default 5 minutes).
@@ -282,9 +286,14 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, error) {
 	}
 	p := b.Policy
 	p.Nonce = rd[:]
-	if len(p.HostData) == 0 && att.InitData != nil {
-		d := initdata.Digest([]byte(att.InitData.Body))
-		p.HostData = d[:]
+	if att.InitData != nil {
+		if err := b.checkInitData(att.InitData); err != nil {
+			return nil, err
+		}
+		if len(p.HostData) == 0 {
+			d := initdata.Digest([]byte(att.InitData.Body))
+			p.HostData = d[:]
+		}
 	}
 	if len(p.HostData) == 0 {
 		return nil, errors.New("the broker pins no HOST_DATA and the attestation carries no init-data to bind it")
@@ -296,6 +305,22 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, error) {
 		return nil, err
 	}
 	return &key, nil
+}
+
+// checkInitData refuses init data that would let the host read the
+// secrets back (exec into the containers), unless AllowExec.
+func (b *Broker) checkInitData(d *kbsapi.InitData) error {
+	if d.Format != "toml" {
+		return fmt.Errorf("init-data format %q: this broker reads c8s init data (toml)", d.Format)
+	}
+	doc, err := initdata.Parse([]byte(d.Body))
+	if err != nil {
+		return err
+	}
+	if !b.AllowExec && doc.Agent.ExecAllowed() {
+		return errors.New("the pod's init data allows exec from the host (agent_policy.allow_exec), which could read the secrets back: set allow_exec = false")
+	}
+	return nil
 }
 
 func (b *Broker) resource(w http.ResponseWriter, r *http.Request, path string) {

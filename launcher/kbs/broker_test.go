@@ -62,7 +62,7 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	sp := simSP(t)
-	f := &fixture{sp: sp, initData: []byte("version = \"0.1\"\n")}
+	f := &fixture{sp: sp, initData: []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")}
 	if _, err := rand.Read(f.measurement[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -151,10 +151,25 @@ func TestAlteredMeasurementRefused(t *testing.T) {
 func TestHostDataMustMatchInitData(t *testing.T) {
 	f := newFixture(t)
 	c := f.client()
-	c.InitData = []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = true\n") // not what HOST_DATA holds
+	c.InitData = []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n\n") // not what HOST_DATA holds
 	_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
 	if err == nil || !strings.Contains(err.Error(), "HOST_DATA") {
 		t.Fatalf("err = %v, want a HOST_DATA mismatch", err)
+	}
+}
+
+func TestExecAllowedPodRefused(t *testing.T) {
+	f := newFixture(t)
+	f.initData = []byte("version = \"0.1\"\n") // exec allowed by default
+	c := f.client()
+	c.InitData = f.initData
+	_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
+	if err == nil || !strings.Contains(err.Error(), "allow_exec") {
+		t.Fatalf("err = %v, want a refusal naming allow_exec", err)
+	}
+	f.broker.AllowExec = true
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err != nil {
+		t.Fatalf("with AllowExec: %v", err)
 	}
 }
 

@@ -68,9 +68,6 @@ type SEVGuest struct {
 // table), or a plain report where the host does not support extended
 // requests.
 func (s *SEVGuest) Evidence(ctx context.Context, reportData [64]byte) (*Evidence, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	open := s.Open
 	if open == nil {
 		open = func(path string) (sevclient.Device, error) {
@@ -78,20 +75,30 @@ func (s *SEVGuest) Evidence(ctx context.Context, reportData [64]byte) (*Evidence
 			return d, d.Open(path)
 		}
 	}
-	d, err := open(s.Path)
+	return withDevice(ctx, s.Path, open, func(d sevclient.Device) (*Evidence, error) {
+		report, certs, extErr := sevclient.GetRawExtendedReport(d, reportData) //nolint:staticcheck // the device-level call takes the path found here
+		if extErr != nil || len(report) == 0 {
+			plain, err := sevclient.GetRawReport(d, reportData) //nolint:staticcheck
+			if err != nil {
+				return nil, fmt.Errorf("nodecvm: %s: extended report: %v; report: %w", s.Path, extErr, err)
+			}
+			report, certs = plain, nil
+		}
+		return &Evidence{TEE: discovery.SNP, Via: "sev-guest", Report: report, CertTable: certs}, nil
+	})
+}
+
+// withDevice opens the device at path, calls use and closes it again.
+func withDevice[D interface{ Close() error }](ctx context.Context, path string, open func(string) (D, error), use func(D) (*Evidence, error)) (*Evidence, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d, err := open(path)
 	if err != nil {
-		return nil, fmt.Errorf("nodecvm: opening %s: %w", s.Path, err)
+		return nil, fmt.Errorf("nodecvm: opening %s: %w", path, err)
 	}
 	defer d.Close()
-	report, certs, extErr := sevclient.GetRawExtendedReport(d, reportData) //nolint:staticcheck // the device-level call takes the path found here
-	if extErr != nil || len(report) == 0 {
-		plain, err := sevclient.GetRawReport(d, reportData) //nolint:staticcheck
-		if err != nil {
-			return nil, fmt.Errorf("nodecvm: %s: extended report: %v; report: %w", s.Path, extErr, err)
-		}
-		report, certs = plain, nil
-	}
-	return &Evidence{TEE: discovery.SNP, Via: "sev-guest", Report: report, CertTable: certs}, nil
+	return use(d)
 }
 
 // TDXGuest reads TDX quotes through the tdx_guest device.
@@ -104,9 +111,6 @@ type TDXGuest struct {
 
 // Evidence implements Source.
 func (t *TDXGuest) Evidence(ctx context.Context, reportData [64]byte) (*Evidence, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
 	open := t.Open
 	if open == nil {
 		open = func(path string) (tdxclient.Device, error) {
@@ -114,16 +118,13 @@ func (t *TDXGuest) Evidence(ctx context.Context, reportData [64]byte) (*Evidence
 			return d, d.Open(path)
 		}
 	}
-	d, err := open(t.Path)
-	if err != nil {
-		return nil, fmt.Errorf("nodecvm: opening %s: %w", t.Path, err)
-	}
-	defer d.Close()
-	quote, err := tdxclient.GetRawQuote(d, reportData)
-	if err != nil {
-		return nil, fmt.Errorf("nodecvm: %s: quote: %w (is the quoting service reachable?)", t.Path, err)
-	}
-	return &Evidence{TEE: discovery.TDX, Via: "tdx-guest", Quote: quote}, nil
+	return withDevice(ctx, t.Path, open, func(d tdxclient.Device) (*Evidence, error) {
+		quote, err := tdxclient.GetRawQuote(d, reportData)
+		if err != nil {
+			return nil, fmt.Errorf("nodecvm: %s: quote: %w (is the quoting service reachable?)", t.Path, err)
+		}
+		return &Evidence{TEE: discovery.TDX, Via: "tdx-guest", Quote: quote}, nil
+	})
 }
 
 // TSM gets evidence through configfs-tsm (one report entry per request).
@@ -144,13 +145,34 @@ func (t *TSM) Evidence(ctx context.Context, reportData [64]byte) (*Evidence, err
 			return nil, fmt.Errorf("nodecvm: configfs-tsm: %w (is configfs mounted on /sys/kernel/config?)", err)
 		}
 	}
-	resp, err := report.Get(c, &report.Request{InBlob: reportData[:], GetAuxBlob: true})
+	r, err := report.Create(c, &report.Request{InBlob: reportData[:]})
+	if err != nil {
+		return nil, fmt.Errorf("nodecvm: configfs-tsm report: %w", err)
+	}
+	ev, err := tsmEvidence(r)
+	if derr := r.Destroy(); derr != nil && err == nil {
+		err = fmt.Errorf("nodecvm: configfs-tsm: removing the report entry: %w", derr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
+// tsmEvidence reads the report's outblob and, for SNP, the certificate
+// table in auxblob (tdx_guest has no auxblob: the kernel hides it).
+func tsmEvidence(r *report.OpenReport) (*Evidence, error) {
+	resp, err := r.Get()
 	if err != nil {
 		return nil, fmt.Errorf("nodecvm: configfs-tsm report: %w", err)
 	}
 	switch p := strings.TrimSpace(resp.Provider); p {
 	case "sev_guest":
-		return &Evidence{TEE: discovery.SNP, Via: "configfs-tsm", Report: resp.OutBlob, CertTable: resp.AuxBlob}, nil
+		aux, err := r.ReadOption("auxblob")
+		if err != nil {
+			return nil, fmt.Errorf("nodecvm: configfs-tsm: the SNP certificate table: %w", err)
+		}
+		return &Evidence{TEE: discovery.SNP, Via: "configfs-tsm", Report: resp.OutBlob, CertTable: aux}, nil
 	case "tdx_guest":
 		if len(resp.OutBlob) == 0 {
 			return nil, errors.New("nodecvm: configfs-tsm: tdx_guest returned an empty quote (is the quoting service reachable?)")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/kbs"
 )
@@ -32,6 +33,7 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 	hosts := fs.String("hosts", "127.0.0.1", "comma-separated names and addresses of a created certificate")
 	configPath := fs.String("config", "/etc/c8s/config.toml", "c8s config: the TEE, the image manifest and the state dir")
 	policyPath := fs.String("policy", "", "policy (JSON, as verify-report reads it) instead of the manifest's launch digests")
+	allowExec := fs.Bool("allow-exec", false, "also release to pods whose init data allows exec from the host (which could read the secrets back)")
 	simDir := fs.String("sim-dir", "", "sim: the node's simulated secure processor state dir (default STATE_DIR/node/sim-sp)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -46,6 +48,13 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 	tee := cfg.Hypervisor.TEE
 	if *simDir == "" {
 		*simDir = filepath.Join(cfg.Runtime.StateDir, "node", "sim-sp")
+	}
+	if tee == "sim" {
+		// The node's simulated secure processor: the one its pods' reports
+		// come from, created here if no pod has run yet.
+		if _, err := simsp.Open(*simDir); err != nil {
+			return err
+		}
 	}
 	trust, err := attest.TrustFor(tee, *simDir)
 	if err != nil {
@@ -81,7 +90,7 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	logger := log.New(os.Stderr, "", log.LstdFlags)
 	srv := &http.Server{
-		Handler:           &kbs.Broker{Verifier: v, Policy: policy, Resources: kbs.Dir(*dir), Log: logger.Printf},
+		Handler:           &kbs.Broker{Verifier: v, Policy: policy, Resources: kbs.Dir(*dir), AllowExec: *allowExec, Log: logger.Printf},
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	go func() {

@@ -107,15 +107,15 @@ const maxCachedChains = 64
 // NewVerifier returns a verifier for t.
 func NewVerifier(t Trust) (*Verifier, error) {
 	v := &Verifier{trust: t, vceks: map[[sha256.Size]byte]*x509.Certificate{}}
+	if len(t.SNPRoots) != 0 && t.Mode != ModeSNP {
+		return nil, failure(KindConfig, "trust", fmt.Errorf("mode %s takes no SNP roots", t.Mode), "")
+	}
 	switch t.Mode {
 	case ModeSNP, ModeTDX:
 		if len(t.SimCertChain) != 0 {
 			return nil, failure(KindConfig, "trust", fmt.Errorf("mode %s trusts the hardware vendor's roots only; a simulated root must not be configured", t.Mode), "")
 		}
 		if len(t.SNPRoots) != 0 {
-			if t.Mode != ModeSNP {
-				return nil, failure(KindConfig, "trust", fmt.Errorf("mode %s takes no SNP roots", t.Mode), "")
-			}
 			roots, err := snpRootsFromPEM(t.SNPRoots)
 			if err != nil {
 				return nil, failure(KindConfig, "trust", err, "")

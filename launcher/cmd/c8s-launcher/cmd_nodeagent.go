@@ -34,7 +34,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file; default: the pod's service account")
 	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "name of this node's Node object (default $NODE_NAME)")
 	pluginDir := fs.String("device-plugin-dir", defaultDevicePluginDir, "kubelet device-plugins directory; empty to publish labels only")
-	podResources := fs.String("pod-resources-socket", defaultPodResourcesSocket, "kubelet PodResources socket, to keep ASIDs and keys used outside Kubernetes off the advertised capacity; empty to not")
+	podResources := fs.String("pod-resources-socket", defaultPodResourcesSocket, "kubelet PodResources socket: devices allocated to containers are never held back as in use; empty when there is none")
 	interval := fs.Duration("interval", nodeagent.DefaultInterval, "time between reconciliations")
 	cvmInterval := fs.Duration("node-cvm-interval", nodeagent.DefaultNodeCVMInterval, "how long a node-as-CVM's verified self-attestation stands before it attests itself again")
 	once := fs.Bool("once", false, "reconcile once, print what was done (JSON) and exit; device plugins are not served")

@@ -226,17 +226,7 @@ func assertNoSecretOnHost(t *testing.T, e *env) {
 // also doctored its own manifest, so the host's gate lets it through: the
 // broker, which holds the real digests, must refuse it.
 func testKBSAlteredInitrd(t *testing.T, e *env, initData string) {
-	dir := filepath.Join(e.d.Dir, "kbs-altered")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	initrd, err := os.ReadFile(filepath.Join(e.imageDir, "initrd.img"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "initrd.img"), append(initrd, make([]byte, 4096)...), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := alteredInitrd(t, e, "kbs-altered")
 	config := func(manifestPath string) string {
 		return e.writeConfig(t, "kbs-altered.toml", fmt.Sprintf(`
 [hypervisor]
@@ -283,4 +273,23 @@ state_dir = %q
 	}
 	e.d.CtrCommand(ctx(t), "container", "delete", "kbs2").Run()
 	e.assertNothingLeft(t)
+}
+
+// alteredInitrd writes the image's initrd with trailing zeros to
+// e.d.Dir/name/initrd.img and returns that dir: the kernel ignores the
+// zeros, the measurement does not.
+func alteredInitrd(t *testing.T, e *env, name string) string {
+	t.Helper()
+	dir := filepath.Join(e.d.Dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	initrd, err := os.ReadFile(filepath.Join(e.imageDir, "initrd.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "initrd.img"), append(initrd, make([]byte, 4096)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

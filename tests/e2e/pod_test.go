@@ -338,19 +338,7 @@ func processMatching(t *testing.T, parts ...string) int {
 // still boots, but its pod fails attestation with a measurement mismatch,
 // and nothing is left behind.
 func testAlteredInitrd(t *testing.T, e *env) {
-	dir := filepath.Join(e.d.Dir, "altered")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	initrd, err := os.ReadFile(filepath.Join(e.imageDir, "initrd.img"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Trailing zeros after the archive: the kernel ignores them, the
-	// measurement does not.
-	if err := os.WriteFile(filepath.Join(dir, "initrd.img"), append(initrd, make([]byte, 4096)...), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir := alteredInitrd(t, e, "altered")
 	cfg := e.writeConfig(t, "altered.toml", fmt.Sprintf(`
 [hypervisor]
 kernel = %q

@@ -38,7 +38,7 @@ var shared struct {
 
 // simSP returns a simulated secure processor shared by the tests (making
 // one costs two RSA-4096 keys).
-func simSP(t *testing.T) *simsp.SP {
+func simSP(t testing.TB) *simsp.SP {
 	t.Helper()
 	shared.once.Do(func() { shared.sp, shared.err = simsp.New(kds.TCBParts{BlSpl: 3, SnpSpl: 20, UcodeSpl: 200}) })
 	if shared.err != nil {
@@ -59,7 +59,7 @@ type fixture struct {
 	evidence    atomic.Int32 // evidence requests
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	sp := simSP(t)
 	f := &fixture{sp: sp, initData: []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")}
@@ -83,7 +83,7 @@ func newFixture(t *testing.T) *fixture {
 
 // tlsServer serves h over TLS with a fresh self-signed certificate and
 // returns the pool that pins it.
-func tlsServer(t *testing.T, h http.Handler) (*httptest.Server, *x509.CertPool) {
+func tlsServer(t testing.TB, h http.Handler) (*httptest.Server, *x509.CertPool) {
 	t.Helper()
 	certPEM, keyPEM, err := SelfSigned([]string{"127.0.0.1"}, time.Hour)
 	if err != nil {
@@ -324,5 +324,39 @@ func TestFetchThroughRelay(t *testing.T) {
 	}
 	if opened != 1 {
 		t.Fatalf("the port was opened %d times; one session carries every stream", opened)
+	}
+}
+
+func TestOldTCBRefused(t *testing.T) {
+	f := newFixture(t)
+	tcb := f.sp.TCB()
+	tcb.SnpSpl++ // the policy wants newer firmware than the chip reports
+	min, err := kds.ComposeTCBParts(tcb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.broker.Policy.MinTCB = uint64(min)
+	_, err = f.client().Fetch(context.Background(), []string{"default/key/db-password"})
+	var e *guestkbs.Error
+	if !errors.As(err, &e) || e.Status != http.StatusUnauthorized || !strings.Contains(err.Error(), "TCB") {
+		t.Fatalf("err = %v, want a 401 naming the TCB", err)
+	}
+}
+
+func BenchmarkFetchThroughRelay(b *testing.B) {
+	f := newFixture(b)
+	guestEnd, hostEnd := net.Pipe()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go Relay(ctx, hostEnd, f.srv.Listener.Addr().String(), func(string, ...any) {})
+	f.broker.Log = nil
+	d := &guestkbs.PortDialer{Open: func() (net.Conn, error) { return guestEnd, nil }}
+	c := f.client()
+	c.Dial = d.DialContext
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -80,6 +80,7 @@ type Agent struct {
 	// lastDevices are the device lists last served, kept when usage
 	// cannot be accounted for a while.
 	lastDevices map[string][]deviceplugin.Device
+	lastUsage   map[string]deviceplugin.Usage
 }
 
 // PodCounter is implemented by Clients that can tell what the scheduler
@@ -251,9 +252,13 @@ func (a *Agent) devices(ctx context.Context, r discovery.Result, res []nodelabel
 				}
 			}
 		}
+		if prev := a.lastUsage[x.Name]; prev.Reserved != u.Reserved {
+			log.G(ctx).Infof("nodeagent: %s: %d of %d held back as in use beyond what the scheduler counts (in use %d: live pod VMs %d, host-wide %d; counted %d)",
+				x.Name, u.Reserved, u.Devices, u.InUse(), u.LiveVMs, u.HostUsed, u.Counted)
+		}
 		want[x.Name], usage[x.Name] = devs, u
 	}
-	a.lastDevices = want
+	a.lastDevices, a.lastUsage = want, usage
 	return want, usage, vms
 }
 

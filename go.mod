@@ -25,6 +25,8 @@ require (
 	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/pelletier/go-toml/v2 v2.2.4
 	github.com/sirupsen/logrus v1.9.3
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
 	golang.org/x/mod v0.29.0
 	golang.org/x/sys v0.38.0
 	google.golang.org/grpc v1.76.0

@@ -68,6 +68,9 @@ type Spec struct {
 	// MigrateIncoming. Start then never picks vsock on its own: the
 	// destination must have the source's devices.
 	Incoming bool
+	// NICs are virtio-net devices backed by taps the caller opened (pod
+	// networking, see netdev.go).
+	NICs []NetDevice
 }
 
 // Disk is a host file or block device given to the guest as a SCSI disk.
@@ -181,6 +184,7 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		}
 		argv = append(argv, "-blockdev", string(bd), "-device", scsiDeviceOption(i))
 	}
+	argv = append(argv, netArgs(gcfg, spec.NICs)...)
 	return argv, nil
 }
 
@@ -214,6 +218,9 @@ func checkSpec(spec Spec) error {
 	}
 	if len(spec.Disks) > maxSCSITarget+1 {
 		errs = append(errs, fmt.Errorf("vm: %d disks, at most %d", len(spec.Disks), maxSCSITarget+1))
+	}
+	if err := checkNetDevices(spec.NICs); err != nil {
+		errs = append(errs, err)
 	}
 	seen := map[string]bool{}
 	for _, d := range spec.Disks {

@@ -1,6 +1,8 @@
 package vm
 
 import (
+	"net"
+	"os"
 	"strings"
 	"testing"
 
@@ -45,6 +47,11 @@ func TestArgsGolden(t *testing.T) {
 		{"sim-vsock", func() Spec { s := goldenSpec("sim", "kvm"); s.VsockCID = 7; s.Disks = nil; return s }()},
 		{"snp", goldenSpec("snp", "kvm")},
 		{"tdx", goldenSpec("tdx", "kvm")},
+		{"sim-netdev", func() Spec {
+			s := goldenSpec("sim", "tcg")
+			s.NICs = []NetDevice{{MAC: net.HardwareAddr{0x02, 0x42, 0x0a, 0x58, 0x00, 0x07}, Tap: os.NewFile(100, "tap0_c8s")}}
+			return s
+		}()},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -80,6 +87,8 @@ func TestArgsErrors(t *testing.T) {
 		{"relative-disk", func(s *Spec) { s.Disks[0].Path = "disk.img" }, sim, "must be absolute"},
 		{"no-kernel", func(s *Spec) { s.Hypervisor.Kernel = "" }, sim, "make image"},
 		{"no-backend", func(*Spec) {}, nil, "no TEE backend"},
+		{"nic-without-tap", func(s *Spec) { s.NICs = []NetDevice{{MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}} }, sim, "no open tap"},
+		{"nic-bad-mac", func(s *Spec) { s.NICs = []NetDevice{{MAC: net.HardwareAddr{2, 0}, Tap: os.Stdin}} }, sim, "6-byte"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

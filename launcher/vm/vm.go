@@ -141,6 +141,7 @@ func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (_ 
 	v.cmd.Stdout = v.output
 	v.cmd.Stderr = v.output
 	v.cmd.Dir = spec.StateDir
+	v.cmd.ExtraFiles = netFiles(spec.NICs)
 	v.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := v.cmd.Start(); err != nil {
 		os.RemoveAll(spec.StateDir)

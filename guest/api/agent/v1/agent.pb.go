@@ -456,7 +456,14 @@ type CreateContainerRequest struct {
 	Files  []*File `protobuf:"bytes,5,rep,name=files,proto3" json:"files,omitempty"`
 	// sandbox_id groups the containers of one pod; containers of a pod join
 	// the namespaces of its sandbox container.
-	SandboxId     string `protobuf:"bytes,6,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	SandboxId string `protobuf:"bytes,6,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// network, on a pod's first container, wires the guest to the pod's
+	// network before the container is created: the agent loads the
+	// virtio-net driver, finds each interface by MAC, renames it, sets its
+	// MTU and addresses, brings it up and adds the routes. The host mirrors
+	// the pod's CNI interface to the NIC (tc redirect through a tap), so the
+	// guest takes over that interface's MAC, addresses and routes.
+	Network       *PodNetwork `protobuf:"bytes,7,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -531,6 +538,13 @@ func (x *CreateContainerRequest) GetSandboxId() string {
 		return x.SandboxId
 	}
 	return ""
+}
+
+func (x *CreateContainerRequest) GetNetwork() *PodNetwork {
+	if x != nil {
+		return x.Network
+	}
+	return nil
 }
 
 type CreateContainerResponse struct {
@@ -875,9 +889,13 @@ func (x *ProcessRequest) GetExecId() string {
 }
 
 type WaitProcessResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ExitStatus    uint32                 `protobuf:"varint,1,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
-	ExitedAt      *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ExitStatus uint32                 `protobuf:"varint,1,opt,name=exit_status,json=exitStatus,proto3" json:"exit_status,omitempty"`
+	ExitedAt   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=exited_at,json=exitedAt,proto3" json:"exited_at,omitempty"`
+	// oom_killed is set for a container's init process when the kernel's
+	// OOM killer killed a process of the container (memory.events
+	// oom_kill of its cgroup).
+	OomKilled     bool `protobuf:"varint,3,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -924,6 +942,13 @@ func (x *WaitProcessResponse) GetExitedAt() *timestamppb.Timestamp {
 		return x.ExitedAt
 	}
 	return nil
+}
+
+func (x *WaitProcessResponse) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
 }
 
 type SignalProcessRequest struct {
@@ -1673,6 +1698,212 @@ func (x *WriteStdinResponse) GetWritten() uint32 {
 	return 0
 }
 
+type PodNetwork struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interfaces    []*NetInterface        `protobuf:"bytes,1,rep,name=interfaces,proto3" json:"interfaces,omitempty"`
+	Routes        []*NetRoute            `protobuf:"bytes,2,rep,name=routes,proto3" json:"routes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PodNetwork) Reset() {
+	*x = PodNetwork{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PodNetwork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PodNetwork) ProtoMessage() {}
+
+func (x *PodNetwork) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PodNetwork.ProtoReflect.Descriptor instead.
+func (*PodNetwork) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *PodNetwork) GetInterfaces() []*NetInterface {
+	if x != nil {
+		return x.Interfaces
+	}
+	return nil
+}
+
+func (x *PodNetwork) GetRoutes() []*NetRoute {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+// NetInterface is one NIC of the VM and the pod interface it stands for.
+type NetInterface struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is given to the interface in the guest (the pod's, e.g. eth0).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// mac finds the interface: the NIC has the pod interface's MAC.
+	Mac string `protobuf:"bytes,2,opt,name=mac,proto3" json:"mac,omitempty"`
+	Mtu uint32 `protobuf:"varint,3,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	// addresses in CIDR notation (10.88.0.5/16, fd00::5/64).
+	Addresses     []string `protobuf:"bytes,4,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetInterface) Reset() {
+	*x = NetInterface{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetInterface) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetInterface) ProtoMessage() {}
+
+func (x *NetInterface) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
+func (*NetInterface) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *NetInterface) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetInterface) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *NetInterface) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *NetInterface) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
+// NetRoute is a route of the pod's network namespace.
+type NetRoute struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// interface is the NetInterface name the route goes through.
+	Interface string `protobuf:"bytes,1,opt,name=interface,proto3" json:"interface,omitempty"`
+	// destination in CIDR notation; 0.0.0.0/0 or ::/0 for a default route.
+	Destination string `protobuf:"bytes,2,opt,name=destination,proto3" json:"destination,omitempty"`
+	// gateway is empty for a directly connected destination.
+	Gateway string `protobuf:"bytes,3,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	// source is the preferred source address, if any.
+	Source string `protobuf:"bytes,4,opt,name=source,proto3" json:"source,omitempty"`
+	// scope is the route's scope (netlink RT_SCOPE_*: 0 universe, 253 link).
+	Scope         uint32 `protobuf:"varint,5,opt,name=scope,proto3" json:"scope,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetRoute) Reset() {
+	*x = NetRoute{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetRoute) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetRoute) ProtoMessage() {}
+
+func (x *NetRoute) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
+func (*NetRoute) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *NetRoute) GetInterface() string {
+	if x != nil {
+		return x.Interface
+	}
+	return ""
+}
+
+func (x *NetRoute) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *NetRoute) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *NetRoute) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *NetRoute) GetScope() uint32 {
+	if x != nil {
+		return x.Scope
+	}
+	return 0
+}
+
 var File_guest_api_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
@@ -1701,7 +1932,7 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x04File\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"\xf1\x01\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"\xa5\x02\n" +
 	"\x16CreateContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12,\n" +
@@ -1709,7 +1940,8 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x05stdio\x18\x04 \x01(\v2\x13.c8s.agent.v1.StdioR\x05stdio\x12(\n" +
 	"\x05files\x18\x05 \x03(\v2\x12.c8s.agent.v1.FileR\x05files\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x06 \x01(\tR\tsandboxId\"+\n" +
+	"sandbox_id\x18\x06 \x01(\tR\tsandboxId\x122\n" +
+	"\anetwork\x18\a \x01(\v2\x18.c8s.agent.v1.PodNetworkR\anetwork\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\":\n" +
 	"\x15StartContainerRequest\x12!\n" +
@@ -1727,11 +1959,13 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\"L\n" +
 	"\x0eProcessRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
-	"\aexec_id\x18\x02 \x01(\tR\x06execId\"o\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\"\x8e\x01\n" +
 	"\x13WaitProcessResponse\x12\x1f\n" +
 	"\vexit_status\x18\x01 \x01(\rR\n" +
 	"exitStatus\x127\n" +
-	"\texited_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\"|\n" +
+	"\texited_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x03 \x01(\bR\toomKilled\"|\n" +
 	"\x14SignalProcessRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
@@ -1776,7 +2010,24 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\".\n" +
 	"\x12WriteStdinResponse\x12\x18\n" +
-	"\awritten\x18\x01 \x01(\rR\awritten2\xec\b\n" +
+	"\awritten\x18\x01 \x01(\rR\awritten\"x\n" +
+	"\n" +
+	"PodNetwork\x12:\n" +
+	"\n" +
+	"interfaces\x18\x01 \x03(\v2\x1a.c8s.agent.v1.NetInterfaceR\n" +
+	"interfaces\x12.\n" +
+	"\x06routes\x18\x02 \x03(\v2\x16.c8s.agent.v1.NetRouteR\x06routes\"d\n" +
+	"\fNetInterface\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x10\n" +
+	"\x03mtu\x18\x03 \x01(\rR\x03mtu\x12\x1c\n" +
+	"\taddresses\x18\x04 \x03(\tR\taddresses\"\x92\x01\n" +
+	"\bNetRoute\x12\x1c\n" +
+	"\tinterface\x18\x01 \x01(\tR\tinterface\x12 \n" +
+	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x18\n" +
+	"\agateway\x18\x03 \x01(\tR\agateway\x12\x16\n" +
+	"\x06source\x18\x04 \x01(\tR\x06source\x12\x14\n" +
+	"\x05scope\x18\x05 \x01(\rR\x05scope2\xec\b\n" +
 	"\x05Agent\x12F\n" +
 	"\aGetInfo\x12\x1c.c8s.agent.v1.GetInfoRequest\x1a\x1d.c8s.agent.v1.GetInfoResponse\x12^\n" +
 	"\x0fCreateContainer\x12$.c8s.agent.v1.CreateContainerRequest\x1a%.c8s.agent.v1.CreateContainerResponse\x12[\n" +
@@ -1814,7 +2065,7 @@ func file_guest_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_guest_api_agent_v1_agent_proto_rawDescData
 }
 
-var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: c8s.agent.v1.Empty
 	(*GetInfoRequest)(nil),          // 1: c8s.agent.v1.GetInfoRequest
@@ -1846,60 +2097,66 @@ var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*ReadStreamResponse)(nil),      // 27: c8s.agent.v1.ReadStreamResponse
 	(*WriteStdinRequest)(nil),       // 28: c8s.agent.v1.WriteStdinRequest
 	(*WriteStdinResponse)(nil),      // 29: c8s.agent.v1.WriteStdinResponse
-	(*timestamppb.Timestamp)(nil),   // 30: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 31: google.protobuf.Any
+	(*PodNetwork)(nil),              // 30: c8s.agent.v1.PodNetwork
+	(*NetInterface)(nil),            // 31: c8s.agent.v1.NetInterface
+	(*NetRoute)(nil),                // 32: c8s.agent.v1.NetRoute
+	(*timestamppb.Timestamp)(nil),   // 33: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 34: google.protobuf.Any
 }
 var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
-	30, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
+	33, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: c8s.agent.v1.Rootfs.scsi:type_name -> c8s.agent.v1.ScsiDisk
 	5,  // 2: c8s.agent.v1.CreateContainerRequest.rootfs:type_name -> c8s.agent.v1.Rootfs
 	3,  // 3: c8s.agent.v1.CreateContainerRequest.stdio:type_name -> c8s.agent.v1.Stdio
 	6,  // 4: c8s.agent.v1.CreateContainerRequest.files:type_name -> c8s.agent.v1.File
-	3,  // 5: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
-	30, // 6: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
-	19, // 7: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
-	31, // 8: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
-	1,  // 9: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
-	7,  // 10: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
-	9,  // 11: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
-	11, // 12: c8s.agent.v1.Agent.RemoveContainer:input_type -> c8s.agent.v1.RemoveContainerRequest
-	12, // 13: c8s.agent.v1.Agent.ExecProcess:input_type -> c8s.agent.v1.ExecProcessRequest
-	14, // 14: c8s.agent.v1.Agent.WaitProcess:input_type -> c8s.agent.v1.ProcessRequest
-	16, // 15: c8s.agent.v1.Agent.SignalProcess:input_type -> c8s.agent.v1.SignalProcessRequest
-	14, // 16: c8s.agent.v1.Agent.DeleteProcess:input_type -> c8s.agent.v1.ProcessRequest
-	17, // 17: c8s.agent.v1.Agent.ResizePty:input_type -> c8s.agent.v1.ResizePtyRequest
-	14, // 18: c8s.agent.v1.Agent.CloseStdin:input_type -> c8s.agent.v1.ProcessRequest
-	18, // 19: c8s.agent.v1.Agent.ListPids:input_type -> c8s.agent.v1.ListPidsRequest
-	21, // 20: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
-	0,  // 21: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
-	23, // 22: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
-	25, // 23: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
-	26, // 24: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
-	26, // 25: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
-	28, // 26: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
-	2,  // 27: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
-	8,  // 28: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
-	10, // 29: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
-	0,  // 30: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
-	13, // 31: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
-	15, // 32: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
-	0,  // 33: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 34: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 35: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
-	0,  // 36: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
-	20, // 37: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
-	22, // 38: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
-	0,  // 39: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
-	24, // 40: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
-	0,  // 41: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
-	27, // 42: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
-	27, // 43: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
-	29, // 44: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
-	27, // [27:45] is the sub-list for method output_type
-	9,  // [9:27] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	30, // 5: c8s.agent.v1.CreateContainerRequest.network:type_name -> c8s.agent.v1.PodNetwork
+	3,  // 6: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
+	33, // 7: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	19, // 8: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
+	34, // 9: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	31, // 10: c8s.agent.v1.PodNetwork.interfaces:type_name -> c8s.agent.v1.NetInterface
+	32, // 11: c8s.agent.v1.PodNetwork.routes:type_name -> c8s.agent.v1.NetRoute
+	1,  // 12: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
+	7,  // 13: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
+	9,  // 14: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
+	11, // 15: c8s.agent.v1.Agent.RemoveContainer:input_type -> c8s.agent.v1.RemoveContainerRequest
+	12, // 16: c8s.agent.v1.Agent.ExecProcess:input_type -> c8s.agent.v1.ExecProcessRequest
+	14, // 17: c8s.agent.v1.Agent.WaitProcess:input_type -> c8s.agent.v1.ProcessRequest
+	16, // 18: c8s.agent.v1.Agent.SignalProcess:input_type -> c8s.agent.v1.SignalProcessRequest
+	14, // 19: c8s.agent.v1.Agent.DeleteProcess:input_type -> c8s.agent.v1.ProcessRequest
+	17, // 20: c8s.agent.v1.Agent.ResizePty:input_type -> c8s.agent.v1.ResizePtyRequest
+	14, // 21: c8s.agent.v1.Agent.CloseStdin:input_type -> c8s.agent.v1.ProcessRequest
+	18, // 22: c8s.agent.v1.Agent.ListPids:input_type -> c8s.agent.v1.ListPidsRequest
+	21, // 23: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
+	0,  // 24: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
+	23, // 25: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
+	25, // 26: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
+	26, // 27: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
+	26, // 28: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
+	28, // 29: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
+	2,  // 30: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
+	8,  // 31: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
+	10, // 32: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
+	0,  // 33: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
+	13, // 34: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
+	15, // 35: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
+	0,  // 36: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 37: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 38: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
+	0,  // 39: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
+	20, // 40: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
+	22, // 41: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
+	0,  // 42: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
+	24, // 43: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
+	0,  // 44: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
+	27, // 45: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
+	27, // 46: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
+	29, // 47: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
+	30, // [30:48] is the sub-list for method output_type
+	12, // [12:30] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_guest_api_agent_v1_agent_proto_init() }
@@ -1916,7 +2173,7 @@ func file_guest_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_guest_api_agent_v1_agent_proto_rawDesc), len(file_guest_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

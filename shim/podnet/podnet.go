@@ -1,0 +1,312 @@
+// Package podnet wires a pod VM to the pod's CNI network namespace, the way
+// Kata's "tcfilter" model does: for each Ethernet interface CNI put in the
+// namespace (eth0, a veth), it creates a tap device next to it and
+// redirects every frame arriving on either one to the other with a tc
+// ingress qdisc, a match-all u32 filter and a mirred egress redirect. QEMU
+// gets the open tap as a virtio-net NIC with the interface's MAC, and the
+// guest agent gives that NIC the interface's addresses, MTU and routes
+// (agent PodNetwork). The host side of the pod interface keeps its
+// addresses; it only forwards frames.
+package podnet
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/vm"
+)
+
+// TapSuffix ends the names of the taps podnet creates (tap0_c8s, …);
+// interfaces with it are never mirrored themselves.
+const TapSuffix = "_c8s"
+
+// Endpoint is one pod interface mirrored to a tap.
+type Endpoint struct {
+	// Name, MAC and MTU are the pod interface's (e.g. eth0).
+	Name string
+	MAC  net.HardwareAddr
+	MTU  int
+	// Addresses are its global IPv4 and IPv6 addresses.
+	Addresses []*net.IPNet
+	// Tap is the name of the tap device beside it.
+	Tap string
+
+	tap *os.File
+}
+
+// Network is a pod network namespace wired for a VM. Close undoes it.
+type Network struct {
+	// NetNS is the path of the pod's network namespace.
+	NetNS     string
+	Endpoints []Endpoint
+	// Routes are the namespace's main-table routes through the endpoints.
+	Routes []*agent.NetRoute
+}
+
+// Setup mirrors every Ethernet interface of the network namespace at
+// netnsPath to a new tap and reads the interfaces' addresses and routes.
+// A namespace with only loopback yields a Network without endpoints. On
+// error nothing is left behind.
+func Setup(netnsPath string) (_ *Network, retErr error) {
+	n := &Network{NetNS: netnsPath}
+	defer func() {
+		if retErr != nil {
+			n.Close()
+		}
+	}()
+	err := inNetNS(netnsPath, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return fmt.Errorf("list the interfaces: %w", err)
+		}
+		for _, l := range links {
+			a := l.Attrs()
+			if a.Name == "lo" || strings.HasSuffix(a.Name, TapSuffix) || len(a.HardwareAddr) != 6 || l.Type() == "tuntap" {
+				continue
+			}
+			ep, err := mirror(l, fmt.Sprintf("tap%d%s", len(n.Endpoints), TapSuffix))
+			if ep != nil {
+				n.Endpoints = append(n.Endpoints, *ep)
+			}
+			if err != nil {
+				return fmt.Errorf("interface %s: %w", a.Name, err)
+			}
+			routes, err := routesOf(l)
+			if err != nil {
+				return fmt.Errorf("interface %s: %w", a.Name, err)
+			}
+			n.Routes = append(n.Routes, routes...)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("wire pod network namespace %s to the VM: %w", netnsPath, err)
+	}
+	return n, nil
+}
+
+// mirror creates the tap for l and the tc redirects between them. The
+// returned endpoint, even with an error, names what was created.
+func mirror(l netlink.Link, tapName string) (*Endpoint, error) {
+	a := l.Attrs()
+	ep := &Endpoint{Name: a.Name, MAC: a.HardwareAddr, MTU: a.MTU}
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	for _, ad := range addrs {
+		if ad.Scope != unix.RT_SCOPE_UNIVERSE || ad.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		ep.Addresses = append(ep.Addresses, ad.IPNet)
+	}
+	// One queue: multi-queue is off.
+	tap := &netlink.Tuntap{
+		LinkAttrs: netlink.LinkAttrs{Name: tapName, MTU: a.MTU},
+		Mode:      netlink.TUNTAP_MODE_TAP,
+		Flags:     netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR,
+		Queues:    1,
+	}
+	if err := netlink.LinkAdd(tap); err != nil {
+		return nil, fmt.Errorf("create tap %s: %w", tapName, err)
+	}
+	ep.Tap = tapName
+	if len(tap.Fds) != 1 {
+		for _, f := range tap.Fds {
+			f.Close()
+		}
+		return ep, fmt.Errorf("tap %s: %d queues opened, want 1", tapName, len(tap.Fds))
+	}
+	ep.tap = tap.Fds[0]
+	tapLink, err := netlink.LinkByName(tapName)
+	if err != nil {
+		return ep, fmt.Errorf("find tap %s: %w", tapName, err)
+	}
+	if err := netlink.LinkSetMTU(tapLink, a.MTU); err != nil {
+		return ep, fmt.Errorf("set MTU %d on tap %s: %w", a.MTU, tapName, err)
+	}
+	if err := netlink.LinkSetUp(tapLink); err != nil {
+		return ep, fmt.Errorf("bring up tap %s: %w", tapName, err)
+	}
+	if err := redirect(l, tapLink); err != nil {
+		return ep, err
+	}
+	if err := redirect(tapLink, l); err != nil {
+		return ep, err
+	}
+	return ep, nil
+}
+
+// redirect sends every frame arriving on from out of to.
+func redirect(from, to netlink.Link) error {
+	idx := from.Attrs().Index
+	q := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: idx,
+		Handle:    netlink.MakeHandle(0xffff, 0),
+		Parent:    netlink.HANDLE_INGRESS,
+	}}
+	if err := netlink.QdiscAdd(q); err != nil {
+		return fmt.Errorf("add an ingress qdisc to %s: %w", from.Attrs().Name, err)
+	}
+	f := &netlink.U32{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: idx,
+			Parent:    netlink.MakeHandle(0xffff, 0),
+			Priority:  1,
+			Protocol:  unix.ETH_P_ALL,
+		},
+		// No selector: u32 then matches every frame.
+		Actions: []netlink.Action{netlink.NewMirredAction(to.Attrs().Index)},
+	}
+	if err := netlink.FilterAdd(f); err != nil {
+		return fmt.Errorf("redirect %s to %s (tc u32 + mirred): %w", from.Attrs().Name, to.Attrs().Name, err)
+	}
+	return nil
+}
+
+// routesOf returns the main-table unicast routes through l, without the
+// IPv6 link-local and multicast ones the guest kernel makes itself.
+func routesOf(l netlink.Link) ([]*agent.NetRoute, error) {
+	routes, err := netlink.RouteList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	var out []*agent.NetRoute
+	for _, r := range routes {
+		if r.Table != unix.RT_TABLE_MAIN || r.Type != unix.RTN_UNICAST {
+			continue
+		}
+		dst := r.Dst
+		if dst == nil {
+			dst = &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
+			if r.Family == netlink.FAMILY_V6 {
+				dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+			}
+		}
+		if dst.IP.IsLinkLocalUnicast() || dst.IP.IsMulticast() {
+			continue
+		}
+		nr := &agent.NetRoute{Interface: l.Attrs().Name, Destination: dst.String(), Scope: uint32(r.Scope)}
+		if r.Gw != nil {
+			nr.Gateway = r.Gw.String()
+		}
+		if r.Src != nil {
+			nr.Source = r.Src.String()
+		}
+		out = append(out, nr)
+	}
+	return out, nil
+}
+
+// NICs are the VM's NICs, one per endpoint, in order.
+func (n *Network) NICs() []vm.NetDevice {
+	var nics []vm.NetDevice
+	for _, ep := range n.Endpoints {
+		nics = append(nics, vm.NetDevice{MAC: ep.MAC, Tap: ep.tap})
+	}
+	return nics
+}
+
+// Request is what the guest agent needs to configure the NICs.
+func (n *Network) Request() *agent.PodNetwork {
+	req := &agent.PodNetwork{Routes: slices.Clone(n.Routes)}
+	for _, ep := range n.Endpoints {
+		ni := &agent.NetInterface{Name: ep.Name, Mac: ep.MAC.String(), Mtu: uint32(ep.MTU)}
+		for _, a := range ep.Addresses {
+			ni.Addresses = append(ni.Addresses, a.String())
+		}
+		req.Interfaces = append(req.Interfaces, ni)
+	}
+	return req
+}
+
+// ReleaseTaps closes the shim's copies of the tap files once QEMU holds
+// its own; the taps stay (they are persistent) until Close.
+func (n *Network) ReleaseTaps() {
+	for i := range n.Endpoints {
+		if f := n.Endpoints[i].tap; f != nil {
+			f.Close()
+			n.Endpoints[i].tap = nil
+		}
+	}
+}
+
+// Close removes the taps and the ingress qdiscs of the pod interfaces (the
+// taps' go with them). A namespace that is already gone has nothing left to
+// remove. It is idempotent.
+func (n *Network) Close() error {
+	n.ReleaseTaps()
+	if len(n.Endpoints) == 0 {
+		return nil
+	}
+	eps := n.Endpoints
+	n.Endpoints = nil
+	if _, err := os.Stat(n.NetNS); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return inNetNS(n.NetNS, func() error {
+		var errs []error
+		for _, ep := range eps {
+			if l, err := netlink.LinkByName(ep.Name); err == nil {
+				q := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS}}
+				if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+					errs = append(errs, fmt.Errorf("remove the ingress qdisc of %s: %w", ep.Name, err))
+				}
+			}
+			if ep.Tap == "" {
+				continue
+			}
+			if l, err := netlink.LinkByName(ep.Tap); err == nil {
+				if err := netlink.LinkDel(l); err != nil {
+					errs = append(errs, fmt.Errorf("delete tap %s: %w", ep.Tap, err))
+				}
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// inNetNS runs fn on an OS thread switched into the network namespace at
+// path. The thread runs nothing else meanwhile; if it cannot switch back,
+// it is left locked so that Go retires it with its goroutine.
+func inNetNS(path string, fn func() error) error {
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open network namespace %s: %w", path, err)
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open the shim's network namespace: %w", err)
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(target); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- errors.Join(ferr, fmt.Errorf("return from network namespace %s: %w", path, err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}

@@ -30,6 +30,7 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}
+	var tee string // the kind of this guest's evidence, "snp" or "tdx"
 	if s.cfg.Evidence == nil {
 		if len(r.InitData) > 0 {
 			return nil, fmt.Errorf("init data needs a TEE to check it against, and this guest has none: %w", errdefs.ErrFailedPrecondition)
@@ -46,10 +47,11 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 		if err := checkLaunchDigest(ev, r.InitData); err != nil {
 			return nil, err
 		}
+		tee = ev.Kind
 	}
 	// The pod's secrets come before its policy takes effect: a pod whose
 	// broker refuses it does not start.
-	if err := s.fetchSecrets(ctx, doc, r.InitData); err != nil {
+	if err := s.fetchSecrets(ctx, doc, r.InitData, tee); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()

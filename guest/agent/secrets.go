@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -57,7 +58,7 @@ func sameDev(a, b string) bool {
 
 // fetchSecrets gets the secrets the pod's init data names from its key
 // broker, once per pod, and keeps them on the secrets tmpfs.
-func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw []byte) error {
+func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw []byte, tee string) error {
 	k := doc.KBS
 	if k.URL == "" || len(k.Secrets) == 0 {
 		return nil
@@ -78,7 +79,10 @@ func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw 
 			return err
 		}
 	}
-	c := &kbs.Client{URL: k.URL, Roots: roots, Dial: s.cfg.KBSDial, Tee: kbsapi.TeeSNP, InitData: raw, Evidence: s.kbsEvidence}
+	if tee != kbsapi.TeeSNP && tee != kbsapi.TeeTDX {
+		return fmt.Errorf("key broker attestation with %q evidence is not supported (snp or tdx): %w", tee, errdefs.ErrNotImplemented)
+	}
+	c := &kbs.Client{URL: k.URL, Roots: roots, Dial: s.cfg.KBSDial, Tee: tee, InitData: raw, Evidence: s.kbsEvidence}
 	retry := secretRetry
 	retry.Log = func(attempt int, err error, wait time.Duration) {
 		log.G(ctx).WithError(err).WithField("attempt", attempt).WithField("retry_in", wait).Warn("key broker: retrying")
@@ -110,18 +114,28 @@ func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw 
 	return nil
 }
 
-// kbsEvidence is the broker client's evidence: SNP evidence (sim
-// included) with reportData bound.
+// kbsEvidence is the broker client's evidence with reportData bound, in
+// the encoding Trustee's verifier for its TEE reads: snp (the sim TEE
+// included: its reports are SNP reports, signed by the node's simulated
+// AMD root) or tdx.
 func (s *Service) kbsEvidence(ctx context.Context, reportData [64]byte) (string, []byte, error) {
 	ev, err := s.cfg.Evidence(ctx, reportData)
 	if err != nil {
 		return "", nil, err
 	}
-	if ev.Kind != "snp" {
-		return "", nil, fmt.Errorf("key broker attestation with %s evidence is not supported yet: %w", ev.Kind, errdefs.ErrNotImplemented)
+	switch ev.Kind {
+	case kbsapi.TeeSNP:
+		e, err := kbsapi.NewSNPEvidence(ev.Report, ev.CertTable)
+		if err != nil {
+			return "", nil, err
+		}
+		b, err := json.Marshal(e)
+		return kbsapi.TeeSNP, b, err
+	case kbsapi.TeeTDX:
+		b, err := json.Marshal(kbsapi.TDXEvidence{Quote: base64.StdEncoding.EncodeToString(ev.Report)})
+		return kbsapi.TeeTDX, b, err
 	}
-	b, err := json.Marshal(kbsapi.SNPEvidence{Report: ev.Report, CertTable: ev.CertTable, Provider: ev.Provider})
-	return kbsapi.TeeSNP, b, err
+	return "", nil, fmt.Errorf("key broker attestation with %q evidence is not supported (snp or tdx): %w", ev.Kind, errdefs.ErrNotImplemented)
 }
 
 // secretMounts are the read-only bind mounts of the pod's secrets.

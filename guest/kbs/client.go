@@ -38,7 +38,9 @@ import (
 const KeyAlgorithm = jose.ECDH_ES_A256KW
 
 // Evidence returns TEE evidence with reportData in REPORT_DATA: the
-// protocol's TEE name and the tee-evidence JSON document.
+// protocol's TEE name and the primary evidence JSON document, in the
+// encoding Trustee's verifier for that TEE reads (kbsapi.SNPEvidence,
+// kbsapi.TDXEvidence).
 type Evidence func(ctx context.Context, reportData [64]byte) (tee string, evidence []byte, err error)
 
 // Client fetches resources from one broker.
@@ -161,9 +163,10 @@ func (c *Client) open(ctx context.Context) (*session, error) {
 		hc.CloseIdleConnections()
 		return nil, err
 	}
-	alg := kbsapi.DefaultHashAlgorithm
-	if v, ok := ch.ExtraParams[kbsapi.SelectedHashAlgorithm].(string); ok && v != "" {
-		alg = strings.ToLower(v)
+	alg, err := ch.SelectedHash()
+	if err != nil {
+		hc.CloseIdleConnections()
+		return nil, fmt.Errorf("kbs: auth: %w", err)
 	}
 	if s.key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
 		return nil, err
@@ -172,11 +175,15 @@ func (c *Client) open(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt, err := json.Marshal(kbsapi.RuntimeData{Nonce: ch.Nonce, TeePubKey: jwk})
+	// No additional (device) evidence: the primary evidence binds the
+	// nonce, the key and an empty additional_evidence string.
+	rt := kbsapi.RuntimeData{Nonce: ch.Nonce, TeePubKey: jwk}
+	bound, err := kbsapi.PrimaryRuntimeData(rt, "")
 	if err != nil {
+		hc.CloseIdleConnections()
 		return nil, err
 	}
-	rd, err := kbsapi.ReportData(rt, alg)
+	rd, err := kbsapi.ReportData(bound, alg)
 	if err != nil {
 		hc.CloseIdleConnections()
 		return nil, err
@@ -190,7 +197,7 @@ func (c *Client) open(ctx context.Context) (*session, error) {
 		hc.CloseIdleConnections()
 		return nil, fmt.Errorf("kbs: the guest produced %s evidence for a %s session", tee, c.Tee)
 	}
-	att := kbsapi.Attestation{RuntimeData: rt, TeeEvidence: ev}
+	att := kbsapi.Attestation{RuntimeData: rt, TeeEvidence: kbsapi.CompositeEvidence{PrimaryEvidence: ev}}
 	if len(c.InitData) > 0 {
 		att.InitData = &kbsapi.InitData{Format: "toml", Body: string(c.InitData)}
 	}

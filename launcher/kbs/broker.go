@@ -161,8 +161,8 @@ func (b *Broker) auth(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusUnauthorized, "ProtocolVersion", fmt.Sprintf("protocol version %q is not supported: this broker speaks %s", req.Version, kbsapi.ProtocolVersion))
 		return
 	}
-	if req.Tee != kbsapi.TeeSNP {
-		problem(w, http.StatusUnauthorized, "UnsupportedTee", fmt.Sprintf("TEE %q is not supported: this broker verifies snp evidence", req.Tee))
+	if req.Tee != kbsapi.TeeSNP && req.Tee != kbsapi.TeeTDX {
+		problem(w, http.StatusUnauthorized, "UnsupportedTee", fmt.Sprintf("TEE %q is not supported: this broker verifies snp and tdx evidence", req.Tee))
 		return
 	}
 	alg := kbsapi.DefaultHashAlgorithm
@@ -194,7 +194,9 @@ func (b *Broker) auth(w http.ResponseWriter, r *http.Request) {
 	b.sessions[id] = s
 	b.mu.Unlock()
 	http.SetCookie(w, &http.Cookie{Name: kbsapi.CookieName, Value: id, Path: kbsapi.Prefix, Expires: s.expires, HttpOnly: true, Secure: true})
-	reply(w, kbsapi.Challenge{Nonce: nonce, ExtraParams: map[string]any{kbsapi.SelectedHashAlgorithm: alg}})
+	// As Trustee's KBS with its built-in attestation service: extra-params
+	// is an empty string and the runtime data is hashed with sha384.
+	reply(w, kbsapi.Challenge{Nonce: nonce, ExtraParams: json.RawMessage(`""`)})
 }
 
 func (b *Broker) expireLocked() {
@@ -256,16 +258,16 @@ func (b *Broker) attest(w http.ResponseWriter, r *http.Request) {
 }
 
 // verify checks an Attestation against the session and the policy, and
-// returns the ephemeral key it binds.
+// returns the ephemeral key it binds. It reads what Trustee's KBS reads:
+// the composite tee-evidence of protocol 0.4.0, whose primary evidence
+// binds {additional-evidence, nonce, tee-pubkey}, in the encoding of
+// Trustee's verifier for the session's TEE.
 func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, error) {
 	var att kbsapi.Attestation
 	if err := readJSON(r, &att); err != nil {
-		return nil, fmt.Errorf("the Attestation is not JSON: %w", err)
+		return nil, fmt.Errorf("the Attestation is not the protocol's JSON: %w", err)
 	}
-	var rt kbsapi.RuntimeData
-	if err := json.Unmarshal(att.RuntimeData, &rt); err != nil {
-		return nil, fmt.Errorf("runtime-data: %w", err)
-	}
+	rt := att.RuntimeData
 	if rt.Nonce != s.nonce {
 		return nil, errors.New("runtime-data nonce is not this session's challenge (a replayed attestation?)")
 	}
@@ -276,33 +278,65 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, error) {
 	if !key.Valid() || !key.IsPublic() {
 		return nil, errors.New("runtime-data tee-pubkey is not a valid public key")
 	}
-	rd, err := kbsapi.ReportData(att.RuntimeData, s.hashAlg)
+	if att.TeeEvidence.AdditionalEvidence != "" {
+		return nil, errors.New("tee-evidence carries additional (device) evidence, which this broker does not verify")
+	}
+	if len(att.TeeEvidence.PrimaryEvidence) == 0 {
+		return nil, errors.New("tee-evidence has no primary_evidence")
+	}
+	bound, err := kbsapi.PrimaryRuntimeData(rt, att.TeeEvidence.AdditionalEvidence)
 	if err != nil {
 		return nil, err
 	}
-	var ev kbsapi.SNPEvidence
-	if err := json.Unmarshal(att.TeeEvidence, &ev); err != nil {
-		return nil, fmt.Errorf("tee-evidence: %w", err)
+	rd, err := kbsapi.ReportData(bound, s.hashAlg)
+	if err != nil {
+		return nil, err
 	}
 	p := b.Policy
 	p.Nonce = rd[:]
+	var body []byte
 	if att.InitData != nil {
 		if err := b.checkInitData(att.InitData); err != nil {
 			return nil, err
 		}
-		if len(p.HostData) == 0 {
-			d := initdata.Digest([]byte(att.InitData.Body))
-			p.HostData = d[:]
-		}
-	}
-	if len(p.HostData) == 0 {
-		return nil, errors.New("the broker pins no HOST_DATA and the attestation carries no init-data to bind it")
+		body = []byte(att.InitData.Body)
 	}
 	if b.Verifier == nil {
 		return nil, errors.New("the broker has no verifier")
 	}
-	if _, err := b.Verifier.VerifySNP(ev.Report, ev.CertTable, &p); err != nil {
-		return nil, err
+	switch s.tee {
+	case kbsapi.TeeSNP:
+		if len(p.HostData) == 0 && body != nil {
+			d := initdata.Digest(body)
+			p.HostData = d[:]
+		}
+		if len(p.HostData) == 0 {
+			return nil, errors.New("the broker pins no HOST_DATA and the attestation carries no init-data to bind it")
+		}
+		report, certs, err := decodeSNP(att.TeeEvidence.PrimaryEvidence)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := b.Verifier.VerifySNP(report, certs, &p); err != nil {
+			return nil, err
+		}
+	case kbsapi.TeeTDX:
+		if len(p.MRConfigID) == 0 && body != nil {
+			d := initdata.DigestTDX(body)
+			p.MRConfigID = d[:]
+		}
+		if len(p.MRConfigID) == 0 {
+			return nil, errors.New("the broker pins no MRCONFIGID and the attestation carries no init-data to bind it")
+		}
+		quote, err := decodeTDX(att.TeeEvidence.PrimaryEvidence)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := b.Verifier.VerifyTDX(quote, &p); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("TEE %q is not supported", s.tee)
 	}
 	return &key, nil
 }
@@ -311,7 +345,7 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, error) {
 // secrets back (exec into the containers), unless AllowExec.
 func (b *Broker) checkInitData(d *kbsapi.InitData) error {
 	if d.Format != "toml" {
-		return fmt.Errorf("init-data format %q: this broker reads c8s init data (toml)", d.Format)
+		return fmt.Errorf("init-data format %q: this broker, like Trustee's built-in attestation service, reads toml", d.Format)
 	}
 	doc, err := initdata.Parse([]byte(d.Body))
 	if err != nil {

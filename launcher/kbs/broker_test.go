@@ -112,7 +112,11 @@ func (f *fixture) snpEvidence(_ context.Context, rd [64]byte) (string, []byte, e
 	if err != nil {
 		return "", nil, err
 	}
-	ev, err := json.Marshal(kbsapi.SNPEvidence{Report: report, CertTable: f.sp.CertTable(), Provider: "sim"})
+	e, err := kbsapi.NewSNPEvidence(report, f.sp.CertTable())
+	if err != nil {
+		return "", nil, err
+	}
+	ev, err := json.Marshal(e)
 	return kbsapi.TeeSNP, ev, err
 }
 
@@ -246,8 +250,12 @@ func (s *rawSession) auth() kbsapi.Challenge {
 // attestation answers ch.
 func (s *rawSession) attestation(ch kbsapi.Challenge) kbsapi.Attestation {
 	s.t.Helper()
-	rt, _ := json.Marshal(map[string]any{"nonce": ch.Nonce, "tee-pubkey": json.RawMessage(`{"kty":"EC","crv":"P-256","alg":"ECDH-ES+A256KW","x":"weNJy2HscCSM6AEDTDg04biOvhFhyyWvOHQfeF_PxMQ","y":"e8lnCO-AlStT-NJVX-crhB7QRYhiix03illJOVAOyck"}`)})
-	rd, err := kbsapi.ReportData(rt, kbsapi.DefaultHashAlgorithm)
+	rt := kbsapi.RuntimeData{Nonce: ch.Nonce, TeePubKey: json.RawMessage(`{"kty":"EC","crv":"P-256","alg":"ECDH-ES+A256KW","x":"weNJy2HscCSM6AEDTDg04biOvhFhyyWvOHQfeF_PxMQ","y":"e8lnCO-AlStT-NJVX-crhB7QRYhiix03illJOVAOyck"}`)}
+	bound, err := kbsapi.PrimaryRuntimeData(rt, "")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	rd, err := kbsapi.ReportData(bound, kbsapi.DefaultHashAlgorithm)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -255,7 +263,7 @@ func (s *rawSession) attestation(ch kbsapi.Challenge) kbsapi.Attestation {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	return kbsapi.Attestation{RuntimeData: rt, TeeEvidence: ev, InitData: &kbsapi.InitData{Format: "toml", Body: string(s.f.initData)}}
+	return kbsapi.Attestation{RuntimeData: rt, TeeEvidence: kbsapi.CompositeEvidence{PrimaryEvidence: ev}, InitData: &kbsapi.InitData{Format: "toml", Body: string(s.f.initData)}}
 }
 
 func TestReplayedAttestationRefused(t *testing.T) {

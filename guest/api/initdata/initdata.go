@@ -1,9 +1,15 @@
 // Package initdata is the pod's init data: a small TOML document, chosen
 // per pod, that binds what the untrusted host may ask of the agent to the
-// VM's measurement. Its SHA-256 digest is placed in SNP HOST_DATA (and the
-// sim report's HOST_DATA), its SHA-384 in TDX MRCONFIGID, at launch; the agent accepts the document only
-// when its digest matches what its own evidence reports, then enforces the
-// agent policy in it.
+// VM's measurement. Its digest is placed in SNP HOST_DATA (and the sim
+// report's HOST_DATA) or TDX MRCONFIGID at launch; the agent accepts the
+// document only when its digest matches what its own evidence reports,
+// then enforces the agent policy in it.
+//
+// Two formats are read. c8s's own (below): the digest is the SHA-256 of
+// the document for HOST_DATA, its SHA-384 for MRCONFIGID. CoCo's init
+// data (coco.go), which Trustee's KBS reads: detected by its top-level
+// algorithm key or [data] table, digested as its specification says, with
+// c8s's settings in its "c8s.toml" data entry.
 //
 //	version = "0.1"
 //
@@ -46,6 +52,10 @@ type InitData struct {
 	// KBS names the pod's key broker and the secrets it releases to the
 	// pod once its evidence verifies.
 	KBS KBS `toml:"kbs"`
+
+	// Format is FormatC8s or FormatCoCo; CoCo is the CoCo document.
+	Format string `toml:"-"`
+	CoCo   *CoCo  `toml:"-"`
 }
 
 // AgentPolicy says which host requests the agent serves.
@@ -57,31 +67,59 @@ type AgentPolicy struct {
 // ExecAllowed reports whether the host may exec into the pod's containers.
 func (p AgentPolicy) ExecAllowed() bool { return p.AllowExec == nil || *p.AllowExec }
 
-// Digest is the HOST_DATA of a VM launched with data: its SHA-256, or all
-// zero for empty init data.
+// Digest is the HOST_DATA of a VM launched with data: all zero for empty
+// init data; for a CoCo document, its algorithm's digest of the document
+// cut to (sha384, sha512) or zero-padded to 32 bytes; otherwise its
+// SHA-256. A document Parse refuses has no meaningful digest.
 func Digest(data []byte) [32]byte {
+	var d [32]byte
 	if len(data) == 0 {
-		return [32]byte{}
+		return d
+	}
+	if h, ok := cocoDigest(data); ok {
+		copy(d[:], h) // truncates or zero-pads, as the specification says
+		return d
 	}
 	return sha256.Sum256(data)
 }
 
-// DigestTDX is the MRCONFIGID of a TDX VM launched with data: its
-// SHA-384, or all zero for empty init data.
+// DigestTDX is the MRCONFIGID of a TDX VM launched with data: all zero
+// for empty init data; for a CoCo document, its algorithm's digest cut to
+// or zero-padded to 48 bytes; otherwise its SHA-384.
 func DigestTDX(data []byte) [48]byte {
+	var d [48]byte
 	if len(data) == 0 {
-		return [48]byte{}
+		return d
+	}
+	if h, ok := cocoDigest(data); ok {
+		copy(d[:], h)
+		return d
 	}
 	return sha512.Sum384(data)
 }
 
-// Parse reads init data strictly: an unknown key is an error naming it.
-// Empty data gives the default policy.
+// Parse reads init data strictly, in either format: an unknown key is an
+// error naming it. Empty data gives the default policy.
 func Parse(data []byte) (*InitData, error) {
-	d := &InitData{Version: Version}
 	if len(bytes.TrimSpace(data)) == 0 {
-		return d, nil
+		return &InitData{Version: Version, Format: FormatC8s}, nil
 	}
+	if IsCoCo(data) {
+		return parseCoCo(data)
+	}
+	d, err := parseC8s(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.KBS.validate(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// parseC8s reads c8s's own format; the kbs section is not validated yet.
+func parseC8s(data []byte) (*InitData, error) {
+	d := &InitData{Version: Version, Format: FormatC8s}
 	dec := toml.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(d); err != nil {
@@ -97,9 +135,6 @@ func Parse(data []byte) (*InitData, error) {
 	}
 	if d.Version != Version {
 		return nil, fmt.Errorf("init data: version %q is not supported; this agent reads version %q", d.Version, Version)
-	}
-	if err := d.KBS.validate(); err != nil {
-		return nil, err
 	}
 	return d, nil
 }

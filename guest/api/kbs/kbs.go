@@ -1,6 +1,7 @@
 // Package kbs holds the wire types of the Confidential Containers KBS
 // attestation protocol (Request-Challenge-Attestation-Response, as
-// Trustee's KBS speaks it, protocol version 0.4.0) and the binding of its
+// Trustee's KBS speaks it, protocol version 0.4.0), the TEE evidence
+// encodings Trustee's verifiers read (snp.go), and the binding of the
 // runtime data into TEE evidence. The guest's client (guest/kbs) and the
 // node's broker (launcher/kbs) both use it, so they agree on the format
 // and on the digest that goes into REPORT_DATA.
@@ -9,6 +10,12 @@
 // session cookie kbs-session-id), POST attest (Attestation, answered with
 // an attestation token), GET resource/REPO/TYPE/TAG (a JWE in flattened
 // JSON serialization, encrypted to the ephemeral tee-pubkey).
+//
+// Sources followed: trustee kbs/docs/kbs_attestation_protocol.md and
+// kbs/docs/kbs.yaml (CompositeEvidence), trustee kbs/src/attestation/
+// backend.rs (the runtime data the primary evidence binds),
+// guest-components attestation-agent/kbs_protocol/src/client/
+// rcar_client.rs (the client side of the same binding).
 package kbs
 
 import (
@@ -18,9 +25,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash"
+	"strings"
 )
 
-// ProtocolVersion is the KBS protocol version the client announces.
+// ProtocolVersion is the KBS protocol version the client announces;
+// Trustee's KBS accepts exactly this version.
 const ProtocolVersion = "0.4.0"
 
 // Paths and the session cookie of the protocol.
@@ -45,7 +54,7 @@ const (
 )
 
 // DefaultHashAlgorithm hashes the runtime data when the challenge selects
-// none.
+// none (Trustee's built-in attestation service uses it for snp and tdx).
 const DefaultHashAlgorithm = "sha384"
 
 // Request opens a session (POST /kbs/v0/auth).
@@ -55,40 +64,72 @@ type Request struct {
 	ExtraParams map[string]any `json:"extra-params"`
 }
 
-// Challenge is the broker's answer to a Request.
+// Challenge is the broker's answer to a Request. Trustee's KBS sends an
+// empty string as extra-params unless its verifier selects a hash
+// algorithm, so ExtraParams is any JSON value.
 type Challenge struct {
-	Nonce       string         `json:"nonce"`
-	ExtraParams map[string]any `json:"extra-params"`
+	Nonce       string          `json:"nonce"`
+	ExtraParams json.RawMessage `json:"extra-params"`
+}
+
+// SelectedHash returns the runtime-data hash the challenge selects
+// ("selected-hash-algorithm" in an extra-params object, lower-cased), or
+// DefaultHashAlgorithm when it selects none, as guest-components'
+// kbs_protocol client reads it.
+func (c *Challenge) SelectedHash() (string, error) {
+	var params map[string]json.RawMessage
+	if json.Unmarshal(c.ExtraParams, &params) != nil || params[SelectedHashAlgorithm] == nil {
+		return DefaultHashAlgorithm, nil
+	}
+	var alg string
+	if err := json.Unmarshal(params[SelectedHashAlgorithm], &alg); err != nil {
+		return "", fmt.Errorf("kbs: challenge %s is not a string", SelectedHashAlgorithm)
+	}
+	alg = strings.ToLower(alg)
+	if _, err := newHash(alg); err != nil {
+		return "", err
+	}
+	return alg, nil
 }
 
 // Attestation answers a Challenge (POST /kbs/v0/attest).
 type Attestation struct {
-	InitData    *InitData       `json:"init-data,omitempty"`
-	RuntimeData json.RawMessage `json:"runtime-data"`
-	TeeEvidence json.RawMessage `json:"tee-evidence"`
+	InitData    *InitData         `json:"init-data,omitempty"`
+	RuntimeData RuntimeData       `json:"runtime-data"`
+	TeeEvidence CompositeEvidence `json:"tee-evidence"`
+}
+
+// CompositeEvidence is the tee-evidence of protocol 0.4.0 (kbs-types
+// CompositeEvidence): the primary TEE's evidence and, as a JSON string,
+// a map of additional device evidence ("" when there is none).
+type CompositeEvidence struct {
+	PrimaryEvidence    json.RawMessage `json:"primary_evidence"`
+	AdditionalEvidence string          `json:"additional_evidence"`
 }
 
 // InitData is the plaintext init data the evidence's HOST_DATA binds.
+// Trustee's built-in attestation service reads format "toml" only.
 type InitData struct {
 	Format string `json:"format"`
 	Body   string `json:"body"`
 }
 
-// RuntimeData is what the evidence binds through REPORT_DATA: the
-// challenge's nonce and the ephemeral public key (a JWK) the broker wraps
-// resources to.
+// RuntimeData is the runtime data of an Attestation: the challenge's
+// nonce and the ephemeral public key (a JWK) the broker wraps resources
+// to. The evidence binds it through PrimaryRuntimeData.
 type RuntimeData struct {
 	Nonce     string          `json:"nonce"`
 	TeePubKey json.RawMessage `json:"tee-pubkey"`
 }
 
-// SNPEvidence is c8s's tee-evidence for the snp TEE: the raw
-// ATTESTATION_REPORT and the extended report's certificate table.
-type SNPEvidence struct {
-	Report    []byte `json:"report"`
-	CertTable []byte `json:"cert_table,omitempty"`
-	// Provider is where the guest got it ("sim", "sev-guest", ...).
-	Provider string `json:"provider,omitempty"`
+// TDXEvidence is the primary evidence of the tdx TEE as Trustee's TDX
+// verifier deserializes it (deps/verifier/src/tdx: TdxEvidence): the TD
+// quote in standard base64 and, optionally, the CC event log (CCEL) in
+// standard base64. c8s sends no event log (null): the verifier then skips
+// the RTMR replay.
+type TDXEvidence struct {
+	CCEventLog *string `json:"cc_eventlog"`
+	Quote      string  `json:"quote"`
 }
 
 // AttestResponse is the body of a successful attest.
@@ -137,6 +178,23 @@ func Canonical(v []byte) ([]byte, error) {
 		return nil, err
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// PrimaryRuntimeData is the JSON document the primary evidence's
+// REPORT_DATA binds in protocol 0.4.0: the runtime data's nonce and
+// tee-pubkey, and the composite evidence's additional_evidence string
+// (Trustee's KBS and guest-components' client build the same object).
+func PrimaryRuntimeData(rt RuntimeData, additionalEvidence string) ([]byte, error) {
+	if !json.Valid(rt.TeePubKey) {
+		return nil, fmt.Errorf("kbs: runtime data tee-pubkey is not JSON")
+	}
+	nonce, _ := json.Marshal(rt.Nonce)         // a string always marshals
+	add, _ := json.Marshal(additionalEvidence) // likewise
+	return json.Marshal(map[string]json.RawMessage{
+		"additional-evidence": add,
+		"nonce":               nonce,
+		"tee-pubkey":          rt.TeePubKey,
+	})
 }
 
 // ReportData is the REPORT_DATA that binds runtimeData (JSON): its

@@ -175,6 +175,9 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err != nil {
 		return nil, err
 	}
+	if err := s.configureNetwork(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
+		return nil, err
+	}
 	return newProcess(c.id, "", rp, stdio), nil
 }
 

@@ -136,7 +136,7 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 
 // WaitProcess blocks until the process exits or the request is cancelled.
 func (s *Service) WaitProcess(ctx context.Context, req *agentapi.ProcessRequest) (*agentapi.WaitProcessResponse, error) {
-	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	c, p, err := s.process(req.GetContainerId(), req.GetExecId())
 	if err != nil {
 		return nil, err
 	}
@@ -145,9 +145,11 @@ func (s *Service) WaitProcess(ctx context.Context, req *agentapi.ProcessRequest)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+	// The container's cgroup stays until it is deleted, after this answer.
+	oom := p.execID == "" && oomKilled(c.cgroup)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return &agentapi.WaitProcessResponse{ExitStatus: uint32(p.status), ExitedAt: timestamppb.New(p.exitedAt)}, nil
+	return &agentapi.WaitProcessResponse{ExitStatus: uint32(p.status), ExitedAt: timestamppb.New(p.exitedAt), OomKilled: oom}, nil
 }
 
 // SignalProcess signals a process, or with all every process of the

@@ -64,6 +64,9 @@ type Config struct {
 	// MountSecrets prepares SecretsDir before secrets are written to it
 	// (guest: MountSecretsTmpfs). Nil only creates the directory.
 	MountSecrets func(dir string) error
+	// LoadNetDriver loads the virtio-net driver before the pod's NICs are
+	// configured (guest: the deferred modules). Nil loads nothing.
+	LoadNetDriver func()
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.

@@ -119,6 +119,9 @@ func Main() {
 	cfg.SecretsDir = agent.SecretsDir
 	if pid1 {
 		cfg.MountSecrets = agent.MountSecretsTmpfs
+		cfg.LoadNetDriver = func() {
+			initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/drivers/net/", "/net/core/failover") })
+		}
 	}
 	svc, err := agent.New(cfg)
 	if err != nil {

@@ -14,15 +14,14 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/internal/netnsdo"
 	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
@@ -64,7 +63,7 @@ func Setup(netnsPath string) (_ *Network, retErr error) {
 			n.Close()
 		}
 	}()
-	err := inNetNS(netnsPath, func() error {
+	err := netnsdo.Do(netnsPath, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return fmt.Errorf("list the interfaces: %w", err)
@@ -254,7 +253,7 @@ func (n *Network) Close() error {
 	if _, err := os.Stat(n.NetNS); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	return inNetNS(n.NetNS, func() error {
+	return netnsdo.Do(n.NetNS, func() error {
 		var errs []error
 		for _, ep := range eps {
 			if l, err := netlink.LinkByName(ep.Name); err == nil {
@@ -274,39 +273,4 @@ func (n *Network) Close() error {
 		}
 		return errors.Join(errs...)
 	})
-}
-
-// inNetNS runs fn on an OS thread switched into the network namespace at
-// path. The thread runs nothing else meanwhile; if it cannot switch back,
-// it is left locked so that Go retires it with its goroutine.
-func inNetNS(path string, fn func() error) error {
-	target, err := netns.GetFromPath(path)
-	if err != nil {
-		return fmt.Errorf("open network namespace %s: %w", path, err)
-	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open the shim's network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(target); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("return from network namespace %s: %w", path, err))
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/c8s-dev/c8s/internal/netnsdo"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,7 +92,7 @@ func podNamespaces(t *testing.T) (pod, host string) {
 		}
 		return netlink.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP("10.99.0.1")})
 	})
-	err = inNetNS(host, func() error {
+	err = netnsdo.Do(host, func() error {
 		l, err := netlink.LinkByName("vethhost")
 		if err != nil {
 			return err
@@ -147,7 +149,7 @@ func TestSetupMirrorsEth0ToATap(t *testing.T) {
 	}
 
 	// The tap and both redirects exist in the pod namespace.
-	err = inNetNS(pod, func() error {
+	err = netnsdo.Do(pod, func() error {
 		tap, err := netlink.LinkByName(ep.Tap)
 		if err != nil {
 			return err
@@ -179,7 +181,7 @@ func TestSetupMirrorsEth0ToATap(t *testing.T) {
 
 	// A frame sent to the pod IP from the host side arrives on the tap:
 	// the ARP request for 10.99.0.5.
-	err = inNetNS(host, func() error {
+	err = netnsdo.Do(host, func() error {
 		c, err := net.Dial("udp4", "10.99.0.5:9")
 		if err != nil {
 			return err
@@ -198,7 +200,7 @@ func TestSetupMirrorsEth0ToATap(t *testing.T) {
 	if err := n.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	err = inNetNS(pod, func() error {
+	err = netnsdo.Do(pod, func() error {
 		if _, err := netlink.LinkByName(ep.Tap); err == nil {
 			return fmt.Errorf("tap %s is still there after Close", ep.Tap)
 		}

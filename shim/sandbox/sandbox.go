@@ -51,6 +51,8 @@ type Options struct {
 	// InitData is the pod's init data (guest/api/initdata); its digest is
 	// measured into the VM at launch (HOST_DATA).
 	InitData []byte
+	// NICs wire the VM to the pod's network (shim/podnet).
+	NICs []vm.NetDevice
 }
 
 // Sandbox is a running pod VM and its agent connection.
@@ -90,6 +92,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		Hypervisor: h,
 		Accel:      choice.Accel,
 		Disks:      opts.Disks,
+		NICs:       opts.NICs,
 	}
 	var host hostTEE
 	if newHost := hostTEEs[h.TEE]; newHost != nil {

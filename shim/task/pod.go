@@ -23,6 +23,7 @@ import (
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/shim/podnet"
 )
 
 const (
@@ -48,6 +49,10 @@ type podState struct {
 	diskDir  string
 	// initData is the pod's init data (guest/api/initdata).
 	initData []byte
+	// netns is the pod's network namespace (network.go); network is what
+	// the shim set up in it while the VM runs.
+	netns   string
+	network *podnet.Network
 }
 
 // podFor returns the pod of a new container, fixing it on the first one.
@@ -99,6 +104,7 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 		stateDir: stateDir,
 		diskDir:  filepath.Join(withAnn.Runtime.StateDir, ns, "disks", dirName(id)),
 		initData: initData,
+		netns:    netnsPath(spec),
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
 	s.mu.Lock()

@@ -239,6 +239,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		Stdio:     init.agentStdio(),
 		Files:     sharedFiles(ctx, spec),
 		SandboxId: pod.id,
+		Network:   podNetworkFor(started, pod),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create container %q in the pod VM: %w", r.ID, fromAgent(err))
@@ -283,16 +284,30 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 			return sb, false, nil
 		}
 	}
-	sb, err := sandbox.Start(ctx, sandbox.Options{
+	nw, err := setupNetwork(ctx, pod)
+	if err != nil {
+		return nil, false, err
+	}
+	var nics []vm.NetDevice
+	if nw != nil {
+		nics = nw.NICs()
+	}
+	sb, err = sandbox.Start(ctx, sandbox.Options{
 		ID:       pod.id,
 		StateDir: pod.stateDir,
 		Config:   pod.cfg,
 		InitData: pod.initData,
 		Disks:    []vm.Disk{disk},
+		NICs:     nics,
 	})
+	if nw != nil {
+		nw.ReleaseTaps() // QEMU has them now
+	}
 	if err != nil {
+		closeNetwork(ctx, nw)
 		return nil, false, err
 	}
+	pod.network = nw
 	if err := attestSandbox(ctx, sb, pod); err != nil {
 		sb.Stop(context.WithoutCancel(ctx))
 		return nil, false, err
@@ -424,6 +439,10 @@ func (s *service) wait(sb *sandbox.Sandbox, p *process) {
 	if resp.ExitedAt != nil {
 		at = resp.ExitedAt.AsTime()
 	}
+	if resp.OomKilled && !p.hasExited() {
+		// As runc's shim does: CRI then reports reason OOMKilled.
+		s.send(&eventstypes.TaskOOM{ContainerID: p.containerID})
+	}
 	s.exited(p, resp.ExitStatus, at)
 }
 
@@ -523,6 +542,7 @@ func (s *service) stopSandbox(ctx context.Context) {
 		}
 	}
 	if pod != nil {
+		closeNetwork(ctx, pod.network)
 		os.RemoveAll(pod.diskDir)
 		// Drop the per-namespace dirs too once no other pod uses them.
 		disks := filepath.Dir(pod.diskDir)

@@ -109,6 +109,12 @@ func TestCRIPodRunsInOneVM(t *testing.T) {
 // the pause image (the busybox test image sleeping) into namespace k8s.io.
 func setupCRI(t *testing.T) *env {
 	t.Helper()
+	return setupCRIWith(t, "")
+}
+
+// setupCRIWith is setupCRI with more containerd configuration (tables).
+func setupCRIWith(t *testing.T, extraConfig string) *env {
+	t.Helper()
 	root, err := containerdtest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +150,7 @@ func setupCRI(t *testing.T) *env {
     ConfigPath = %q
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = %q
-`, e.config, e.config, pauseImage),
+`, e.config, e.config, pauseImage) + extraConfig,
 	})
 	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: []string{"sleep", "2147483647"}}} {
 		tarball := filepath.Join(e.d.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")

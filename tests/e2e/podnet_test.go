@@ -1,0 +1,190 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
+)
+
+// Network of TestCRIPodNetwork: its own bridge and subnet, so that it
+// does not meet the conformance run's.
+const (
+	podnetBridge  = "c8se2enet0"
+	podnetSubnet  = "10.231.7.0/24"
+	podnetGateway = "10.231.7.1"
+)
+
+// TestCRIPodNetwork runs a CNI-networked pod (the bridge plugin, as a
+// cluster's default network) with handler c8s: the pod VM is wired to the
+// pod's network namespace, so the IP CRI reports for the pod answers ping
+// and HTTP from the host (busybox httpd in the pod), and the pod reaches a
+// server on the host through the bridge.
+func TestCRIPodNetwork(t *testing.T) {
+	tools := containerdtest.ToolsBin(t)
+	cniBin := filepath.Join(tools, "cni")
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(cniBin, p)); err != nil {
+			containerdtest.SkipOrFail(t, "CNI plugin %s not found in %s: run make tools", p, cniBin)
+		}
+	}
+	cniConf := t.TempDir()
+	conflist := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "c8s-e2e-podnet", "plugins": [
+  {"type": "bridge", "bridge": %q, "isGateway": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": %q}}]}`, podnetBridge, podnetSubnet, podnetGateway, filepath.Join(cniConf, "ipam"))
+	if err := os.WriteFile(filepath.Join(cniConf, "10-c8s-e2e.conflist"), []byte(conflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { exec.Command("ip", "link", "del", podnetBridge).Run() })
+	e := setupCRIWith(t, fmt.Sprintf(`
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = [%q]
+  conf_dir = %q
+`, cniBin, cniConf))
+
+	conn, err := grpc.NewClient("unix://"+e.d.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rt := cri.NewRuntimeServiceClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+
+	podCfg := &cri.PodSandboxConfig{
+		Metadata: &cri.PodSandboxMetadata{Name: "netpod", Namespace: "default", Uid: "uid-netpod-1"},
+		Hostname: "netpod",
+	}
+	pod, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "c8s"})
+	if err != nil {
+		t.Fatalf("RunPodSandbox: %v\ncontainerd log:\n%s", err, e.d.Log())
+	}
+	t.Cleanup(func() {
+		rt.StopPodSandbox(context.Background(), &cri.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+		rt.RemovePodSandbox(context.Background(), &cri.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId})
+	})
+	st, err := rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: pod.PodSandboxId})
+	if err != nil {
+		t.Fatal(err)
+	}
+	podIP := st.GetStatus().GetNetwork().GetIp()
+	_, subnet, _ := net.ParseCIDR(podnetSubnet)
+	if ip := net.ParseIP(podIP); ip == nil || !subnet.Contains(ip) {
+		t.Fatalf("pod IP %q is not in the CNI subnet %s", podIP, podnetSubnet)
+	}
+	t.Logf("pod IP %s", podIP)
+
+	// A server on the host, on the bridge's address, for the pod to reach.
+	ln, err := net.Listen("tcp", podnetGateway+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "host answers %s", r.RemoteAddr)
+	})}
+	go hostSrv.Serve(ln)
+	t.Cleanup(func() { hostSrv.Close() })
+
+	ctr, err := rt.CreateContainer(ctx, &cri.CreateContainerRequest{
+		PodSandboxId: pod.PodSandboxId,
+		Config: &cri.ContainerConfig{
+			Metadata: &cri.ContainerMetadata{Name: "web"},
+			Image:    &cri.ImageSpec{Image: image},
+			Command: []string{"sh", "-c", "mkdir -p /tmp/www && echo hello from the pod VM >/tmp/www/index.html && " +
+				"exec busybox httpd -f -p 8080 -h /tmp/www"},
+		},
+		SandboxConfig: podCfg,
+	})
+	if err != nil {
+		t.Fatalf("CreateContainer: %v\ncontainerd log:\n%s", err, e.d.Log())
+	}
+	if _, err := rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+		t.Fatalf("StartContainer: %v\ncontainerd log:\n%s", err, e.d.Log())
+	}
+	execIn := func(cmd ...string) string {
+		t.Helper()
+		res, err := rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: ctr.ContainerId, Cmd: cmd, Timeout: 60})
+		if err != nil {
+			t.Fatalf("ExecSync %v: %v", cmd, err)
+		}
+		if res.ExitCode != 0 {
+			t.Fatalf("ExecSync %v: exit %d, stdout %q, stderr %q", cmd, res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return string(res.Stdout)
+	}
+
+	// The container sees the pod's interface with the pod's IP.
+	if out := execIn("busybox", "ip", "-o", "addr", "show", "dev", "eth0"); !strings.Contains(out, " "+podIP+"/") {
+		t.Fatalf("eth0 in the container: %q, want the pod IP %s", out, podIP)
+	}
+
+	// The host reaches the pod: ping, then HTTP (httpd may still be
+	// starting: retry until it answers or the test's context ends).
+	ping := exec.CommandContext(ctx, "busybox", "ping", "-c", "3", "-W", "10", podIP)
+	if out, err := ping.CombinedOutput(); err != nil {
+		t.Fatalf("ping %s from the host: %v\n%s", podIP, err, out)
+	}
+	body := httpGet(ctx, t, "http://"+net.JoinHostPort(podIP, "8080")+"/index.html")
+	if body != "hello from the pod VM\n" {
+		t.Fatalf("HTTP from the pod: %q", body)
+	}
+
+	// The pod reaches the host, from the pod's IP.
+	hostURL := "http://" + ln.Addr().String() + "/"
+	if out := execIn("busybox", "wget", "-q", "-O", "-", hostURL); !strings.HasPrefix(out, "host answers "+podIP+":") {
+		t.Fatalf("pod fetching %s: %q, want an answer to the pod's IP %s", hostURL, out, podIP)
+	}
+
+	if _, err := rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: ctr.ContainerId, Timeout: 5}); err != nil {
+		t.Fatalf("StopContainer: %v", err)
+	}
+	if _, err := rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
+		t.Fatalf("RemoveContainer: %v", err)
+	}
+	if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
+		t.Fatalf("StopPodSandbox: %v", err)
+	}
+	if _, err := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
+		t.Fatalf("RemovePodSandbox: %v", err)
+	}
+	e.assertNothingLeft(t)
+}
+
+// httpGet fetches url, retrying until it answers or ctx ends.
+func httpGet(ctx context.Context, t *testing.T, url string) string {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second}
+	var last error
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			b, rerr := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if rerr == nil && resp.StatusCode == http.StatusOK {
+				return string(b)
+			}
+			err = fmt.Errorf("status %s, read error %v", resp.Status, rerr)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			t.Fatalf("GET %s: %v", url, last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}

@@ -98,8 +98,12 @@ func ParseCoCo(data []byte) (*CoCo, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		var strict *toml.StrictMissingError
-		if errors.As(err, &strict) {
-			return nil, fmt.Errorf("init data (CoCo format): %s (known: version, algorithm, data)", strict.Error())
+		if errors.As(err, &strict) && len(strict.Errors) > 0 {
+			var keys []string
+			for _, e := range strict.Errors {
+				keys = append(keys, strings.Join(e.Key(), "."))
+			}
+			return nil, fmt.Errorf("init data (CoCo format): unknown key %s (known: version, algorithm, data)", strings.Join(keys, ", "))
 		}
 		return nil, fmt.Errorf("init data (CoCo format): %w", err)
 	}

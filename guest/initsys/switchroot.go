@@ -8,8 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// switchedEnv marks the agent that SwitchRoot has re-executed.
-const switchedEnv = "C8S_SWITCHED_ROOT"
+// SwitchedEnv marks an init that already runs on a root it can
+// pivot_root away from: the agent after SwitchRoot re-executed it, or after
+// the sealed image's first stage (guest/stage1) switched into the verified
+// root.
+const SwitchedEnv = "C8S_SWITCHED_ROOT"
 
 // SwitchRoot moves PID 1 off the kernel's initial rootfs and re-executes
 // it. The initial rootfs cannot be pivot_root'ed away from, and runc jails
@@ -19,7 +22,7 @@ const switchedEnv = "C8S_SWITCHED_ROOT"
 //
 // On success it does not return; after the re-exec it returns nil at once.
 func SwitchRoot() error {
-	if os.Getenv(switchedEnv) == "1" {
+	if os.Getenv(SwitchedEnv) == "1" {
 		return nil
 	}
 	const newRoot = "/.c8s-root"
@@ -41,6 +44,6 @@ func SwitchRoot() error {
 	if err := unix.Chdir("/"); err != nil {
 		return fmt.Errorf("switch root: %w", err)
 	}
-	env := append(os.Environ(), switchedEnv+"=1")
+	env := append(os.Environ(), SwitchedEnv+"=1")
 	return fmt.Errorf("switch root: exec /init: %w", syscall.Exec("/init", os.Args, env))
 }

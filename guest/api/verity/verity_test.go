@@ -1,0 +1,83 @@
+package verity
+
+import (
+	"strings"
+	"testing"
+)
+
+func sample() Params {
+	return Params{
+		Device: "/dev/vda", FSType: "erofs",
+		RootHash:   strings.Repeat("ab", 32),
+		Salt:       strings.Repeat("01", 32),
+		DataBlocks: 100, HashStartBlock: 101,
+	}
+}
+
+func TestKernelParamsRoundTrip(t *testing.T) {
+	p := sample()
+	cmdline := "console=ttyS0 quiet " + strings.Join(p.KernelParams(), " ") + " panic=-1"
+	got, ok, err := FromCmdline(cmdline)
+	if err != nil || !ok {
+		t.Fatalf("FromCmdline(%q) = %v, %v", cmdline, ok, err)
+	}
+	if got != p {
+		t.Fatalf("round trip: got %+v, want %+v", got, p)
+	}
+}
+
+func TestFromCmdlineWithoutVerity(t *testing.T) {
+	if _, ok, err := FromCmdline("console=ttyS0 quiet"); ok || err != nil {
+		t.Fatalf("a command line without %s: ok=%v err=%v, want false, nil", ParamRoot, ok, err)
+	}
+}
+
+func TestFromCmdlineRejects(t *testing.T) {
+	good := sample().KernelParams()
+	for _, tc := range []struct {
+		name, drop, add, want string
+	}{
+		{"no blocks", ParamBlocks, "", ParamBlocks + "= is missing"},
+		{"no hash start", ParamHashStart, "", ParamHashStart + "= is missing"},
+		{"bad blocks", ParamBlocks, ParamBlocks + "=x", "not a block count"},
+		{"short root hash", ParamRootHash, ParamRootHash + "=abcd", "not a hex sha256"},
+		{"no root hash", ParamRootHash, "", "not a hex sha256"},
+		{"overlap", ParamHashStart, ParamHashStart + "=50", "overlaps"},
+		{"bad fs", ParamFSType, ParamFSType + "=vfat", "not erofs"},
+		{"bad device", ParamRoot, ParamRoot + "=vda", "not a /dev path"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fields []string
+			for _, f := range good {
+				if !strings.HasPrefix(f, tc.drop+"=") {
+					fields = append(fields, f)
+				}
+			}
+			if tc.add != "" {
+				fields = append(fields, tc.add)
+			}
+			if tc.drop == ParamRoot {
+				fields = append(fields, tc.add)
+			}
+			_, ok, err := FromCmdline(strings.Join(fields, " "))
+			if !ok || err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("ok=%v err=%v, want an error containing %q", ok, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestTable(t *testing.T) {
+	p := sample()
+	want := "1 /dev/vda /dev/vda 4096 4096 100 101 sha256 " + p.RootHash + " " + p.Salt
+	if got := p.Table(); got != want {
+		t.Fatalf("Table() = %q, want %q", got, want)
+	}
+	if p.Sectors() != 800 {
+		t.Fatalf("Sectors() = %d, want 800", p.Sectors())
+	}
+	p.Salt = ""
+	if got := p.Table(); !strings.HasSuffix(got, " -") {
+		t.Fatalf("Table() without salt = %q, want the salt as -", got)
+	}
+}

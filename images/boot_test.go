@@ -96,7 +96,13 @@ func prepareBoot(tb testing.TB) (kernel, testInitrd string, modules []string) {
 		tb.Fatal(err)
 	}
 	kernel, _ = m.Path(dir, manifest.RoleKernel)
-	initrd, _ := m.Path(dir, manifest.RoleInitrd)
+	// The unsealed initramfs has the whole root tree (a sealed image's
+	// initrd.img only has the first stage).
+	role := manifest.RoleInitrd
+	if _, ok := m.Artifacts[manifest.RoleInitrdPlain]; ok {
+		role = manifest.RoleInitrdPlain
+	}
+	initrd, _ := m.Path(dir, role)
 	testInitrd, modules = buildTestInitrd(tb, initrd)
 	return kernel, testInitrd, modules
 }
@@ -110,6 +116,15 @@ type bootResult struct {
 // bootTestInit boots kernel and initrd under TCG until the guest powers off.
 // QEMU is killed in Cleanup if it is still running.
 func bootTestInit(tb testing.TB, kernel, initrd string) bootResult {
+	return bootQEMU(tb, "-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1",
+		"-device", "virtio-serial",
+		"-chardev", "null,id=boottest",
+		"-device", "virtserialport,chardev=boottest,name="+bootPortName,
+		"-device", "virtio-scsi-pci")
+}
+
+// bootQEMU boots a TCG VM with args until the guest powers off.
+func bootQEMU(tb testing.TB, args ...string) bootResult {
 	tb.Helper()
 	qemu, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
@@ -117,16 +132,10 @@ func bootTestInit(tb testing.TB, kernel, initrd string) bootResult {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	tb.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, qemu,
+	cmd := exec.CommandContext(ctx, qemu, append([]string{
 		"-accel", "tcg", "-machine", "q35", "-m", "512", "-smp", "1",
 		"-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
-		"-kernel", kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1",
-		"-device", "virtio-serial",
-		"-chardev", "null,id=boottest",
-		"-device", "virtserialport,chardev=boottest,name="+bootPortName,
-		"-device", "virtio-scsi-pci",
-	)
+	}, args...)...)
 	var console, stderr bytes.Buffer
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

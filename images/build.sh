@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
 # Usage: images/build.sh OUTDIR
 #
-# Builds the c8s guest image into OUTDIR, reproducibly, from pinned Debian
-# packages and the guest agent built by `make build`:
-#   vmlinuz        the kernel of KERNEL_PKG at KERNEL_VERSION
-#   initrd.img     zstd -9 compressed newc cpio: /init (the agent), crun, runc and the
-#                  libraries it links, the kernel modules the agent loads
-#                  (listed in load order in /etc/c8s/modules), /etc/c8s/image.json
-#   manifest.json  sizes and sha256 of every artefact plus version information
-#                  (schema: images/manifest)
+# Builds the sealed c8s guest image into OUTDIR, reproducibly, from pinned
+# Debian packages and the guest binaries built by `make build`:
+#   vmlinuz           the kernel of KERNEL_PKG at KERNEL_VERSION
+#   rootfs.img        the guest root: an erofs file system holding /init (the agent),
+#                     crun, runc and the libraries they link, the kernel modules the
+#                     agent loads (/etc/c8s/modules), /etc/c8s/image.json; followed by
+#                     its dm-verity hash tree (veritysetup, fixed salt and UUIDs)
+#   initrd.img        the minimal first stage: c8s-init and the modules it needs to
+#                     map rootfs.img through dm-verity and switch into it
+#   initrd-plain.img  the unsealed initramfs of the same root tree (development,
+#                     and the baseline `make bench` compares sealed boots with)
+#   c8s.efi           a UKI: Debian's systemd-stub with kernel, initrd.img, the
+#                     command line (root hash included), os-release and uname
+#   snp.igvm          an IGVM of SNP_FIRMWARE + kernel + initrd.img + command line,
+#                     when SNP_FIRMWARE is given or the SNP fixture is found
+#   manifest.json     sizes and sha256 of every artefact, the verity parameters, the
+#                     command line, and the expected launch digests (schema:
+#                     images/manifest)
 #
 # Environment:
 #   SOURCE_DATE_EPOCH  timestamp for every file in the initramfs (default 0,
 #                      so that equal inputs give equal images whatever the commit)
 #   C8S_AGENT          agent binary to use as /init (default bin/c8s-agent)
+#   C8S_INIT           first-stage init (default bin/c8s-init)
+#   SNP_FIRMWARE       an AmdSevX64 OVMF (with SNP_KERNEL_HASHES) whose SNP launch
+#                      digests the manifest records (default: the published
+#                      sev-snp-measure fixture in ../shared, if present; clearly
+#                      marked as such in the manifest)
 #   C8S_CACHE          download cache (default _output/cache)
 set -euo pipefail
 
@@ -37,14 +52,28 @@ MODULES=(
 	tdx-guest
 	tsm
 )
+# Modules the first stage loads to reach the verified root.
+STAGE1_MODULES=(virtio_blk dm-verity erofs)
 
-CMDLINE="console=ttyS0 quiet panic=-1"
+# The launcher's built-in parameters (launcher/vm.BaseKernelParams); the
+# verity parameters of the root are appended (guest/api/verity).
+BASE_CMDLINE="console=ttyS0 quiet panic=-1"
+# Fixed, documented inputs of the hash tree and file system, so that equal
+# trees give equal bytes. Changing them changes the root hash.
+ROOTFS_UUID=c8c8c8c8-0000-4000-8000-726f6f746673
+VERITY_UUID=c8c8c8c8-0000-4000-8000-766572697479
+VERITY_SALT=$(printf 'c8s guest rootfs verity salt v1' | sha256sum | cut -d' ' -f1)
 # The sim TEE's firmware (launcher/tee.SimFirmware) and the pod shapes whose
 # sim launch digests the manifest records.
 SIM_FIRMWARE=${SIM_FIRMWARE:-/usr/share/seabios/bios-256k.bin}
 SIM_VCPUS=${SIM_VCPUS:-1,2,4,8}
 # The TDVF whose MRTD the manifest records (Debian's OVMF carries TDX metadata).
 TDX_FIRMWARE=${TDX_FIRMWARE:-/usr/share/ovmf/OVMF.fd}
+# SEV-SNP: shapes, vCPU type and VMSA features of the recorded digests.
+SNP_VCPUS=${SNP_VCPUS:-1,2,4,8}
+SNP_VCPU_TYPE=${SNP_VCPU_TYPE:-EPYC-v4}
+SNP_GUEST_FEATURES=${SNP_GUEST_FEATURES:-0x1}
+UKI_STUB=${UKI_STUB:-/usr/lib/systemd/boot/efi/linuxx64.efi.stub}
 
 die() {
 	echo "images/build.sh: $*" >&2
@@ -56,18 +85,28 @@ die() {
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTDIR=$1
 AGENT=${C8S_AGENT:-$ROOT/bin/c8s-agent}
+STAGE1=${C8S_INIT:-$ROOT/bin/c8s-init}
 CACHE=${C8S_CACHE:-$ROOT/_output/cache}
+SNP_FIXTURE=$ROOT/../shared/fixtures/snp/ovmf_AmdSev_suffix.bin
+SNP_FIRMWARE_NOTE=""
+if [[ -z "${SNP_FIRMWARE:-}" && -f "$SNP_FIXTURE" ]]; then
+	SNP_FIRMWARE=$(readlink -f "$SNP_FIXTURE")
+	SNP_FIRMWARE_NOTE="test fixture: the last 4 KiB of an AmdSevX64 OVMF as published with virtee/sev-snp-measure; not bootable. Set SNP_FIRMWARE to the AmdSevX64 OVMF your SNP nodes boot to get their digests."
+fi
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-0}
 export LC_ALL=C TZ=UTC
 umask 022
 
-for tool in go apt-get dpkg-deb depmod zstd xz ldd sha256sum readelf; do
+for tool in go apt-get dpkg-deb depmod zstd xz ldd sha256sum readelf mkfs.erofs veritysetup objcopy; do
 	command -v "$tool" >/dev/null || die "$tool not found; run 'make deps' (hack/install-deps.sh)"
 done
-[[ -f "$AGENT" ]] || die "agent $AGENT not found; run 'make build' first"
-if readelf -l "$AGENT" 2>/dev/null | grep -q 'Requesting program interpreter'; then
-	die "agent $AGENT is dynamically linked; it runs as /init and must be static (CGO_ENABLED=0)"
-fi
+[[ -f "$UKI_STUB" ]] || die "$UKI_STUB not found; run 'make deps' (package systemd-boot-efi)"
+for bin in "$AGENT" "$STAGE1"; do
+	[[ -f "$bin" ]] || die "$bin not found; run 'make build' first"
+	if readelf -l "$bin" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+		die "$bin is dynamically linked; it runs as init and must be static (CGO_ENABLED=0)"
+	fi
+done
 RUNC=$(command -v runc) || die "runc not found; run 'make deps'"
 CRUN=$(command -v crun) || die "crun not found; run 'make deps'"
 
@@ -77,8 +116,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/c8s-image.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
 # --- helpers (images/cmd) -----------------------------------------------------
-(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -o "$WORK/bin/" ./images/cmd/mkinitramfs ./images/cmd/mkmanifest) ||
-	die "cannot build images/cmd/mkinitramfs and mkmanifest"
+(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -o "$WORK/bin/" ./images/cmd/mkinitramfs ./images/cmd/mkmanifest ./measurements/cmd/c8s-measure) ||
+	die "cannot build images/cmd/mkinitramfs, mkmanifest and c8s-measure"
 
 # --- kernel package ----------------------------------------------------------
 deb="$CACHE/${KERNEL_PKG}_${KERNEL_VERSION//:/%3a}_amd64.deb"
@@ -110,44 +149,64 @@ depmod -b "$WORK/kpkg" "$KREL"
 MODDIR="$WORK/kpkg/lib/modules/$KREL"
 
 # --- module load order -------------------------------------------------------
-declare -A modpath=() seen=()
+declare -A modpath=() deps=()
 while IFS= read -r line; do
 	file=${line%%:*}
 	name=$(basename "$file")
 	name=${name%%.ko*}
 	modpath[${name//-/_}]=$file
-done <"$MODDIR/modules.dep"
-declare -A deps=()
-while IFS= read -r line; do
-	file=${line%%:*}
 	deps[$file]=${line#*:}
 done <"$MODDIR/modules.dep"
 
-order=()
-visit() { # FILE: append FILE after everything it depends on
-	local file=$1 d i list
-	[[ -n "${seen[$file]:-}" ]] && return
-	seen[$file]=1
-	read -ra list <<<"${deps[$file]}"
-	# modules.dep lists dependencies so that the last must be loaded first.
-	for ((i = ${#list[@]} - 1; i >= 0; i--)); do
-		visit "${list[i]}"
-	done
-	order+=("$file")
-}
-for m in "${MODULES[@]}"; do
-	key=${m//-/_}
-	if [[ -z "${modpath[$key]:-}" ]]; then
-		if grep -qE "/${m//[-_]/[-_]}\.ko\$" "$MODDIR/modules.builtin"; then
-			echo "images: module $m is built into $KREL, skipping"
-			continue
+# install_modules TREE NAME...: decompress NAME and its dependencies into
+# TREE and list them in load order in TREE/etc/c8s/modules.
+install_modules() {
+	local tree=$1 m key file dst
+	shift
+	local -A seen=()
+	local order=()
+	visit() { # FILE: append FILE after everything it depends on
+		local file=$1 i list
+		[[ -n "${seen[$file]:-}" ]] && return
+		seen[$file]=1
+		read -ra list <<<"${deps[$file]}"
+		# modules.dep lists dependencies so that the last must be loaded first.
+		for ((i = ${#list[@]} - 1; i >= 0; i--)); do
+			visit "${list[i]}"
+		done
+		order+=("$file")
+	}
+	for m in "$@"; do
+		key=${m//-/_}
+		if [[ -z "${modpath[$key]:-}" ]]; then
+			if grep -qE "/${m//[-_]/[-_]}\.ko\$" "$MODDIR/modules.builtin"; then
+				continue
+			fi
+			die "module $m is neither a module nor built into kernel $KREL"
 		fi
-		die "module $m is neither a module nor built into kernel $KREL"
-	fi
-	visit "${modpath[$key]}"
-done
+		visit "${modpath[$key]}"
+	done
+	mkdir -p "$tree/etc/c8s"
+	: >"$tree/etc/c8s/modules"
+	for file in "${order[@]}"; do
+		dst="/lib/modules/$KREL/${file%.xz}"
+		dst=${dst%.zst}
+		dst=${dst%.gz}
+		mkdir -p "$tree$(dirname "$dst")"
+		case "$file" in
+		*.ko.xz) xz -dc "$MODDIR/$file" >"$tree$dst" ;;
+		*.ko.zst) zstd -qdc "$MODDIR/$file" >"$tree$dst" ;;
+		*.ko.gz) gzip -dc "$MODDIR/$file" >"$tree$dst" ;;
+		*.ko) cp "$MODDIR/$file" "$tree$dst" ;;
+		*) die "unexpected module file $file" ;;
+		esac
+		chmod 0644 "$tree$dst"
+		echo "$dst" >>"$tree/etc/c8s/modules"
+	done
+	chmod 0644 "$tree/etc/c8s/modules"
+}
 
-# --- initramfs tree ----------------------------------------------------------
+# --- the guest root tree ------------------------------------------------------
 R="$WORK/root"
 mkdir -p "$R"/{proc,sys,dev,run,tmp,mnt,etc/c8s,usr/bin,lib/modules/"$KREL"}
 chmod 1777 "$R/tmp"
@@ -158,23 +217,7 @@ while read -r lib; do
 	install -m 0755 "$(readlink -f "$lib")" "$R$lib"
 done < <(for b in "$RUNC" "$CRUN"; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
 install -m 0755 "$CRUN" "$R/usr/bin/crun"
-
-: >"$R/etc/c8s/modules"
-for file in "${order[@]}"; do
-	dst="/lib/modules/$KREL/${file%.xz}"
-	dst=${dst%.zst}
-	dst=${dst%.gz}
-	mkdir -p "$R$(dirname "$dst")"
-	case "$file" in
-	*.ko.xz) xz -dc "$MODDIR/$file" >"$R$dst" ;;
-	*.ko.zst) zstd -qdc "$MODDIR/$file" >"$R$dst" ;;
-	*.ko.gz) gzip -dc "$MODDIR/$file" >"$R$dst" ;;
-	*.ko) cp "$MODDIR/$file" "$R$dst" ;;
-	*) die "unexpected module file $file" ;;
-	esac
-	chmod 0644 "$R$dst"
-	echo "$dst" >>"$R/etc/c8s/modules"
-done
+install_modules "$R" "${MODULES[@]}"
 
 pkgver() { dpkg-query -W -f='${Version}' "$1"; }
 owner() { # PATH: the Debian package that ships PATH (usrmerge: try both spellings)
@@ -198,7 +241,7 @@ for pkg in $(printf '%s\n' "${!owners[@]}" | sort); do
 	PACKAGES+=("$pkg=$(pkgver "$pkg")")
 done
 AGENT_SHA256=$(sha256sum "$AGENT" | cut -d' ' -f1)
-cat >"$R/etc/c8s/image.json" <<EOF
+cat >"$R/etc/c8s/image.json" <<EOJ
 {
   "schema": "c8s.io/image-info/v1",
   "kernel": {
@@ -214,38 +257,110 @@ cat >"$R/etc/c8s/image.json" <<EOF
   "agent_sha256": "$AGENT_SHA256",
   "source_date_epoch": $SOURCE_DATE_EPOCH
 }
-EOF
-chmod 0644 "$R/etc/c8s/modules" "$R/etc/c8s/image.json"
+EOJ
+cat >"$R/etc/os-release" <<EOJ
+NAME="c8s guest"
+ID=c8s
+PRETTY_NAME="c8s confidential pod guest ($KREL)"
+VERSION_ID="$KERNEL_VERSION"
+EOJ
+chmod 0644 "$R/etc/c8s/image.json" "$R/etc/os-release"
+mkdir -p "$WORK/out"
 
-# Archive in sorted order, owned by root, every mtime SOURCE_DATE_EPOCH,
-# normalised inodes and link counts; /dev/console lets the kernel give /init
-# a console before anything is mounted.
-"$WORK/bin/mkinitramfs" -root "$R" -o "$WORK/initrd.cpio" -mtime "$SOURCE_DATE_EPOCH" \
-	-chardev dev/console:0600:5:1
-zstd -q -9 -T1 "$WORK/initrd.cpio" -o "$WORK/initrd.img"
+# cpio ARCHIVE TREE: a zstd-compressed newc archive of TREE, in sorted order,
+# owned by root, every mtime SOURCE_DATE_EPOCH, normalised inodes and link
+# counts; /dev/console lets the kernel give init a console before anything
+# is mounted.
+cpio() {
+	"$WORK/bin/mkinitramfs" -root "$2" -o "$WORK/initrd.cpio" -mtime "$SOURCE_DATE_EPOCH" \
+		-chardev dev/console:0600:5:1
+	zstd -q -9 -T1 -f "$WORK/initrd.cpio" -o "$1"
+	rm -f "$WORK/initrd.cpio"
+}
+cpio "$WORK/out/initrd-plain.img" "$R"
+
+# --- rootfs.img: erofs + dm-verity hash tree ---------------------------------
+find "$R" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
+mkfs.erofs --quiet -T"$SOURCE_DATE_EPOCH" -U"$ROOTFS_UUID" --all-root -x-1 "$WORK/rootfs.data" "$R" ||
+	die "mkfs.erofs failed"
+size=$(stat -c %s "$WORK/rootfs.data")
+blocks=$(((size + 4095) / 4096))
+truncate -s $((blocks * 4096)) "$WORK/rootfs.data"
+mv "$WORK/rootfs.data" "$WORK/out/rootfs.img"
+# The hash tree follows the data in the same file, behind a verity
+# superblock (one block); the kernel's table starts the tree after it.
+veritysetup format --data-blocks="$blocks" --hash-offset=$((blocks * 4096)) \
+	--salt="$VERITY_SALT" --uuid="$VERITY_UUID" --hash=sha256 \
+	--data-block-size=4096 --hash-block-size=4096 \
+	"$WORK/out/rootfs.img" "$WORK/out/rootfs.img" >"$WORK/verity.txt" || die "veritysetup format failed"
+ROOT_HASH=$(awk -F: '/^Root hash:/ {gsub(/[ \t]/, "", $2); print $2}' "$WORK/verity.txt")
+[[ ${#ROOT_HASH} -eq 64 ]] || { cat "$WORK/verity.txt" >&2; die "no root hash in veritysetup's output"; }
+HASH_START=$((blocks + 1))
+veritysetup verify --hash-offset=$((blocks * 4096)) --data-blocks="$blocks" \
+	"$WORK/out/rootfs.img" "$WORK/out/rootfs.img" "$ROOT_HASH" || die "the fresh hash tree does not verify"
+VERITY_PARAMS="c8s.root=/dev/vda c8s.rootfstype=erofs c8s.verity.roothash=$ROOT_HASH c8s.verity.salt=$VERITY_SALT c8s.verity.blocks=$blocks c8s.verity.hashstart=$HASH_START"
+CMDLINE="$BASE_CMDLINE $VERITY_PARAMS"
+
+# --- initrd.img: the first stage ----------------------------------------------
+S="$WORK/stage1"
+mkdir -p "$S"/{proc,sys,dev,newroot}
+install -m 0755 "$STAGE1" "$S/init"
+install_modules "$S" "${STAGE1_MODULES[@]}"
+cpio "$WORK/out/initrd.img" "$S"
+
+cp "$WORK/kpkg/boot/vmlinuz-$KREL" "$WORK/out/vmlinuz"
+chmod 0644 "$WORK/out/"*
+
+# --- c8s.efi: the UKI ---------------------------------------------------------
+# Sections as ukify lays them out: each at its own address above the stub's
+# image, in the order systemd-stub measures them into PCR 11.
+printf '%s' "$CMDLINE" >"$WORK/cmdline.txt"
+printf '%s' "$KREL" >"$WORK/uname.txt"
+uki_args=()
+vma=$((0x1000000))
+for sec in .osrel:"$R/etc/os-release" .cmdline:"$WORK/cmdline.txt" .uname:"$WORK/uname.txt" \
+	.initrd:"$WORK/out/initrd.img" .linux:"$WORK/out/vmlinuz"; do
+	name=${sec%%:*} file=${sec#*:}
+	uki_args+=(--add-section "$name=$file" --change-section-vma "$(printf '%s=%#x' "$name" "$vma")")
+	vma=$(((vma + $(stat -c %s "$file") + 0x10fffff) & ~0xfffff))
+done
+objcopy "${uki_args[@]}" "$UKI_STUB" "$WORK/out/c8s.efi" || die "objcopy could not assemble the UKI"
+
+# --- snp.igvm -------------------------------------------------------------------
+igvm_args=()
+if [[ -n "${SNP_FIRMWARE:-}" ]]; then
+	[[ -f "$SNP_FIRMWARE" ]] || die "SNP_FIRMWARE=$SNP_FIRMWARE does not exist"
+	"$WORK/bin/c8s-measure" igvm --from-ovmf --ovmf "$SNP_FIRMWARE" \
+		--kernel "$WORK/out/vmlinuz" --initrd "$WORK/out/initrd.img" --append "$CMDLINE" \
+		--vcpus 1 --vcpu-type "$SNP_VCPU_TYPE" --guest-features "$SNP_GUEST_FEATURES" \
+		-o "$WORK/out/snp.igvm" >/dev/null || die "cannot write the SNP IGVM"
+	igvm_args=(-igvm snp.igvm -snp-firmware "$SNP_FIRMWARE" -snp-firmware-note "$SNP_FIRMWARE_NOTE"
+		-snp-vcpus "$SNP_VCPUS" -snp-vcpu-type "$SNP_VCPU_TYPE" -snp-guest-features "$SNP_GUEST_FEATURES")
+else
+	echo "images: no SNP_FIRMWARE and no SNP fixture: the manifest has no SNP digests and no IGVM"
+fi
 
 # --- outputs -----------------------------------------------------------------
 # Assemble in WORK, then rename into OUTDIR, manifest last, so that a reader
 # never sees a manifest that describes other files.
-mkdir -p "$WORK/out"
-cp "$WORK/kpkg/boot/vmlinuz-$KREL" "$WORK/out/vmlinuz"
-mv "$WORK/initrd.img" "$WORK/out/initrd.img"
-chmod 0644 "$WORK/out/vmlinuz" "$WORK/out/initrd.img"
 "$WORK/bin/mkmanifest" \
 	-dir "$WORK/out" \
-	-kernel vmlinuz -initrd initrd.img \
+	-kernel vmlinuz -initrd initrd.img -initrd-plain initrd-plain.img -rootfs rootfs.img -uki c8s.efi \
+	-verity-device /dev/vda -verity-fstype erofs -verity-root-hash "$ROOT_HASH" -verity-salt "$VERITY_SALT" \
+	-verity-data-blocks "$blocks" -verity-hash-start "$HASH_START" -verity-uuid "$VERITY_UUID" -rootfs-uuid "$ROOTFS_UUID" \
 	-kernel-package "$KERNEL_PKG" -kernel-version "$KERNEL_VERSION" -kernel-release "$KREL" \
 	-runc-package "$RUNC_PKG" -runc-version "$RUNC_VERSION" \
 	-cmdline "$CMDLINE" -agent-sha256 "$AGENT_SHA256" \
 	$(printf -- '-package %s ' "${PACKAGES[@]}") \
 	-source-date-epoch "$SOURCE_DATE_EPOCH" \
 	-sim-firmware "$SIM_FIRMWARE" -sim-vcpus "$SIM_VCPUS" \
-	-tdx-firmware "$TDX_FIRMWARE"
-rm -f "$OUTDIR/manifest.json"
-for f in vmlinuz initrd.img manifest.json; do
+	-tdx-firmware "$TDX_FIRMWARE" \
+	"${igvm_args[@]}"
+rm -f "$OUTDIR/manifest.json" "$OUTDIR/snp.igvm"
+for f in $(cd "$WORK/out" && ls | grep -vx manifest.json) manifest.json; do
 	cp "$WORK/out/$f" "$OUTDIR/.$f.tmp"
 	mv -f "$OUTDIR/.$f.tmp" "$OUTDIR/$f"
 done
 
-echo "images: built $KREL image in $OUTDIR:"
-(cd "$OUTDIR" && ls -l vmlinuz initrd.img manifest.json && sha256sum vmlinuz initrd.img)
+echo "images: built sealed $KREL image in $OUTDIR (root hash $ROOT_HASH):"
+(cd "$OUTDIR" && ls -l $(cd "$WORK/out" && ls))

@@ -20,7 +20,9 @@ for n in 1 2; do
 done
 
 status=0
-for f in vmlinuz initrd.img manifest.json; do
+files=$(cd "$tmp/build1" && ls)
+[[ "$files" == "$(cd "$tmp/build2" && ls)" ]] || { echo "verify-reproducible: the builds have different files" >&2; exit 1; }
+for f in $files; do
 	a=$(sha256sum "$tmp/build1/$f" | cut -d' ' -f1)
 	b=$(sha256sum "$tmp/build2/$f" | cut -d' ' -f1)
 	if cmp -s "$tmp/build1/$f" "$tmp/build2/$f"; then

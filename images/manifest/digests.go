@@ -34,17 +34,7 @@ type FileDigest struct {
 }
 
 // SetSim records the sim digests.
-func (m *Manifest) SetSim(d SimDigests) error {
-	raw, err := json.Marshal(d)
-	if err != nil {
-		return err
-	}
-	if m.Digests == nil {
-		m.Digests = map[string]json.RawMessage{}
-	}
-	m.Digests[DigestsSim] = raw
-	return nil
-}
+func (m *Manifest) SetSim(d SimDigests) error { return m.setDigests(DigestsSim, d) }
 
 // Sim returns the sim digests, or an error saying the image has none.
 func (m *Manifest) Sim() (*SimDigests, error) {
@@ -81,17 +71,7 @@ type TDXDigests struct {
 }
 
 // SetTDX records the TDX digests.
-func (m *Manifest) SetTDX(d TDXDigests) error {
-	raw, err := json.Marshal(d)
-	if err != nil {
-		return err
-	}
-	if m.Digests == nil {
-		m.Digests = map[string]json.RawMessage{}
-	}
-	m.Digests[DigestsTDX] = raw
-	return nil
-}
+func (m *Manifest) SetTDX(d TDXDigests) error { return m.setDigests(DigestsTDX, d) }
 
 // TDX returns the TDX digests, or an error saying the image has none.
 func (m *Manifest) TDX() (*TDXDigests, error) {

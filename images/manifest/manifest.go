@@ -19,7 +19,10 @@ import (
 )
 
 // Schema identifies the version of the manifest format.
-const Schema = "c8s.io/image-manifest/v1"
+//
+// v2 added the sealed image: the rootfs, initrd-plain, uki and igvm
+// artefacts, the verity parameters and the snp and uki digests.
+const Schema = "c8s.io/image-manifest/v2"
 
 // FileName is the name of the manifest inside an image directory.
 const FileName = "manifest.json"
@@ -44,8 +47,13 @@ type Manifest struct {
 	// (kernel, runc and the libraries it links), sorted by name after the
 	// kernel: the provenance needed to rebuild the image byte for byte.
 	Packages []Package `json:"packages"`
-	// Cmdline is the recommended kernel command line.
+	// Cmdline is the kernel command line the image is measured with: the
+	// launcher's built-in parameters and, for a sealed image, the verity
+	// parameters of the root.
 	Cmdline string `json:"cmdline"`
+	// Verity describes the rootfs artefact's hash tree; nil for an unsealed
+	// image.
+	Verity *Verity `json:"verity,omitempty"`
 	// AgentSHA256 is the hex sha256 of the agent binary used as /init.
 	AgentSHA256 string `json:"agent_sha256"`
 	// SourceDateEpoch is the timestamp of every file in the initramfs.
@@ -105,6 +113,14 @@ func (m *Manifest) Validate() error {
 	for _, p := range m.Packages {
 		if p.Package == "" || p.Version == "" {
 			return fmt.Errorf("manifest package entry %+v lacks a name or version", p)
+		}
+	}
+	if _, ok := m.Artifacts[RoleRootfs]; ok && m.Verity == nil {
+		return errors.New("manifest has a rootfs artifact but no verity parameters; rebuild the image with 'make image'")
+	}
+	if m.Verity != nil {
+		if err := m.Verity.Validate(); err != nil {
+			return err
 		}
 	}
 	if m.AgentSHA256 != "" && !isSHA256(m.AgentSHA256) {

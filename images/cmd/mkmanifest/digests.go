@@ -21,31 +21,19 @@ const simVCPUType = "EPYC-v4"
 // count in the comma-separated list.
 func simDigests(firmware, kernel, initrd, cmdline, vcpus string) (manifest.SimDigests, error) {
 	d := manifest.SimDigests{Cmdline: cmdline, VCPUType: simVCPUType, GuestFeatures: sim.DefaultFeatures, ByVCPUs: map[string]string{}}
-	var counts []int
-	for _, f := range strings.Split(vcpus, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil {
-			return d, fmt.Errorf("-sim-vcpus: %q is not a vCPU count", f)
-		}
-		counts = append(counts, n)
+	counts, err := parseCounts("-sim-vcpus", vcpus)
+	if err != nil {
+		return d, err
 	}
 	fw, err := os.ReadFile(firmware)
 	if err != nil {
 		return d, fmt.Errorf("-sim-firmware: %w", err)
 	}
-	k, err := os.ReadFile(kernel)
+	hashes, sig, err := bootInputs(kernel, initrd, cmdline, simVCPUType)
 	if err != nil {
 		return d, err
 	}
-	i, err := os.ReadFile(initrd)
-	if err != nil {
-		return d, err
-	}
-	sig, err := snp.VCPUTypeSig(simVCPUType)
-	if err != nil {
-		return d, err
-	}
-	digests, err := sim.LaunchDigests(sim.Params{Firmware: fw, Kernel: snp.NewKernelHashes(k, i, cmdline), VCPUSig: sig}, counts)
+	digests, err := sim.LaunchDigests(sim.Params{Firmware: fw, Kernel: hashes, VCPUSig: sig}, counts)
 	if err != nil {
 		return d, err
 	}
@@ -55,6 +43,37 @@ func simDigests(firmware, kernel, initrd, cmdline, vcpus string) (manifest.SimDi
 		d.ByVCPUs[strconv.Itoa(c)] = digests[n].String()
 	}
 	return d, nil
+}
+
+// bootInputs hashes a direct boot's kernel, initrd and command line as QEMU
+// does for its SEV hashes table, and resolves the vCPU type's signature.
+func bootInputs(kernel, initrd, cmdline, vcpuType string) (snp.KernelHashes, uint32, error) {
+	k, err := os.ReadFile(kernel)
+	if err != nil {
+		return snp.KernelHashes{}, 0, err
+	}
+	i, err := os.ReadFile(initrd)
+	if err != nil {
+		return snp.KernelHashes{}, 0, err
+	}
+	sig, err := snp.VCPUTypeSig(vcpuType)
+	if err != nil {
+		return snp.KernelHashes{}, 0, err
+	}
+	return snp.NewKernelHashes(k, i, cmdline), sig, nil
+}
+
+// parseCounts parses a comma-separated list of vCPU counts.
+func parseCounts(flagName, list string) ([]int, error) {
+	var counts []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%s: %q is not a vCPU count", flagName, f)
+		}
+		counts = append(counts, n)
+	}
+	return counts, nil
 }
 
 // tdxDigests computes the MRTD of the TDVF at firmware.

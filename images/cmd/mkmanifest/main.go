@@ -46,6 +46,8 @@ func run(args []string) error {
 	simFirmware := fs.String("sim-firmware", "", "firmware `PATH` sim VMs boot; with it, the sim launch digests are recorded")
 	simVCPUs := fs.String("sim-vcpus", "1,2,4,8", "vCPU counts to record sim digests for")
 	tdxFirmware := fs.String("tdx-firmware", "", "TDVF `PATH`; with it, the TDX MRTD is recorded")
+	var sealed sealedFlags
+	sealed.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -67,6 +69,9 @@ func run(args []string) error {
 			return fmt.Errorf("describe %s: %w", role, err)
 		}
 		m.Artifacts[role] = a
+	}
+	if err := sealed.apply(&m, *dir, *kernel, *initrd); err != nil {
+		return err
 	}
 	if *simFirmware != "" {
 		d, err := simDigests(*simFirmware, filepath.Join(*dir, *kernel), filepath.Join(*dir, *initrd), m.Cmdline, *simVCPUs)

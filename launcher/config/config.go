@@ -99,9 +99,21 @@ type Hypervisor struct {
 	Kernel string `toml:"kernel"`
 	// Initrd is the guest initramfs.
 	Initrd string `toml:"initrd"`
+	// Rootfs is a sealed image's root disk: its file system followed by
+	// the dm-verity hash tree, attached read-only as the first virtio-blk
+	// disk. Empty means the rootfs artefact of the image manifest
+	// (attestation.manifest), when that image is sealed; the manifest also
+	// gives the verity parameters the launcher puts on the command line.
+	Rootfs string `toml:"rootfs"`
 	// Firmware is OVMF/TDVF, passed as -bios. Required for snp and tdx,
 	// optional for sim (without it QEMU uses SeaBIOS).
 	Firmware string `toml:"firmware"`
+	// IGVM, with tee = "snp", launches this IGVM file (firmware, SEV
+	// metadata and the kernel hashes table, e.g. the image's snp.igvm)
+	// through QEMU's igvm-cfg (QEMU ≥ 9.2) instead of -bios and
+	// kernel-hashes=on. Kernel, initrd and command line are still handed to
+	// QEMU; the hashes table inside the IGVM pins them.
+	IGVM string `toml:"igvm"`
 	// KernelParams is appended to the built-in kernel parameters.
 	KernelParams string `toml:"kernel_params"`
 	// DefaultVCPUs is the number of vCPUs of a pod VM.
@@ -287,8 +299,20 @@ func (c *Config) Validate() error {
 	}
 	errs = append(errs, checkFile("hypervisor.kernel", h.Kernel, "run `make image` or set hypervisor.kernel to a guest kernel"))
 	errs = append(errs, checkFile("hypervisor.initrd", h.Initrd, "run `make image` or set hypervisor.initrd to a guest initramfs"))
-	if h.Firmware != "" || h.TEE == "snp" || h.TEE == "tdx" {
+	if h.Firmware != "" || (h.TEE == "snp" && h.IGVM == "") || h.TEE == "tdx" {
 		errs = append(errs, checkFile("hypervisor.firmware", h.Firmware, "install ovmf (/usr/share/ovmf/OVMF.fd) or set hypervisor.firmware; snp and tdx need it"))
+	}
+	if h.Rootfs != "" {
+		errs = append(errs, checkFile("hypervisor.rootfs", h.Rootfs, "run `make image` or unset hypervisor.rootfs to use the image manifest's"))
+	}
+	if h.IGVM != "" {
+		if h.TEE != "snp" {
+			errs = append(errs, fmt.Errorf("hypervisor.igvm is set but hypervisor.tee is %q: IGVM launch is for snp", h.TEE))
+		}
+		if h.Firmware != "" {
+			errs = append(errs, errors.New("hypervisor.igvm and hypervisor.firmware are both set: the IGVM file carries the firmware; unset hypervisor.firmware"))
+		}
+		errs = append(errs, checkFile("hypervisor.igvm", h.IGVM, "run `make image` (snp.igvm) or unset hypervisor.igvm"))
 	}
 	if c.Node.SimSlots < -1 {
 		errs = append(errs, fmt.Errorf("node.sim_slots %d is not valid: use a slot count, 0 to size from host memory, or -1 for none", c.Node.SimSlots))

@@ -98,7 +98,11 @@ func checkImageDigest(_ context.Context, s *state) Result {
 	if err != nil {
 		return cannot(err)
 	}
-	argv, err := vm.Args(vm.Spec{ID: "check", StateDir: path.Join(o.Config.Runtime.StateDir, "check"), Hypervisor: h, Accel: "tcg"}, backend)
+	spec := vm.Spec{ID: "check", StateDir: path.Join(o.Config.Runtime.StateDir, "check"), Hypervisor: h, Accel: "tcg"}
+	if s.manifest != nil && s.manifest.Sealed() {
+		spec.Root = &vm.RootDisk{Path: path.Join(o.ImageDir, s.manifest.Artifacts[manifest.RoleRootfs].File), KernelParams: s.manifest.RootKernelParams()}
+	}
+	argv, err := vm.Args(spec, backend)
 	if err != nil {
 		return cannot(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 
 	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
 
@@ -34,8 +35,11 @@ func (SNP) Name() string { return "snp" }
 // QEMU implements Backend.
 func (SNP) QEMU(h config.Hypervisor) (Pieces, error) {
 	s := h.SNP
-	if h.Firmware == "" {
-		return Pieces{}, errors.New("tee snp needs hypervisor.firmware (an OVMF built with SEV-SNP support)")
+	if h.Firmware == "" && h.IGVM == "" {
+		return Pieces{}, errors.New("tee snp needs hypervisor.firmware (an OVMF built with SEV-SNP support) or hypervisor.igvm")
+	}
+	if h.Firmware != "" && h.IGVM != "" {
+		return Pieces{}, errors.New("hypervisor.igvm carries the firmware: unset hypervisor.firmware")
 	}
 	if s.CBitPos == 0 || s.ReducedPhysBits == 0 {
 		return Pieces{}, errors.New("hypervisor.snp.cbitpos and hypervisor.snp.reduced_phys_bits must be set (typically 51 and 1)")
@@ -54,6 +58,9 @@ func (SNP) QEMU(h config.Hypervisor) (Pieces, error) {
 		return Pieces{}, err
 	}
 	policy := s.Policy
+	if h.IGVM != "" {
+		return snpIGVM(h, hostData)
+	}
 	obj := govmm.Object{
 		Type:            govmm.SNPGuest,
 		ID:              snpObjectID,
@@ -113,4 +120,39 @@ func checkBase64(key, value string, n int) error {
 		return fmt.Errorf("%s decodes to %d bytes, want %d", key, len(b), n)
 	}
 	return nil
+}
+
+// igvmID is the igvm-cfg object's ID.
+const igvmID = "igvm0"
+
+// snpIGVM renders an SEV-SNP launch from an IGVM file through igvm-cfg
+// (QEMU ≥ 9.2): the file replaces -bios and carries the SEV metadata pages
+// and the kernel hashes table, so the sev-snp-guest object has
+// kernel-hashes=off (QEMU must not add a second table). govmm's SNPGuest
+// object always renders kernel-hashes=on, so this object is rendered here.
+func snpIGVM(h config.Hypervisor, hostData []byte) (Pieces, error) {
+	s := h.SNP
+	if s.IDBlock != "" {
+		return Pieces{}, errors.New("hypervisor.snp.id_block with hypervisor.igvm: put the ID block into the IGVM file (c8s-measure igvm) instead")
+	}
+	props := []string{
+		"sev-snp-guest", "id=" + snpObjectID,
+		fmt.Sprintf("cbitpos=%d", s.CBitPos),
+		fmt.Sprintf("reduced-phys-bits=%d", s.ReducedPhysBits),
+		fmt.Sprintf("policy=%d", s.Policy),
+		"kernel-hashes=off",
+	}
+	if hostData != nil {
+		props = append(props, "host-data="+base64.StdEncoding.EncodeToString(hostData))
+	}
+	return Pieces{
+		MachineOptions: []string{"confidential-guest-support=" + snpObjectID, "memory-backend=" + snpMemoryID, "igvm-cfg=" + igvmID},
+		Args: []string{
+			"-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=true,prealloc=false", snpMemoryID, h.DefaultMemoryMiB),
+			"-object", "igvm-cfg,id=" + igvmID + ",file=" + h.IGVM,
+			"-object", strings.Join(props, ","),
+		},
+		RequiresKVM: true,
+		QOMTypes:    []string{"sev-snp-guest", "memory-backend-memfd", "igvm-cfg"},
+	}, nil
 }

@@ -36,6 +36,7 @@ const BaseKernelParams = "console=ttyS0 quiet panic=-1"
 // QEMU device and node IDs used on the command line and over QMP.
 const (
 	scsiControllerID = "scsi0"
+	rootDiskID       = "rootfs"
 	scsiBus          = scsiControllerID + ".0"
 	maxSCSITarget    = 255
 	// maxIDLen is containerd's identifier limit.
@@ -56,6 +57,9 @@ type Spec struct {
 	Hypervisor config.Hypervisor
 	// Accel is "kvm" or "tcg" (see launcher/accel).
 	Accel string
+	// Root, when not nil, is a sealed image's verity-protected root disk
+	// (see RootFor).
+	Root *RootDisk
 	// Disks are cold-plugged at boot on the virtio-scsi controller, at
 	// targets 0, 1, ... in order, LUN 0.
 	Disks []Disk
@@ -131,6 +135,11 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		argv = append(argv, "-bios", pieces.Firmware)
 	}
 	params := []string{BaseKernelParams}
+	if spec.Root != nil {
+		// Right after the base parameters: the image build measures this
+		// prefix (images/build.sh, manifest cmdline).
+		params = append(params, spec.Root.KernelParams...)
+	}
 	params = append(params, pieces.KernelParams...)
 	if p := strings.TrimSpace(h.KernelParams); p != "" {
 		params = append(params, p)
@@ -147,6 +156,13 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		argv = append(argv, "-incoming", "defer")
 	}
 
+	if spec.Root != nil {
+		// The first (only) virtio-blk disk: /dev/vda in the guest.
+		argv = append(argv, govmm.BlockDevice{
+			Driver: govmm.VirtioBlock, ID: rootDiskID, File: spec.Root.Path,
+			AIO: govmm.Threads, Format: govmm.BlockDeviceFormat("raw"), Interface: govmm.NoInterface, ReadOnly: true,
+		}.QemuParams(gcfg)...)
+	}
 	argv = append(argv, govmm.RngDevice{ID: "rng0", Filename: "/dev/urandom"}.QemuParams(gcfg)...)
 	argv = append(argv, govmm.SCSIController{ID: scsiControllerID}.QemuParams(gcfg)...)
 	if spec.VsockCID != 0 {
@@ -221,6 +237,9 @@ func checkSpec(spec Spec) error {
 	}
 	if err := checkNetDevices(spec.NICs); err != nil {
 		errs = append(errs, err)
+	}
+	if r := spec.Root; r != nil && (!filepath.IsAbs(r.Path) || strings.ContainsAny(r.Path, ",\n")) {
+		errs = append(errs, fmt.Errorf("vm: root disk %q must be an absolute path without commas", r.Path))
 	}
 	seen := map[string]bool{}
 	for _, d := range spec.Disks {

@@ -9,6 +9,7 @@ import (
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/tee"
 
+	"github.com/c8s-dev/c8s/guest/api/verity"
 	"github.com/c8s-dev/c8s/internal/golden"
 )
 
@@ -38,6 +39,14 @@ func goldenSpec(teeName, accel string) Spec {
 	}
 }
 
+// sealed gives s the root disk of a sealed image.
+func sealed(s Spec) Spec {
+	p := verity.Params{Device: "/dev/vda", FSType: "erofs", RootHash: strings.Repeat("5e", 32),
+		Salt: strings.Repeat("a1", 32), DataBlocks: 6886, HashStartBlock: 6887}
+	s.Root = &RootDisk{Path: "/usr/share/c8s/rootfs.img", KernelParams: p.KernelParams()}
+	return s
+}
+
 func TestArgsGolden(t *testing.T) {
 	cases := []struct {
 		name string
@@ -50,6 +59,14 @@ func TestArgsGolden(t *testing.T) {
 		{"sim-netdev", func() Spec {
 			s := goldenSpec("sim", "tcg")
 			s.NICs = []NetDevice{{MAC: net.HardwareAddr{0x02, 0x42, 0x0a, 0x58, 0x00, 0x07}, Tap: os.NewFile(100, "tap0_c8s")}}
+			return s
+		}()},
+		{"sim-sealed", sealed(goldenSpec("sim", "tcg"))},
+		{"snp-sealed", sealed(goldenSpec("snp", "kvm"))},
+		{"tdx-sealed", sealed(goldenSpec("tdx", "kvm"))},
+		{"snp-igvm", func() Spec {
+			s := sealed(goldenSpec("snp", "kvm"))
+			s.Hypervisor.Firmware, s.Hypervisor.IGVM = "", "/usr/share/c8s/snp.igvm"
 			return s
 		}()},
 	}

@@ -365,6 +365,30 @@ func TestStartFailures(t *testing.T) {
 		}
 	})
 
+	t.Run("igvm-needs-newer-qemu", func(t *testing.T) {
+		spec := env.spec("igvm")
+		spec.Hypervisor.TEE, spec.Accel = "snp", "kvm"
+		spec.Hypervisor.SNP.CBitPos, spec.Hypervisor.SNP.ReducedPhysBits = 51, 1
+		spec.Hypervisor.IGVM = filepath.Join(env.workDir, "snp.igvm")
+		f, err := ProbeQEMU(ctx, spec.Hypervisor.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = Start(ctx, spec)
+		if f.Objects["igvm-cfg"] && f.Objects["sev-snp-guest"] {
+			t.Logf("this QEMU %s has igvm-cfg; Start: %v", f.Version, err)
+			return
+		}
+		want := fmt.Sprintf("QEMU %s (%s) has ", f.Version, spec.Hypervisor.Path)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "no igvm-cfg; need ≥ 9.2") {
+			t.Fatalf("Start of an IGVM launch on QEMU %s: err = %v, want %q and \"no igvm-cfg; need ≥ 9.2\"", f.Version, err, want)
+		}
+		t.Logf("Start: %v", err)
+		if _, err := os.Stat(spec.StateDir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("state dir left behind: %v", err)
+		}
+	})
+
 	t.Run("cancelled", func(t *testing.T) {
 		spec := env.spec("cancelled")
 		cctx, cancel := context.WithCancel(ctx)

@@ -85,8 +85,13 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 	if err != nil {
 		return nil, fmt.Errorf("choose accelerator: %w", err)
 	}
+	root, err := vm.RootFor(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	t0 := time.Now()
 	spec := vm.Spec{
+		Root:       root,
 		ID:         opts.ID,
 		StateDir:   opts.StateDir,
 		Hypervisor: h,

@@ -51,11 +51,16 @@ func runArgs(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	root, err := vm.RootFor(cfg)
+	if err != nil {
+		return err
+	}
 	argv, err := vm.Args(vm.Spec{
 		ID:         *id,
 		StateDir:   filepath.Join(cfg.Runtime.StateDir, *id),
 		Hypervisor: cfg.Hypervisor,
 		Accel:      res.Accel,
+		Root:       root,
 	}, backend)
 	if err != nil {
 		return err

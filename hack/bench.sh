@@ -5,6 +5,7 @@
 #     kernel and initramfs to init and power-off   (goal <= 1.15)
 #   - the c8s shim's RSS over containerd-shim-runc-v2's  (goal <= 1.2)
 #   - QEMU's host RSS per pod
+#   - the sealed image: build time, sizes, sealed/plain boot (hack/bench-image.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -14,6 +15,8 @@ go test -run '^$' -bench . -benchtime "${BENCHTIME:-1x}" ./measurements/... 2>&1
 
 echo "== attestation: verified SNP reports per second per core vs raw ECDSA P-384 verifies (goal ratio >= 0.8)"
 GOMAXPROCS=1 go test -run '^$' -bench 'BenchmarkVerify' -benchtime "${ATTEST_BENCHTIME:-300x}" ./launcher/attest 2>&1 | grep -E '^(Benchmark|ok|FAIL)' || true
+
+hack/bench-image.sh || true
 
 [[ -x hack/bench-measure.sh ]] && { echo "== c8s-measure against the reference tool"; hack/bench-measure.sh || true; }
 

@@ -26,6 +26,8 @@ func TestPodVM(t *testing.T) {
 	t.Run("ShimKilled", func(t *testing.T) { testShimKilled(t, e) })
 	t.Run("BadInput", func(t *testing.T) { testBadInput(t, e) })
 	t.Run("AlteredInitrdFailsAttestation", func(t *testing.T) { testAlteredInitrd(t, e) })
+	t.Run("SealedRootWithAFlippedByteDoesNotBoot", func(t *testing.T) { testFlippedRootByte(t, e) })
+	t.Run("SwappedRootHashFailsAttestation", func(t *testing.T) { testSwappedRootHash(t, e) })
 }
 
 // One VM: the container sees the guest kernel, its exit status reaches
@@ -36,7 +38,7 @@ func testGuestKernelExitCodeAndEvents(t *testing.T, e *env) {
 	// The Kata annotation for memory is allowlisted in the test config.
 	stdout, stderr, code := result(t, e.run(ctx(t), e.config, "--rm",
 		"--annotation", "io.katacontainers.config.hypervisor.default_memory=384", image, "k1",
-		"sh", "-c", "uname -r; grep MemTotal /proc/meminfo >&2; echo to-stderr >&2; exit 3"))
+		"sh", "-c", "uname -r; grep MemTotal /proc/meminfo >&2; tr ' ' '\\n' </proc/cmdline | grep c8s.verity.roothash= >&2; echo to-stderr >&2; exit 3"))
 	if code != 3 {
 		t.Fatalf("exit code = %d, want 3\nstdout: %s\nstderr: %s\ncontainerd log:\n%s", code, stdout, stderr, e.d.Log())
 	}
@@ -68,6 +70,11 @@ func testGuestKernelExitCodeAndEvents(t *testing.T, e *env) {
 	simDigests, err := m.Sim()
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The guest booted the sealed image: its kernel command line names the
+	// manifest's dm-verity root hash.
+	if !m.Sealed() || !strings.Contains(stderr, "c8s.verity.roothash="+m.Verity.RootHash+"\n") {
+		t.Fatalf("the guest command line does not carry the manifest's root hash (sealed image: %v)\nstderr: %s", m.Sealed(), stderr)
 	}
 	attested := false
 	for _, line := range strings.Split(e.d.Log(), "\n") {
@@ -348,17 +355,26 @@ manifest = %q
 [runtime]
 state_dir = %q
 `, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(dir, "initrd.img"), filepath.Join(e.imageDir, "manifest.json"), e.stateDir))
-	_, stderr, code := result(t, e.run(ctx(t), cfg, "--rm", image, "altered", "true"))
+	e.expectPodFails(t, cfg, "altered", "attestation of pod VM altered failed", "measurement mismatch", "expected")
+}
+
+// expectPodFails runs a pod named name with cfg, which must fail with an
+// error at ctr containing each of wants, and leave nothing behind. It
+// returns ctr's stderr.
+func (e *env) expectPodFails(t *testing.T, cfg, name string, wants ...string) string {
+	t.Helper()
+	_, stderr, code := result(t, e.run(ctx(t), cfg, "--rm", image, name, "true"))
 	if code == 0 {
-		t.Fatalf("a pod booted from an altered initrd started")
+		t.Fatalf("pod %s started; it must fail with %q", name, wants)
 	}
-	for _, want := range []string{"attestation of pod VM altered failed", "measurement mismatch", "expected"} {
+	for _, want := range wants {
 		if !strings.Contains(stderr, want) {
 			t.Errorf("ctr's error does not say %q:\n%s", want, stderr)
 		}
 	}
-	e.d.CtrCommand(ctx(t), "container", "delete", "altered").Run()
+	e.d.CtrCommand(ctx(t), "container", "delete", name).Run()
 	e.assertNothingLeft(t)
+	return stderr
 }
 
 // Bad input gets a clear error at ctr, and nothing leaks.

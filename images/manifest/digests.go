@@ -62,12 +62,21 @@ const DigestsTDX = "tdx"
 
 // TDXDigests are the TDX measurements this image's pods are expected to
 // have. MRTD depends only on the TDVF firmware (measurements/tdx); the
-// kernel, initrd and command line go to RTMRs, which are not pinned yet.
+// kernel, initrd and command line (root hash included) go to RTMR1 and
+// RTMR2, predicted under the stated assumptions and recorded for
+// verifiers, not enforced by the launcher. RTMR0 (firmware configuration,
+// ACPI tables) is not predicted.
 type TDXDigests struct {
 	// Firmware is the TDVF image MRTD was computed from.
 	Firmware FileDigest `json:"firmware"`
 	// MRTD is the hex SHA-384 MRTD.
 	MRTD string `json:"mrtd"`
+	// RTMR1 and RTMR2 are the predicted hex SHA-384 registers of a direct
+	// boot of the image's kernel, initrd and command line.
+	RTMR1 string `json:"rtmr1,omitempty"`
+	RTMR2 string `json:"rtmr2,omitempty"`
+	// RTMRAssumptions say what the RTMR predictions rest on.
+	RTMRAssumptions string `json:"rtmr_assumptions,omitempty"`
 }
 
 // SetTDX records the TDX digests.

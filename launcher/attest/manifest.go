@@ -27,15 +27,25 @@ func TrustFor(tee, simSPDir string) (Trust, error) {
 // ExpectedMeasurements returns the launch digests an image manifest
 // accepts for TEE tee, by vCPU count.
 func ExpectedMeasurements(m *manifest.Manifest, tee string) (map[int]Hex, error) {
-	if tee != "sim" {
-		return nil, fmt.Errorf("attest: the image manifest has no %s launch digests yet: compute them with c8s-measure and add them, or set attestation.mode = \"off\" for development", tee)
-	}
-	d, err := m.Sim()
-	if err != nil {
-		return nil, err
+	var byVCPUs map[string]string
+	switch tee {
+	case "sim":
+		d, err := m.Sim()
+		if err != nil {
+			return nil, err
+		}
+		byVCPUs = d.ByVCPUs
+	case "snp":
+		d, err := m.SNP()
+		if err != nil {
+			return nil, err
+		}
+		byVCPUs = d.ByVCPUs
+	default:
+		return nil, fmt.Errorf("attest: the image manifest has no %s launch digests: compute them with c8s-measure and add them, or set attestation.mode = \"off\" for development", tee)
 	}
 	out := map[int]Hex{}
-	for k, v := range d.ByVCPUs {
+	for k, v := range byVCPUs {
 		n, err := strconv.Atoi(k)
 		if err != nil {
 			return nil, fmt.Errorf("attest: manifest vCPU count %q: %w", k, err)

@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -341,7 +342,11 @@ func Install(ctx context.Context, o Options) ([]Change, error) {
 			return in.changes, err
 		}
 	}
-	for _, f := range []string{"vmlinuz", "initrd.img", manifest.FileName} {
+	files, err := imageFiles(o.ImageDir)
+	if err != nil {
+		return in.changes, err
+	}
+	for _, f := range files {
 		if err := copyIn(filepath.Join(o.ImageDir, f), filepath.Join(o.Prefix, "share", "c8s", f), 0o644); err != nil {
 			return in.changes, err
 		}
@@ -469,4 +474,19 @@ func configVersionFor(versionOutput string) int {
 		}
 	}
 	return 3
+}
+
+// imageFiles lists what to install from the image directory: every
+// artefact its manifest names (kernel, initrds, the sealed root disk, UKI,
+// IGVM), after checking each against its sha256, then the manifest.
+func imageFiles(dir string) ([]string, error) {
+	m, err := manifest.Verify(dir)
+	if err != nil {
+		return nil, fmt.Errorf("install: guest image in %s: %w (run `make image`)", dir, err)
+	}
+	var files []string
+	for _, role := range slices.Sorted(maps.Keys(m.Artifacts)) {
+		files = append(files, m.Artifacts[role].File)
+	}
+	return append(files, manifest.FileName), nil
 }

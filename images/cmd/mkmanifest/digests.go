@@ -76,8 +76,15 @@ func parseCounts(flagName, list string) ([]int, error) {
 	return counts, nil
 }
 
-// tdxDigests computes the MRTD of the TDVF at firmware.
-func tdxDigests(firmware string) (manifest.TDXDigests, error) {
+// rtmrAssumptions summarises measurements/tdx.DirectBoot's assumptions.
+const rtmrAssumptions = "direct boot through OVMF/TDVF edk2-stable202505 or later with QEMU 10+: " +
+	"RTMR1 = kernel Authenticode SHA-384 then the fixed boot-attempt and ExitBootServices events; " +
+	"RTMR2 = the kernel EFI stub's load options (command line + \" initrd=initrd\", UTF-16LE) then the initrd (Linux 6.9+ stub); " +
+	"not checked against a TD here (no TDX hardware); compare with the CCEL event log. RTMR0 is not predicted."
+
+// tdxDigests computes the MRTD of the TDVF at firmware and predicts RTMR1
+// and RTMR2 for a direct boot of kernel, initrd and cmdline.
+func tdxDigests(firmware, kernel, initrd, cmdline string) (manifest.TDXDigests, error) {
 	fw, err := os.ReadFile(firmware)
 	if err != nil {
 		return manifest.TDXDigests{}, fmt.Errorf("-tdx-firmware: %w", err)
@@ -86,9 +93,26 @@ func tdxDigests(firmware string) (manifest.TDXDigests, error) {
 	if err != nil {
 		return manifest.TDXDigests{}, fmt.Errorf("-tdx-firmware %s: %w", firmware, err)
 	}
+	k, err := os.ReadFile(kernel)
+	if err != nil {
+		return manifest.TDXDigests{}, err
+	}
+	i, err := os.ReadFile(initrd)
+	if err != nil {
+		return manifest.TDXDigests{}, err
+	}
+	boot := tdx.DirectBoot{Kernel: k, Initrd: i, Cmdline: cmdline}
+	rtmr1, err := boot.RTMR1()
+	if err != nil {
+		return manifest.TDXDigests{}, fmt.Errorf("predict RTMR1: %w", err)
+	}
+	rtmr2 := boot.RTMR2()
 	sum := sha256.Sum256(fw)
 	return manifest.TDXDigests{
-		Firmware: manifest.FileDigest{Path: firmware, SHA256: hex.EncodeToString(sum[:])},
-		MRTD:     hex.EncodeToString(mrtd[:]),
+		Firmware:        manifest.FileDigest{Path: firmware, SHA256: hex.EncodeToString(sum[:])},
+		MRTD:            hex.EncodeToString(mrtd[:]),
+		RTMR1:           hex.EncodeToString(rtmr1.Value[:]),
+		RTMR2:           hex.EncodeToString(rtmr2.Value[:]),
+		RTMRAssumptions: rtmrAssumptions,
 	}, nil
 }

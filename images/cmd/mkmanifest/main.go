@@ -83,7 +83,7 @@ func run(args []string) error {
 		}
 	}
 	if *tdxFirmware != "" {
-		d, err := tdxDigests(*tdxFirmware)
+		d, err := tdxDigests(*tdxFirmware, filepath.Join(*dir, *kernel), filepath.Join(*dir, *initrd), m.Cmdline)
 		if err != nil {
 			return err
 		}

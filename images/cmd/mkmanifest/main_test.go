@@ -79,24 +79,43 @@ func TestSimDigestsAreRecordedPerShape(t *testing.T) {
 
 func TestTDXMRTDIsRecorded(t *testing.T) {
 	const ovmf = "/usr/share/ovmf/OVMF.fd" // Debian's ovmf package (make deps)
+	// Any PE image stands in for the kernel (RTMR1 hashes its Authenticode
+	// digest): systemd-boot's EFI stub (make deps).
+	pe, err := os.ReadFile("/usr/lib/systemd/boot/efi/linuxx64.efi.stub")
+	if err != nil {
+		t.Fatalf("%v: run make deps (systemd-boot-efi)", err)
+	}
 	dir := t.TempDir()
-	for name, data := range map[string][]byte{"vmlinuz": []byte("kernel"), "initrd.img": []byte("initrd")} {
+	for name, data := range map[string][]byte{"vmlinuz": pe, "initrd.img": []byte("initrd")} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err := run([]string{"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12",
-		"-cmdline", "console=ttyS0", "-agent-sha256", strings.Repeat("ab", 32), "-tdx-firmware", ovmf})
-	if err != nil {
-		t.Fatal(err)
+	tdxFor := func(cmdline string) *manifest.TDXDigests {
+		err := run([]string{"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12",
+			"-cmdline", cmdline, "-agent-sha256", strings.Repeat("ab", 32), "-tdx-firmware", ovmf})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := manifest.Load(filepath.Join(dir, manifest.FileName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := m.TDX()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
 	}
-	m, err := manifest.Load(filepath.Join(dir, manifest.FileName))
-	if err != nil {
-		t.Fatal(err)
+	d := tdxFor("console=ttyS0")
+	// The command line (and with it a sealed image's root hash) is in RTMR2
+	// only; the kernel in RTMR1.
+	other := tdxFor("console=ttyS0 c8s.verity.roothash=00")
+	if len(d.RTMR1) != 96 || len(d.RTMR2) != 96 || d.RTMRAssumptions == "" {
+		t.Fatalf("RTMRs not recorded: %+v", d)
 	}
-	d, err := m.TDX()
-	if err != nil {
-		t.Fatal(err)
+	if other.RTMR1 != d.RTMR1 || other.RTMR2 == d.RTMR2 || other.MRTD != d.MRTD {
+		t.Fatalf("a command line change must change RTMR2 only: %+v vs %+v", d, other)
 	}
 	// The MRTD google/gce-tcb-verifier computes for this file (see
 	// measurements/tdx's tests).

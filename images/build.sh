@@ -51,6 +51,8 @@ MODULES=(
 	sev-guest
 	tdx-guest
 	tsm
+	virtio_net
+	bridge
 )
 # Modules the first stage loads to reach the verified root.
 STAGE1_MODULES=(virtio_blk dm-verity erofs)
@@ -116,8 +118,8 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/c8s-image.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 
 # --- helpers (images/cmd) -----------------------------------------------------
-(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -o "$WORK/bin/" ./images/cmd/mkinitramfs ./images/cmd/mkmanifest ./measurements/cmd/c8s-measure) ||
-	die "cannot build images/cmd/mkinitramfs, mkmanifest and c8s-measure"
+(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -o "$WORK/bin/" ./images/cmd/mkinitramfs ./images/cmd/mkmanifest ./images/cmd/pestamp ./measurements/cmd/c8s-measure) ||
+	die "cannot build the image helpers (images/cmd, c8s-measure)"
 
 # --- kernel package ----------------------------------------------------------
 deb="$CACHE/${KERNEL_PKG}_${KERNEL_VERSION//:/%3a}_amd64.deb"
@@ -325,6 +327,9 @@ for sec in .osrel:"$R/etc/os-release" .cmdline:"$WORK/cmdline.txt" .uname:"$WORK
 	vma=$(((vma + $(stat -c %s "$file") + 0x10fffff) & ~0xfffff))
 done
 objcopy "${uki_args[@]}" "$UKI_STUB" "$WORK/out/c8s.efi" || die "objcopy could not assemble the UKI"
+# objcopy stamps the PE header with the current time: set it to
+# SOURCE_DATE_EPOCH and recompute the header checksum.
+"$WORK/bin/pestamp" -epoch "$SOURCE_DATE_EPOCH" "$WORK/out/c8s.efi" || die "cannot stamp the UKI"
 
 # --- snp.igvm -------------------------------------------------------------------
 igvm_args=()

@@ -21,7 +21,8 @@ done
 
 status=0
 files=$(cd "$tmp/build1" && ls)
-[[ "$files" == "$(cd "$tmp/build2" && ls)" ]] || { echo "verify-reproducible: the builds have different files" >&2; exit 1; }
+files2=$(cd "$tmp/build2" && ls)
+[[ "$files" == "$files2" ]] || { echo "verify-reproducible: the builds have different files:" $files "/" $files2 >&2; exit 1; }
 for f in $files; do
 	a=$(sha256sum "$tmp/build1/$f" | cut -d' ' -f1)
 	b=$(sha256sum "$tmp/build2/$f" | cut -d' ' -f1)

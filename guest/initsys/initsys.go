@@ -116,14 +116,16 @@ func wantedControllers(available []string) []string {
 // DeferredModules are the parts of the module list that boot does not
 // load, because most pods never need them: the TEE guest drivers and
 // configfs (attestation loads them), vsock (loaded only when there is no
-// virtio-serial port), device-mapper with its libraries, erofs, overlayfs
-// and virtio-blk. Under emulation every module costs boot time. Each entry is a
+// virtio-serial port), device-mapper with its libraries, erofs, overlayfs,
+// virtio-blk (the sealed image's first stage loads those it needs), and the
+// network drivers and the bridge (loaded when a pod needs them). Under emulation every module costs boot time. Each entry is a
 // path fragment of the module file.
 var DeferredModules = []string{
 	"/drivers/virt/coco/", "/fs/configfs/", // attestation
 	"/net/vmw_vsock/",                                                                      // only without a virtio-serial port
 	"/drivers/md/", "/lib/reed_solomon/", "/lib/libcrc32c", "/fs/erofs/", "/fs/overlayfs/", // verity, erofs, overlay
-	"/drivers/block/virtio_blk", // root disks are on virtio-scsi
+	"/drivers/block/virtio_blk",                                                     // root disks are on virtio-scsi
+	"/drivers/net/", "/net/core/failover", "/net/bridge/", "/net/802/", "/net/llc/", // pod networking, bridges in containers
 }
 
 // LoadModules loads, in order, the modules of the list file for which want

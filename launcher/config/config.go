@@ -110,7 +110,7 @@ type Hypervisor struct {
 	Firmware string `toml:"firmware"`
 	// IGVM, with tee = "snp", launches this IGVM file (firmware, SEV
 	// metadata and the kernel hashes table, e.g. the image's snp.igvm)
-	// through QEMU's igvm-cfg (QEMU ≥ 9.2) instead of -bios and
+	// through QEMU's igvm-cfg (QEMU ≥ 10.1) instead of -bios and
 	// kernel-hashes=on. Kernel, initrd and command line are still handed to
 	// QEMU; the hashes table inside the IGVM pins them.
 	IGVM string `toml:"igvm"`

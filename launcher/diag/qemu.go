@@ -145,7 +145,7 @@ func checkQEMUTDX(ctx context.Context, s *state) Result {
 
 func checkQEMUIGVM(ctx context.Context, s *state) Result {
 	return checkQEMUObjects(ctx, s, []string{"igvm-cfg"}, Warn,
-		"IGVM launch (SVSM, precomputed measurements) needs QEMU 10.0+ built with IGVM support")
+		"IGVM launch (SVSM, precomputed measurements) needs QEMU 10.1+ built with IGVM support (igvm-cfg)")
 }
 
 func checkQEMUMigration(_ context.Context, s *state) Result {

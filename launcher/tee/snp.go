@@ -126,7 +126,7 @@ func checkBase64(key, value string, n int) error {
 const igvmID = "igvm0"
 
 // snpIGVM renders an SEV-SNP launch from an IGVM file through igvm-cfg
-// (QEMU ≥ 9.2): the file replaces -bios and carries the SEV metadata pages
+// (QEMU ≥ 10.1): the file replaces -bios and carries the SEV metadata pages
 // and the kernel hashes table, so the sev-snp-guest object has
 // kernel-hashes=off (QEMU must not add a second table). govmm's SNPGuest
 // object always renders kernel-hashes=on, so this object is rendered here.

@@ -59,7 +59,7 @@ func firstLine(s string) string {
 // may need, for messages about a QEMU that lacks one.
 var MinQEMU = map[string]QEMUVersion{
 	"sev-snp-guest": {9, 1, 0},
-	"igvm-cfg":      {9, 2, 0},
+	"igvm-cfg":      {10, 1, 0}, // the IGVM series was merged in July 2025
 	"tdx-guest":     {10, 1, 0},
 }
 
@@ -102,7 +102,7 @@ func parseObjectHelp(out []byte) map[string]bool {
 
 // Require returns an error naming every type in types this QEMU lacks,
 // with the release that brought it, e.g. "QEMU 7.2 has no igvm-cfg; need
-// ≥ 9.2".
+// ≥ 10.1".
 func (f *QEMUFeatures) Require(types []string) error {
 	var missing []string
 	for _, t := range types {

@@ -49,7 +49,7 @@ func TestParseQEMUVersion(t *testing.T) {
 func TestRequireNamesTheReleaseThatBroughtAType(t *testing.T) {
 	old := &QEMUFeatures{Path: "/usr/bin/qemu", Version: QEMUVersion{7, 2, 19}, Objects: map[string]bool{"sev-guest": true}}
 	err := old.Require([]string{"sev-guest", "igvm-cfg", "sev-snp-guest"})
-	want := "QEMU 7.2.19 (/usr/bin/qemu) has no igvm-cfg; need ≥ 9.2, no sev-snp-guest; need ≥ 9.1"
+	want := "QEMU 7.2.19 (/usr/bin/qemu) has no igvm-cfg; need ≥ 10.1, no sev-snp-guest; need ≥ 9.1"
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("err = %v, want it to contain %q", err, want)
 	}
@@ -78,7 +78,7 @@ func TestProbeQEMUOfTheInstalledQEMU(t *testing.T) {
 		return
 	}
 	err = CheckQEMUFeatures(context.Background(), qemu, []string{"igvm-cfg"})
-	want := fmt.Sprintf("QEMU %s (%s) has no igvm-cfg; need ≥ 9.2", f.Version, qemu)
+	want := fmt.Sprintf("QEMU %s (%s) has no igvm-cfg; need ≥ 10.1", f.Version, qemu)
 	if f.Version.Less(MinQEMU["igvm-cfg"]) && (err == nil || !strings.Contains(err.Error(), want)) {
 		t.Fatalf("err = %v, want it to contain %q", err, want)
 	}

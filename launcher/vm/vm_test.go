@@ -380,8 +380,8 @@ func TestStartFailures(t *testing.T) {
 			return
 		}
 		want := fmt.Sprintf("QEMU %s (%s) has ", f.Version, spec.Hypervisor.Path)
-		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "no igvm-cfg; need ≥ 9.2") {
-			t.Fatalf("Start of an IGVM launch on QEMU %s: err = %v, want %q and \"no igvm-cfg; need ≥ 9.2\"", f.Version, err, want)
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "no igvm-cfg; need ≥ 10.1") {
+			t.Fatalf("Start of an IGVM launch on QEMU %s: err = %v, want %q and \"no igvm-cfg; need ≥ 10.1\"", f.Version, err, want)
 		}
 		t.Logf("Start: %v", err)
 		if _, err := os.Stat(spec.StateDir); !errors.Is(err, os.ErrNotExist) {

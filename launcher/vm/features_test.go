@@ -54,7 +54,7 @@ func TestRequireNamesTheReleaseThatBroughtAType(t *testing.T) {
 		t.Fatalf("err = %v, want it to contain %q", err, want)
 	}
 	// A new enough QEMU built without the feature is told apart.
-	noIGVM := &QEMUFeatures{Path: "q", Version: QEMUVersion{10, 0, 0}, Objects: map[string]bool{}}
+	noIGVM := &QEMUFeatures{Path: "q", Version: QEMUVersion{10, 1, 0}, Objects: map[string]bool{}}
 	if err := noIGVM.Require([]string{"igvm-cfg"}); err == nil || !strings.Contains(err.Error(), "built without") {
 		t.Fatalf("err = %v, want 'built without'", err)
 	}

@@ -178,14 +178,27 @@ func (e *env) assertNothingLeft(t *testing.T) {
 	if len(left) > 0 {
 		t.Errorf("left in the c8s state dir: %v", left)
 	}
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(mounts), "\n") {
-		if strings.Contains(line, e.d.Dir) {
-			t.Errorf("mount left behind: %s", line)
+	// containerd's CRI unmounts a deleted sandbox's /dev/shm asynchronously:
+	// give it until the deadline.
+	var mountsLeft []string
+	for {
+		mounts, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			t.Fatal(err)
 		}
+		mountsLeft = mountsLeft[:0]
+		for _, line := range strings.Split(string(mounts), "\n") {
+			if strings.Contains(line, e.d.Dir) {
+				mountsLeft = append(mountsLeft, line)
+			}
+		}
+		if len(mountsLeft) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, line := range mountsLeft {
+		t.Errorf("mount left behind: %s", line)
 	}
 }
 

@@ -293,10 +293,16 @@ func agentInitrd(t *testing.T, imgDir, dir string) string {
 		t.Fatalf("build agent: %v\n%s", err, out)
 	}
 	initrd := filepath.Join(dir, "initrd.img")
+	// The whole root tree as an initramfs: a sealed image's initrd.img only
+	// holds the first stage, its initrd-plain.img the agent's tree.
+	base := filepath.Join(imgDir, "initrd-plain.img")
+	if _, err := os.Stat(base); err != nil {
+		base = filepath.Join(imgDir, "initrd.img")
+	}
 	// The kernel ignores an archive appended to a zstd-compressed one, so
 	// decompress the image's first.
 	sh(t, stage, fmt.Sprintf("zstd -q -dc %s > %s && echo init | cpio -o -H newc --quiet >> %s",
-		filepath.Join(imgDir, "initrd.img"), initrd, initrd))
+		base, initrd, initrd))
 	return initrd
 }
 

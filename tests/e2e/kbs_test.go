@@ -232,11 +232,12 @@ func testKBSAlteredInitrd(t *testing.T, e *env, initData string) {
 [hypervisor]
 kernel = %q
 initrd = %q
+rootfs = %q
 [attestation]
 manifest = %q
 [runtime]
 state_dir = %q
-`, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(dir, "initrd.img"), manifestPath, e.stateDir))
+`, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(dir, "initrd.img"), filepath.Join(e.imageDir, "rootfs.img"), manifestPath, e.stateDir))
 	}
 	// The real manifest: the host's gate refuses, and names the digest.
 	_, stderr, code := result(t, e.run(ctx(t), config(filepath.Join(e.imageDir, manifest.FileName)), "--rm", image, "kbs2", "true"))

@@ -119,6 +119,38 @@ path = "/run/secrets/db-password"
 	return base64.StdEncoding.EncodeToString([]byte(doc))
 }
 
+// podCoCoInitData is podInitData in CoCo's init data format, as Trustee
+// reads it: sha384 over the whole document (its first 32 bytes are
+// HOST_DATA), c8s's settings in data."c8s.toml", the broker in CoCo's own
+// cdh.toml.
+func podCoCoInitData(addr string, certPEM []byte) string {
+	doc := fmt.Sprintf(`version = "0.1.0"
+algorithm = "sha384"
+
+[data]
+"c8s.toml" = '''
+[agent_policy]
+allow_exec = false
+
+[[kbs.secrets]]
+resource = "kbs:///default/key/db-password"
+path = "/run/secrets/db-password"
+'''
+
+"cdh.toml" = '''
+[kbc]
+name = "cc_kbc"
+url = "https://%s"
+kbs_cert = """
+%s"""
+'''
+`, addr, certPEM)
+	if d, err := initdata.Parse([]byte(doc)); err != nil || d.Format != initdata.FormatCoCo {
+		panic(fmt.Sprint(d, err))
+	}
+	return base64.StdEncoding.EncodeToString([]byte(doc))
+}
+
 // TestKBSSecrets: a pod gets its secret from the key broker only when
 // its evidence verifies, sees it read-only at the path its init data
 // chose, and the value never appears on the host.
@@ -139,6 +171,16 @@ func TestKBSSecrets(t *testing.T) {
 		}
 		if !strings.Contains(b.Log(), "released default/key/db-password") {
 			t.Fatalf("the broker did not log the release:\n%s", b.Log())
+		}
+		e.assertNothingLeft(t)
+	})
+
+	t.Run("CoCoInitData", func(t *testing.T) {
+		coco := podCoCoInitData(b.addr, b.certPEM)
+		stdout, stderr, code := result(t, e.run(ctx(t), e.config, "--rm", "--annotation", initdata.Annotation+"="+coco, image, "kbs5",
+			"cat", "/run/secrets/db-password"))
+		if code != 0 || strings.TrimSpace(stdout) != kbsSecret {
+			t.Fatalf("exit %d, stdout %q: want the secret\nstderr: %s\nbroker:\n%s", code, stdout, stderr, b.Log())
 		}
 		e.assertNothingLeft(t)
 	})

@@ -164,7 +164,14 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 
 	h := s.Config.Hypervisor
 	h.DefaultVCPUs, h.DefaultMemoryMiB, h.KernelParams = req.Shape.VCPUs, req.Shape.MemoryMiB, req.KernelParams
+	// A sealed image's verity root disk: the same device and command line
+	// as on the source (preflight checked that both run the same image).
+	root, err := vm.RootFor(&s.Config)
+	if err != nil {
+		return IncomingResponse{}, http.StatusInternalServerError, err
+	}
 	spec := vm.Spec{
+		Root:       root,
 		ID:         req.ID,
 		StateDir:   filepath.Join(s.Config.Runtime.StateDir, "migrate", req.ID),
 		Hypervisor: h,

@@ -253,13 +253,27 @@ func (s *session) resource(ctx context.Context, path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kbs: %s: %w", op, err)
 	}
-	var raw map[string]any
+	var raw json.RawMessage
 	if err := s.do(req, op, &raw); err != nil {
 		return nil, err
 	}
-	// Trustee's responses carry "aad" as the protected header itself,
+	plain, err := openResponse(raw, s.key)
+	if err != nil {
+		return nil, fmt.Errorf("kbs: %s: %w", op, err)
+	}
+	return plain, nil
+}
+
+// openResponse decrypts a resource response (a flattened JSON JWE) with
+// the session's key.
+func openResponse(body []byte, key *ecdsa.PrivateKey) ([]byte, error) {
+	var raw map[string]any
+	if err := json.Unmarshal(body, &raw); err != nil {
+		return nil, fmt.Errorf("the answer is not a JSON object: %w", err)
+	}
+	// Older Trustee responses carry "aad" as the protected header itself,
 	// which JWE already authenticates; as a JWE "aad" member it would be
-	// authenticated a second time.
+	// authenticated a second time. Current ones leave it out.
 	if aad, ok := raw["aad"]; ok && aad == raw["protected"] {
 		delete(raw, "aad")
 	}
@@ -271,11 +285,11 @@ func (s *session) resource(ctx context.Context, path string) ([]byte, error) {
 		[]jose.KeyAlgorithm{KeyAlgorithm},
 		[]jose.ContentEncryption{jose.A256GCM, jose.A128GCM, jose.A192GCM})
 	if err != nil {
-		return nil, fmt.Errorf("kbs: %s: the answer is not a JWE for this session's key: %w", op, err)
+		return nil, fmt.Errorf("the answer is not a JWE for this session's key: %w", err)
 	}
-	plain, err := jwe.Decrypt(s.key)
+	plain, err := jwe.Decrypt(key)
 	if err != nil {
-		return nil, fmt.Errorf("kbs: %s: decrypt: %w", op, err)
+		return nil, fmt.Errorf("decrypt: %w", err)
 	}
 	return plain, nil
 }

@@ -1,10 +1,7 @@
 package initdata
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"crypto/sha512"
-	"errors"
+	"crypto"
 	"fmt"
 	"hash"
 	"strings"
@@ -66,14 +63,11 @@ type CoCo struct {
 // CoCoAlgorithms are the digest algorithms this package computes.
 var CoCoAlgorithms = []string{"sha256", "sha384", "sha512"}
 
+var cocoHashes = map[string]crypto.Hash{"sha256": crypto.SHA256, "sha384": crypto.SHA384, "sha512": crypto.SHA512}
+
 func cocoHash(alg string) (hash.Hash, error) {
-	switch alg {
-	case "sha256":
-		return sha256.New(), nil
-	case "sha384":
-		return sha512.New384(), nil
-	case "sha512":
-		return sha512.New(), nil
+	if h, ok := cocoHashes[alg]; ok {
+		return h.New(), nil
 	}
 	return nil, fmt.Errorf("init data: algorithm %q is not supported (use one of %s)", alg, strings.Join(CoCoAlgorithms, ", "))
 }
@@ -94,17 +88,7 @@ func IsCoCo(data []byte) bool {
 // supported algorithm, string values in data, no other top-level key.
 func ParseCoCo(data []byte) (*CoCo, error) {
 	var c CoCo
-	dec := toml.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		var strict *toml.StrictMissingError
-		if errors.As(err, &strict) && len(strict.Errors) > 0 {
-			var keys []string
-			for _, e := range strict.Errors {
-				keys = append(keys, strings.Join(e.Key(), "."))
-			}
-			return nil, fmt.Errorf("init data (CoCo format): unknown key %s (known: version, algorithm, data)", strings.Join(keys, ", "))
-		}
+	if err := decodeStrict(data, &c, "version, algorithm, data"); err != nil {
 		return nil, fmt.Errorf("init data (CoCo format): %w", err)
 	}
 	if c.Version != CoCoVersion {

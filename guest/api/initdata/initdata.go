@@ -120,21 +120,28 @@ func Parse(data []byte) (*InitData, error) {
 // parseC8s reads c8s's own format; the kbs section is not validated yet.
 func parseC8s(data []byte) (*InitData, error) {
 	d := &InitData{Version: Version, Format: FormatC8s}
-	dec := toml.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(d); err != nil {
-		var strict *toml.StrictMissingError
-		if errors.As(err, &strict) && len(strict.Errors) > 0 {
-			var keys []string
-			for _, e := range strict.Errors {
-				keys = append(keys, strings.Join(e.Key(), "."))
-			}
-			return nil, fmt.Errorf("init data: unknown key %s (known: version, agent_policy.allow_exec, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path)", strings.Join(keys, ", "))
-		}
+	if err := decodeStrict(data, d, "version, agent_policy.allow_exec, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path"); err != nil {
 		return nil, fmt.Errorf("init data: %w", err)
 	}
 	if d.Version != Version {
 		return nil, fmt.Errorf("init data: version %q is not supported; this agent reads version %q", d.Version, Version)
 	}
 	return d, nil
+}
+
+// decodeStrict decodes TOML data into v; an unknown key is an error
+// naming it and the known ones.
+func decodeStrict(data []byte, v any, known string) error {
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	var strict *toml.StrictMissingError
+	if errors.As(err, &strict) && len(strict.Errors) > 0 {
+		var keys []string
+		for _, e := range strict.Errors {
+			keys = append(keys, strings.Join(e.Key(), "."))
+		}
+		return fmt.Errorf("unknown key %s (known: %s)", strings.Join(keys, ", "), known)
+	}
+	return err
 }

@@ -163,7 +163,10 @@ func newHash(alg string) (hash.Hash, error) {
 
 // Canonical returns the JSON document v with object keys sorted, no
 // insignificant white space and no HTML escaping: the form whose hash the
-// evidence binds (the same bytes serde_json produces for a Value).
+// evidence binds. Trustee and guest-components use RFC 8785 (JCS,
+// serde_json_canonicalizer); for documents of objects and strings without
+// U+2028/U+2029, as runtime data is, the bytes are the same. Numbers are
+// kept as written, where JCS would reformat them.
 func Canonical(v []byte) ([]byte, error) {
 	dec := json.NewDecoder(bytes.NewReader(v))
 	dec.UseNumber()

@@ -36,7 +36,7 @@ type Options struct {
 
 // Configure wires the interfaces of req into the network namespace at
 // netnsPath (e.g. /proc/<sandbox pid>/ns/net): each NIC, found by MAC in
-// the caller's namespace (or already in the target), is moved there,
+// the caller's namespace, is moved there,
 // renamed, given its MTU and addresses and brought up; then the routes are
 // added, directly connected ones first.
 func Configure(ctx context.Context, req *agentapi.PodNetwork, netnsPath string, o Options) error {
@@ -71,9 +71,6 @@ func Configure(ctx context.Context, req *agentapi.PodNetwork, netnsPath string, 
 		l, err := waitForMAC(ctx, macs[i], wait)
 		if err != nil {
 			return fmt.Errorf("interface %s: %w", ni.GetName(), err)
-		}
-		if l == nil {
-			continue // already in the target namespace
 		}
 		if err := netlink.LinkSetNsFd(l, int(target)); err != nil {
 			return fmt.Errorf("move NIC %s (%s) into the pod's network namespace: %w", l.Attrs().Name, macs[i], err)
@@ -110,14 +107,9 @@ func checkName(name string) error {
 func waitForMAC(ctx context.Context, mac net.HardwareAddr, wait time.Duration) (netlink.Link, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		links, err := netlink.LinkList()
-		if err != nil {
-			return nil, fmt.Errorf("list interfaces: %w", err)
-		}
-		for _, l := range links {
-			if l.Attrs().HardwareAddr.String() == mac.String() {
-				return l, nil
-			}
+		l, err := findMAC(mac)
+		if l != nil || err != nil {
+			return l, err
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("no NIC with MAC %s appeared within %s: does the guest image carry virtio_net (images/build.sh MODULES)?", mac, wait)
@@ -170,6 +162,15 @@ func setUp(ni *agentapi.NetInterface, mac net.HardwareAddr) error {
 }
 
 func linkByMAC(mac net.HardwareAddr) (netlink.Link, error) {
+	l, err := findMAC(mac)
+	if l == nil && err == nil {
+		err = fmt.Errorf("no NIC with MAC %s in the pod's network namespace", mac)
+	}
+	return l, err
+}
+
+// findMAC returns the link with mac in the current namespace, or nil.
+func findMAC(mac net.HardwareAddr) (netlink.Link, error) {
 	links, err := netlink.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list interfaces: %w", err)
@@ -179,7 +180,7 @@ func linkByMAC(mac net.HardwareAddr) (netlink.Link, error) {
 			return l, nil
 		}
 	}
-	return nil, fmt.Errorf("no NIC with MAC %s in the pod's network namespace", mac)
+	return nil, nil
 }
 
 // addRoutes adds the routes in the current namespace: directly connected

@@ -5,14 +5,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
@@ -26,31 +23,12 @@ func newNetNS(t *testing.T) string {
 		t.Skip("needs root to create network namespaces")
 	}
 	name := fmt.Sprintf("c8sguest-%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.NewNamed(name)
-		if err == nil {
-			ns.Close()
-		}
-		if serr := netns.Set(orig); serr != nil {
-			errc <- serr // the thread stays locked and dies
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	if err := <-errc; err != nil {
+	path, err := netnsdo.Create(name, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { netns.DeleteNamed(name) })
-	return filepath.Join("/var/run/netns", name)
+	t.Cleanup(func() { netnsdo.Remove(name) })
+	return path
 }
 
 var nicMAC = net.HardwareAddr{0x02, 0xc8, 0, 0, 0, 0x07}

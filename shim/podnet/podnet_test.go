@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -26,36 +24,12 @@ func newNetNS(t *testing.T, setup func() error) string {
 		t.Skip("needs root to create network namespaces")
 	}
 	name := fmt.Sprintf("c8stest-%d-%d", os.Getpid(), time.Now().UnixNano()%1e9)
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		ns, err := netns.NewNamed(name)
-		if err != nil {
-			netns.Set(orig)
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		ns.Close()
-		err = setup()
-		if serr := netns.Set(orig); serr != nil {
-			errc <- serr // the thread stays locked and dies
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- err
-	}()
-	t.Cleanup(func() { netns.DeleteNamed(name) })
-	if err := <-errc; err != nil {
-		t.Fatalf("set up network namespace %s: %v", name, err)
+	path, err := netnsdo.Create(name, setup)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return filepath.Join("/var/run/netns", name)
+	t.Cleanup(func() { netnsdo.Remove(name) })
+	return path
 }
 
 var podMAC = net.HardwareAddr{0x02, 0xc8, 0x00, 0x00, 0x00, 0x05}

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
@@ -26,56 +24,31 @@ const pauseImage = "docker.io/c8s/pause:test"
 func TestCRIPodRunsInOneVM(t *testing.T) {
 	e := setupCRI(t)
 
-	conn, err := grpc.NewClient("unix://"+e.d.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rt := cri.NewRuntimeServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-
-	podCfg := &cri.PodSandboxConfig{
+	pod := runCRIPod(ctx, t, e, &cri.PodSandboxConfig{
 		Metadata:    &cri.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "uid-web-1"},
 		Hostname:    "web",
 		Annotations: map[string]string{"io.katacontainers.config.hypervisor.default_vcpus": "2"},
 		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{
 			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
 		}},
-	}
-	pod, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "c8s"})
-	if err != nil {
-		t.Fatalf("RunPodSandbox with handler c8s: %v\ncontainerd log:\n%s", err, e.d.Log())
-	}
-	t.Cleanup(func() {
-		rt.StopPodSandbox(context.Background(), &cri.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId})
-		rt.RemovePodSandbox(context.Background(), &cri.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId})
 	})
 	qemus := e.qemus(t)
 	if len(qemus) != 1 {
 		t.Fatalf("QEMU processes for the pod: %v, want 1", qemus)
 	}
 
-	ctr, err := rt.CreateContainer(ctx, &cri.CreateContainerRequest{
-		PodSandboxId: pod.PodSandboxId,
-		Config: &cri.ContainerConfig{
-			Metadata: &cri.ContainerMetadata{Name: "app"},
-			Image:    &cri.ImageSpec{Image: image},
-			Command:  []string{"sleep", "600"},
-			LogPath:  "app.log",
-		},
-		SandboxConfig: podCfg,
+	ctr := pod.start(t, &cri.ContainerConfig{
+		Metadata: &cri.ContainerMetadata{Name: "app"},
+		Image:    &cri.ImageSpec{Image: image},
+		Command:  []string{"sleep", "600"},
+		LogPath:  "app.log",
 	})
-	if err != nil {
-		t.Fatalf("CreateContainer: %v\ncontainerd log:\n%s", err, e.d.Log())
-	}
-	if _, err := rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
-		t.Fatalf("StartContainer: %v\ncontainerd log:\n%s", err, e.d.Log())
-	}
 	if now := e.qemus(t); len(now) != 1 || now[0] != qemus[0] {
 		t.Fatalf("QEMU processes with the app container: %v, want just the pod's %v", now, qemus)
 	}
-	res, err := rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: ctr.ContainerId, Cmd: []string{"sh", "-c", "uname -r; nproc"}, Timeout: 60})
+	res, err := pod.rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: ctr, Cmd: []string{"sh", "-c", "uname -r; nproc"}, Timeout: 60})
 	if err != nil {
 		t.Fatalf("ExecSync: %v", err)
 	}
@@ -89,19 +62,7 @@ func TestCRIPodRunsInOneVM(t *testing.T) {
 		t.Fatalf("nproc = %s: a pod annotation that is not allowlisted changed the VM", out[1])
 	}
 
-	if _, err := rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: ctr.ContainerId, Timeout: 5}); err != nil {
-		t.Fatalf("StopContainer: %v", err)
-	}
-	if _, err := rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
-		t.Fatalf("RemoveContainer: %v", err)
-	}
-	if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
-		t.Fatalf("StopPodSandbox: %v", err)
-	}
-	if _, err := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
-		t.Fatalf("RemovePodSandbox: %v", err)
-	}
-	e.assertNothingLeft(t)
+	pod.remove(t, ctr)
 }
 
 // setupCRI starts a private containerd with CRI and the handler "c8s"

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
@@ -56,28 +54,14 @@ func TestCRIPodNetwork(t *testing.T) {
   conf_dir = %q
 `, cniBin, cniConf))
 
-	conn, err := grpc.NewClient("unix://"+e.d.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	rt := cri.NewRuntimeServiceClient(conn)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-
-	podCfg := &cri.PodSandboxConfig{
+	pod := runCRIPod(ctx, t, e, &cri.PodSandboxConfig{
 		Metadata: &cri.PodSandboxMetadata{Name: "netpod", Namespace: "default", Uid: "uid-netpod-1"},
 		Hostname: "netpod",
-	}
-	pod, err := rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: podCfg, RuntimeHandler: "c8s"})
-	if err != nil {
-		t.Fatalf("RunPodSandbox: %v\ncontainerd log:\n%s", err, e.d.Log())
-	}
-	t.Cleanup(func() {
-		rt.StopPodSandbox(context.Background(), &cri.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId})
-		rt.RemovePodSandbox(context.Background(), &cri.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId})
 	})
-	st, err := rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: pod.PodSandboxId})
+	rt := pod.rt
+	st, err := rt.PodSandboxStatus(ctx, &cri.PodSandboxStatusRequest{PodSandboxId: pod.id})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,25 +83,15 @@ func TestCRIPodNetwork(t *testing.T) {
 	go hostSrv.Serve(ln)
 	t.Cleanup(func() { hostSrv.Close() })
 
-	ctr, err := rt.CreateContainer(ctx, &cri.CreateContainerRequest{
-		PodSandboxId: pod.PodSandboxId,
-		Config: &cri.ContainerConfig{
-			Metadata: &cri.ContainerMetadata{Name: "web"},
-			Image:    &cri.ImageSpec{Image: image},
-			Command: []string{"sh", "-c", "mkdir -p /tmp/www && echo hello from the pod VM >/tmp/www/index.html && " +
-				"exec busybox httpd -f -p 8080 -h /tmp/www"},
-		},
-		SandboxConfig: podCfg,
+	ctr := pod.start(t, &cri.ContainerConfig{
+		Metadata: &cri.ContainerMetadata{Name: "web"},
+		Image:    &cri.ImageSpec{Image: image},
+		Command: []string{"sh", "-c", "mkdir -p /tmp/www && echo hello from the pod VM >/tmp/www/index.html && " +
+			"exec busybox httpd -f -p 8080 -h /tmp/www"},
 	})
-	if err != nil {
-		t.Fatalf("CreateContainer: %v\ncontainerd log:\n%s", err, e.d.Log())
-	}
-	if _, err := rt.StartContainer(ctx, &cri.StartContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
-		t.Fatalf("StartContainer: %v\ncontainerd log:\n%s", err, e.d.Log())
-	}
 	execIn := func(cmd ...string) string {
 		t.Helper()
-		res, err := rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: ctr.ContainerId, Cmd: cmd, Timeout: 60})
+		res, err := rt.ExecSync(ctx, &cri.ExecSyncRequest{ContainerId: ctr, Cmd: cmd, Timeout: 60})
 		if err != nil {
 			t.Fatalf("ExecSync %v: %v", cmd, err)
 		}
@@ -149,19 +123,7 @@ func TestCRIPodNetwork(t *testing.T) {
 		t.Fatalf("pod fetching %s: %q, want an answer to the pod's IP %s", hostURL, out, podIP)
 	}
 
-	if _, err := rt.StopContainer(ctx, &cri.StopContainerRequest{ContainerId: ctr.ContainerId, Timeout: 5}); err != nil {
-		t.Fatalf("StopContainer: %v", err)
-	}
-	if _, err := rt.RemoveContainer(ctx, &cri.RemoveContainerRequest{ContainerId: ctr.ContainerId}); err != nil {
-		t.Fatalf("RemoveContainer: %v", err)
-	}
-	if _, err := rt.StopPodSandbox(ctx, &cri.StopPodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
-		t.Fatalf("StopPodSandbox: %v", err)
-	}
-	if _, err := rt.RemovePodSandbox(ctx, &cri.RemovePodSandboxRequest{PodSandboxId: pod.PodSandboxId}); err != nil {
-		t.Fatalf("RemovePodSandbox: %v", err)
-	}
-	e.assertNothingLeft(t)
+	pod.remove(t, ctr)
 }
 
 // httpGet fetches url, retrying until it answers or ctx ends.

@@ -60,8 +60,15 @@ func checkImage(_ context.Context, s *state) Result {
 		"digests":        strconv.Itoa(len(m.Digests)),
 	}
 	detail := fmt.Sprintf("%s: kernel %s and initrd match manifest.json", dir, m.Kernel.Release)
+	if m.Sealed() {
+		detail = fmt.Sprintf("%s: kernel %s, initrd and dm-verity root (root hash %s) match manifest.json", dir, m.Kernel.Release, short(m.Verity.RootHash))
+		facts["root_hash"] = m.Verity.RootHash
+	}
 	h := o.Config.Hypervisor
-	for role, got := range map[string]string{manifest.RoleKernel: h.Kernel, manifest.RoleInitrd: h.Initrd} {
+	for role, got := range map[string]string{manifest.RoleKernel: h.Kernel, manifest.RoleInitrd: h.Initrd, manifest.RoleRootfs: h.Rootfs} {
+		if _, ok := m.Artifacts[role]; !ok {
+			continue
+		}
 		want := path.Join(dir, m.Artifacts[role].File)
 		if got != "" && got != want {
 			return Result{Status: Warn, Detail: fmt.Sprintf("%s; but hypervisor.%s is %s, not the image's %s", detail, role, got, want), Facts: facts,

@@ -13,7 +13,7 @@ run=(--runtime io.containerd.c8s.v2 --runtime-config-path "$CD_DIR/c8s.toml")
 echo "== host kernel: $(uname -r)"
 echo "== ctr run --rm ${run[*]:0:2} $img demo uname -r"
 start=$(date +%s%N)
-ctr run "${run[@]}" --rm "$img" c8s-demo sh -c 'echo "container kernel:   $(uname -r)"; echo "container cpus:     $(grep -c ^processor /proc/cpuinfo)"; echo "container memory:   $(grep MemTotal /proc/meminfo)"' 2>/dev/null
+ctr run "${run[@]}" --rm "$img" c8s-demo sh -c 'echo "container kernel:   $(uname -r)"; echo "container cpus:     $(grep -c ^processor /proc/cpuinfo)"; echo "container memory:   $(grep MemTotal /proc/meminfo)"; echo "guest root:         dm-verity, $(tr " " "\\n" </proc/cmdline | grep c8s.verity.roothash=) (on the measured command line)"' 2>/dev/null
 end=$(date +%s%N)
 awk -v ns=$((end - start)) 'BEGIN{printf "(the pod VM booted, attested, ran the container and was torn down in %.1f s)\n", ns/1e9}'
 

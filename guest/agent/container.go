@@ -133,6 +133,10 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	for _, f := range req.GetFiles() {
 		files = append(files, spec.File{Source: f.GetSource(), Content: f.GetContent(), Mode: f.GetMode()})
 	}
+	shared, err := s.sharedMounts(req)
+	if err != nil {
+		return nil, err
+	}
 	stdio := stdioOf(req.GetStdio())
 	plan, err := spec.Adapt(req.GetSpec(), spec.Options{
 		ContainerID:   c.id,
@@ -145,6 +149,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		Exists:        func(p string) bool { _, err := os.Stat(p); return err == nil },
 		Warn:          func(msg string) { log.G(ctx).WithField("container", c.id).Warn(msg) },
 		OCIVersion:    s.cfg.Runtime.SpecVersion,
+		Shared:        shared,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)

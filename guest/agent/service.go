@@ -67,6 +67,10 @@ type Config struct {
 	// LoadNetDriver loads the virtio-net driver before the pod's NICs are
 	// configured (guest: the deferred modules). Nil loads nothing.
 	LoadNetDriver func()
+	// SharedDir is where the pod's virtio-fs share is mounted (guest:
+	// SharedDir); MountShared mounts it there (nil: mount -t virtiofs).
+	SharedDir   string
+	MountShared func(tag, target string) error
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.
@@ -80,6 +84,8 @@ type Service struct {
 	policy initdata.AgentPolicy
 	// secrets are the pod's secrets, once fetched from its key broker.
 	secrets []secretMount
+	// share is the pod's virtio-fs share, once mounted (sharedfs.go).
+	share shareState
 }
 
 var (

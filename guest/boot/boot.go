@@ -117,6 +117,7 @@ func Main() {
 	cfg.Evidence = evidence(pid1)
 	cfg.KBSDial = kbsDial()
 	cfg.SecretsDir = agent.SecretsDir
+	cfg.SharedDir = agent.SharedDir
 	if pid1 {
 		cfg.MountSecrets = agent.MountSecretsTmpfs
 		cfg.LoadNetDriver = func() {

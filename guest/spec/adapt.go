@@ -53,6 +53,9 @@ type Options struct {
 	// OCIVersion, when set, replaces the spec's ociVersion: the guest's OCI
 	// runtime may accept only an older version string than the host wrote.
 	OCIVersion string
+	// Shared maps host paths of bind mounts shared over virtio-fs to their
+	// guest paths.
+	Shared map[string]string
 }
 
 // Plan is an adapted spec and the files it needs.
@@ -202,6 +205,11 @@ func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount,
 				made[m.Source] = guest
 				files = append(files, GuestFile{Path: guest, Content: f.Content, Mode: f.Mode})
 			}
+			m.Source = guest
+			out = append(out, m)
+			continue
+		}
+		if guest, ok := o.Shared[m.Source]; ok {
 			m.Source = guest
 			out = append(out, m)
 			continue

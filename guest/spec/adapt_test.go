@@ -235,3 +235,34 @@ func TestAdaptRewritesTheSpecVersionForTheGuestRuntime(t *testing.T) {
 		t.Fatalf("without OCIVersion the host's version stays: %q, %v", plan.Spec.Version, err)
 	}
 }
+
+func TestAdaptBindsSharedHostPaths(t *testing.T) {
+	var warnings []string
+	plan, err := Adapt(hostSpec(t), Options{
+		ContainerID: "abc",
+		Rootfs:      "/run/c8s/containers/abc/rootfs",
+		Shared:      map[string]string{"/srv/volume": "/run/c8s/shared/abc-3"},
+		Exists:      guestHas(),
+		Warn:        func(m string) { warnings = append(warnings, m) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data *specs.Mount
+	for i, m := range plan.Spec.Mounts {
+		if m.Destination == "/data" {
+			data = &plan.Spec.Mounts[i]
+		}
+	}
+	if data == nil || data.Source != "/run/c8s/shared/abc-3" || !slices.Contains(data.Options, "rbind") {
+		t.Fatalf("/data mount = %+v, want the shared guest path bound with its options", data)
+	}
+	for _, w := range warnings {
+		if strings.Contains(w, "/srv/volume") {
+			t.Errorf("the shared volume was warned about: %s", w)
+		}
+	}
+	if !slices.ContainsFunc(warnings, func(w string) bool { return strings.Contains(w, "/present") }) {
+		t.Errorf("an unshared host path absent from the guest was not dropped: %v", warnings)
+	}
+}

@@ -130,6 +130,12 @@ type Hypervisor struct {
 	SNP SNPConfig `toml:"snp"`
 	// TDX configures the Intel TDX backend.
 	TDX TDXConfig `toml:"tdx"`
+	// VirtioFSDaemon, when set, is the virtiofsd binary (Debian 12:
+	// /usr/lib/qemu/virtiofsd) that shares the host directories of
+	// containers' bind mounts into the VM over virtio-fs. Empty: host
+	// directories are not shared (only small files, by value). Such VMs
+	// cannot live-migrate (QEMU 7.2).
+	VirtioFSDaemon string `toml:"virtio_fs_daemon"`
 }
 
 // SNPConfig are the sev-snp-guest object properties.

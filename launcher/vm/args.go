@@ -75,6 +75,8 @@ type Spec struct {
 	// NICs are virtio-net devices backed by taps the caller opened (pod
 	// networking, see netdev.go).
 	NICs []NetDevice
+	// SharedFS, when set, adds a virtio-fs device (see sharedfs.go).
+	SharedFS *SharedFS
 }
 
 // Disk is a host file or block device given to the guest as a SCSI disk.
@@ -116,7 +118,8 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 	// the machine type matters to them (it selects the virtio transport).
 	gcfg := &govmm.Config{Machine: govmm.Machine{Type: "q35"}}
 
-	machine := append([]string{"q35"}, pieces.MachineOptions...)
+	fsMachine, fsArgs := sharedFSArgs(gcfg, spec.SharedFS, pieces.MachineOptions, h.DefaultMemoryMiB)
+	machine := append(append([]string{"q35"}, pieces.MachineOptions...), fsMachine...)
 	argv := []string{
 		h.Path,
 		"-name", "c8s-" + spec.ID,
@@ -201,6 +204,7 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		argv = append(argv, "-blockdev", string(bd), "-device", scsiDeviceOption(i))
 	}
 	argv = append(argv, netArgs(gcfg, spec.NICs)...)
+	argv = append(argv, fsArgs...)
 	return argv, nil
 }
 
@@ -236,6 +240,9 @@ func checkSpec(spec Spec) error {
 		errs = append(errs, fmt.Errorf("vm: %d disks, at most %d", len(spec.Disks), maxSCSITarget+1))
 	}
 	if err := checkNetDevices(spec.NICs); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkSharedFS(spec.SharedFS); err != nil {
 		errs = append(errs, err)
 	}
 	if r := spec.Root; r != nil && (!filepath.IsAbs(r.Path) || strings.ContainsAny(r.Path, ",\n")) {

@@ -56,6 +56,16 @@ func TestArgsGolden(t *testing.T) {
 		{"sim-vsock", func() Spec { s := goldenSpec("sim", "kvm"); s.VsockCID = 7; s.Disks = nil; return s }()},
 		{"snp", goldenSpec("snp", "kvm")},
 		{"tdx", goldenSpec("tdx", "kvm")},
+		{"sim-virtiofs", func() Spec {
+			s := goldenSpec("sim", "tcg")
+			s.SharedFS = &SharedFS{Socket: "/run/c8s/fs/pod-1/virtiofsd.sock", Tag: "c8s-shared"}
+			return s
+		}()},
+		{"snp-virtiofs", func() Spec {
+			s := goldenSpec("snp", "kvm")
+			s.SharedFS = &SharedFS{Socket: "/run/c8s/fs/pod-1/virtiofsd.sock", Tag: "c8s-shared"}
+			return s
+		}()},
 		{"sim-netdev", func() Spec {
 			s := goldenSpec("sim", "tcg")
 			s.NICs = []NetDevice{{MAC: net.HardwareAddr{0x02, 0x42, 0x0a, 0x58, 0x00, 0x07}, Tap: os.NewFile(100, "tap0_c8s")}}
@@ -105,6 +115,8 @@ func TestArgsErrors(t *testing.T) {
 		{"no-kernel", func(s *Spec) { s.Hypervisor.Kernel = "" }, sim, "make image"},
 		{"no-backend", func(*Spec) {}, nil, "no TEE backend"},
 		{"nic-without-tap", func(s *Spec) { s.NICs = []NetDevice{{MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}} }, sim, "no open tap"},
+		{"fs-bad-tag", func(s *Spec) { s.SharedFS = &SharedFS{Socket: "/run/fs.sock", Tag: "a,b"} }, sim, "shared fs tag"},
+		{"fs-relative-socket", func(s *Spec) { s.SharedFS = &SharedFS{Socket: "fs.sock", Tag: "t"} }, sim, "shared fs socket"},
 		{"nic-bad-mac", func(s *Spec) { s.NICs = []NetDevice{{MAC: net.HardwareAddr{2, 0}, Tap: os.Stdin}} }, sim, "6-byte"},
 	}
 	for _, c := range cases {

@@ -139,6 +139,9 @@ func (q *QMP) RunState(ctx context.Context) (string, error) {
 func (v *VM) MigrationSpec() (Spec, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.spec.SharedFS != nil {
+		return Spec{}, fmt.Errorf("vm: a VM with a virtio-fs share cannot migrate (QEMU 7.2 marks vhost-user-fs unmigratable)")
+	}
 	if len(v.spec.NICs) > 0 {
 		return Spec{}, fmt.Errorf("vm: a VM wired to a pod network cannot migrate yet: the destination needs its own taps in the pod's network namespace")
 	}

@@ -53,6 +53,8 @@ type Options struct {
 	InitData []byte
 	// NICs wire the VM to the pod's network (shim/podnet).
 	NICs []vm.NetDevice
+	// SharedFS is the pod's virtio-fs share (shim/sharedfs), if any.
+	SharedFS *vm.SharedFS
 }
 
 // Sandbox is a running pod VM and its agent connection.
@@ -98,6 +100,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		Accel:      choice.Accel,
 		Disks:      opts.Disks,
 		NICs:       opts.NICs,
+		SharedFS:   opts.SharedFS,
 	}
 	var host hostTEE
 	if newHost := hostTEEs[h.TEE]; newHost != nil {

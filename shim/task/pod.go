@@ -24,6 +24,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/shim/podnet"
+	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
 
 const (
@@ -53,6 +54,11 @@ type podState struct {
 	// the shim set up in it while the VM runs.
 	netns   string
 	network *podnet.Network
+	// fsDir holds the pod's virtio-fs share (sharedfs.go); shared lists
+	// the names shared per container.
+	fsDir  string
+	share  *sharedfs.Share
+	shared map[string][]string
 }
 
 // podFor returns the pod of a new container, fixing it on the first one.
@@ -105,6 +111,8 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 		diskDir:  filepath.Join(withAnn.Runtime.StateDir, ns, "disks", dirName(id)),
 		initData: initData,
 		netns:    netnsPath(spec),
+		fsDir:    filepath.Join(withAnn.Runtime.StateDir, ns, "fs", dirName(id)),
+		shared:   map[string][]string{},
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
 	s.mu.Lock()

@@ -227,6 +227,16 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		}
 	}()
 
+	files := sharedFiles(ctx, spec)
+	shared, err := s.shareMounts(ctx, pod, r.ID, spec, files)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if retErr != nil {
+			s.unshare(context.WithoutCancel(ctx), pod, r.ID)
+		}
+	}()
 	io := stdio.Stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}
 	init := newProcess(r.ID, "", io, nil)
 	resp, err := sb.Agent.CreateContainer(ctx, &agent.CreateContainerRequest{
@@ -236,10 +246,11 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			Source: &agent.Rootfs_Scsi{Scsi: &agent.ScsiDisk{Target: uint32(addr.Target), Lun: uint32(addr.LUN)}},
 			Fstype: rootfs.FSType,
 		},
-		Stdio:     init.agentStdio(),
-		Files:     sharedFiles(ctx, spec),
-		SandboxId: pod.id,
-		Network:   podNetworkFor(started, pod),
+		Stdio:        init.agentStdio(),
+		Files:        files,
+		SandboxId:    pod.id,
+		Network:      podNetworkFor(started, pod),
+		SharedMounts: shared,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create container %q in the pod VM: %w", r.ID, fromAgent(err))
@@ -292,6 +303,12 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 	if nw != nil {
 		nics = nw.NICs()
 	}
+	share, fs, err := startShare(ctx, pod)
+	if err != nil {
+		closeNetwork(ctx, nw)
+		return nil, false, err
+	}
+	pod.share = share
 	sb, err = sandbox.Start(ctx, sandbox.Options{
 		ID:       pod.id,
 		StateDir: pod.stateDir,
@@ -299,12 +316,15 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 		InitData: pod.initData,
 		Disks:    []vm.Disk{disk},
 		NICs:     nics,
+		SharedFS: fs,
 	})
 	if nw != nil {
 		nw.ReleaseTaps() // QEMU has them now
 	}
 	if err != nil {
 		closeNetwork(ctx, nw)
+		closeShare(ctx, pod)
+		pod.share = nil
 		return nil, false, err
 	}
 	pod.network = nw
@@ -517,6 +537,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	if err := rootfs.Remove(c.disk.Path); err != nil {
 		log.G(ctx).WithError(err).Warn("remove container root disk")
 	}
+	s.unshare(ctx, s.pod, r.ID)
 	if st == task.Status_CREATED {
 		at = time.Now()
 	}
@@ -543,6 +564,8 @@ func (s *service) stopSandbox(ctx context.Context) {
 	}
 	if pod != nil {
 		closeNetwork(ctx, pod.network)
+		closeShare(ctx, pod)
+		os.Remove(filepath.Dir(pod.fsDir)) // once no other pod shares
 		os.RemoveAll(pod.diskDir)
 		// Drop the per-namespace dirs too once no other pod uses them.
 		disks := filepath.Dir(pod.diskDir)

@@ -463,7 +463,11 @@ type CreateContainerRequest struct {
 	// MTU and addresses, brings it up and adds the routes. The host mirrors
 	// the pod's CNI interface to the NIC (tc redirect through a tap), so the
 	// guest takes over that interface's MAC, addresses and routes.
-	Network       *PodNetwork `protobuf:"bytes,7,opt,name=network,proto3" json:"network,omitempty"`
+	Network *PodNetwork `protobuf:"bytes,7,opt,name=network,proto3" json:"network,omitempty"`
+	// shared_mounts are host bind mounts the shim shares over virtio-fs
+	// (tag c8s-shared): the agent mounts the share and binds each name in
+	// it where the spec binds source.
+	SharedMounts  []*SharedMount `protobuf:"bytes,8,rep,name=shared_mounts,json=sharedMounts,proto3" json:"shared_mounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -547,6 +551,67 @@ func (x *CreateContainerRequest) GetNetwork() *PodNetwork {
 	return nil
 }
 
+func (x *CreateContainerRequest) GetSharedMounts() []*SharedMount {
+	if x != nil {
+		return x.SharedMounts
+	}
+	return nil
+}
+
+type SharedMount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// source is the host path, as the spec's mount names it.
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// name is the entry of the virtio-fs share that holds it.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SharedMount) Reset() {
+	*x = SharedMount{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SharedMount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SharedMount) ProtoMessage() {}
+
+func (x *SharedMount) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SharedMount.ProtoReflect.Descriptor instead.
+func (*SharedMount) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SharedMount) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *SharedMount) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 type CreateContainerResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Pid           uint32                 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -556,7 +621,7 @@ type CreateContainerResponse struct {
 
 func (x *CreateContainerResponse) Reset() {
 	*x = CreateContainerResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -568,7 +633,7 @@ func (x *CreateContainerResponse) String() string {
 func (*CreateContainerResponse) ProtoMessage() {}
 
 func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -581,7 +646,7 @@ func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerResponse.ProtoReflect.Descriptor instead.
 func (*CreateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateContainerResponse) GetPid() uint32 {
@@ -600,7 +665,7 @@ type StartContainerRequest struct {
 
 func (x *StartContainerRequest) Reset() {
 	*x = StartContainerRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +677,7 @@ func (x *StartContainerRequest) String() string {
 func (*StartContainerRequest) ProtoMessage() {}
 
 func (x *StartContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +690,7 @@ func (x *StartContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartContainerRequest.ProtoReflect.Descriptor instead.
 func (*StartContainerRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StartContainerRequest) GetContainerId() string {
@@ -644,7 +709,7 @@ type StartContainerResponse struct {
 
 func (x *StartContainerResponse) Reset() {
 	*x = StartContainerResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -656,7 +721,7 @@ func (x *StartContainerResponse) String() string {
 func (*StartContainerResponse) ProtoMessage() {}
 
 func (x *StartContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -669,7 +734,7 @@ func (x *StartContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartContainerResponse.ProtoReflect.Descriptor instead.
 func (*StartContainerResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartContainerResponse) GetPid() uint32 {
@@ -688,7 +753,7 @@ type RemoveContainerRequest struct {
 
 func (x *RemoveContainerRequest) Reset() {
 	*x = RemoveContainerRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -700,7 +765,7 @@ func (x *RemoveContainerRequest) String() string {
 func (*RemoveContainerRequest) ProtoMessage() {}
 
 func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -713,7 +778,7 @@ func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContainerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContainerRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RemoveContainerRequest) GetContainerId() string {
@@ -736,7 +801,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -748,7 +813,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -761,7 +826,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -801,7 +866,7 @@ type ExecProcessResponse struct {
 
 func (x *ExecProcessResponse) Reset() {
 	*x = ExecProcessResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +878,7 @@ func (x *ExecProcessResponse) String() string {
 func (*ExecProcessResponse) ProtoMessage() {}
 
 func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +891,7 @@ func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessResponse.ProtoReflect.Descriptor instead.
 func (*ExecProcessResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecProcessResponse) GetPid() uint32 {
@@ -846,7 +911,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -858,7 +923,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -871,7 +936,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ProcessRequest) GetContainerId() string {
@@ -902,7 +967,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -914,7 +979,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -927,7 +992,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WaitProcessResponse) GetExitStatus() uint32 {
@@ -963,7 +1028,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1040,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1053,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SignalProcessRequest) GetContainerId() string {
@@ -1031,7 +1096,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1108,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1121,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResizePtyRequest) GetContainerId() string {
@@ -1096,7 +1161,7 @@ type ListPidsRequest struct {
 
 func (x *ListPidsRequest) Reset() {
 	*x = ListPidsRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1173,7 @@ func (x *ListPidsRequest) String() string {
 func (*ListPidsRequest) ProtoMessage() {}
 
 func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1186,7 @@ func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsRequest.ProtoReflect.Descriptor instead.
 func (*ListPidsRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListPidsRequest) GetContainerId() string {
@@ -1142,7 +1207,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1219,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1232,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -1193,7 +1258,7 @@ type ListPidsResponse struct {
 
 func (x *ListPidsResponse) Reset() {
 	*x = ListPidsResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1205,7 +1270,7 @@ func (x *ListPidsResponse) String() string {
 func (*ListPidsResponse) ProtoMessage() {}
 
 func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1218,7 +1283,7 @@ func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsResponse.ProtoReflect.Descriptor instead.
 func (*ListPidsResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListPidsResponse) GetProcesses() []*ProcessInfo {
@@ -1237,7 +1302,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1314,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1327,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatsRequest) GetContainerId() string {
@@ -1283,7 +1348,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1295,7 +1360,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1308,7 +1373,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatsResponse) GetStats() *anypb.Any {
@@ -1329,7 +1394,7 @@ type GetEvidenceRequest struct {
 
 func (x *GetEvidenceRequest) Reset() {
 	*x = GetEvidenceRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1341,7 +1406,7 @@ func (x *GetEvidenceRequest) String() string {
 func (*GetEvidenceRequest) ProtoMessage() {}
 
 func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1354,7 +1419,7 @@ func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEvidenceRequest.ProtoReflect.Descriptor instead.
 func (*GetEvidenceRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetEvidenceRequest) GetReportData() []byte {
@@ -1381,7 +1446,7 @@ type GetEvidenceResponse struct {
 
 func (x *GetEvidenceResponse) Reset() {
 	*x = GetEvidenceResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1458,7 @@ func (x *GetEvidenceResponse) String() string {
 func (*GetEvidenceResponse) ProtoMessage() {}
 
 func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1471,7 @@ func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEvidenceResponse.ProtoReflect.Descriptor instead.
 func (*GetEvidenceResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetEvidenceResponse) GetKind() string {
@@ -1446,7 +1511,7 @@ type SetInitDataRequest struct {
 
 func (x *SetInitDataRequest) Reset() {
 	*x = SetInitDataRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1523,7 @@ func (x *SetInitDataRequest) String() string {
 func (*SetInitDataRequest) ProtoMessage() {}
 
 func (x *SetInitDataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1536,7 @@ func (x *SetInitDataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetInitDataRequest.ProtoReflect.Descriptor instead.
 func (*SetInitDataRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetInitDataRequest) GetInitData() []byte {
@@ -1493,7 +1558,7 @@ type ReadStreamRequest struct {
 
 func (x *ReadStreamRequest) Reset() {
 	*x = ReadStreamRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1570,7 @@ func (x *ReadStreamRequest) String() string {
 func (*ReadStreamRequest) ProtoMessage() {}
 
 func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1583,7 @@ func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReadStreamRequest) GetContainerId() string {
@@ -1552,7 +1617,7 @@ type ReadStreamResponse struct {
 
 func (x *ReadStreamResponse) Reset() {
 	*x = ReadStreamResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1629,7 @@ func (x *ReadStreamResponse) String() string {
 func (*ReadStreamResponse) ProtoMessage() {}
 
 func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1642,7 @@ func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
 func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReadStreamResponse) GetData() []byte {
@@ -1605,7 +1670,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +1682,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +1695,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -1663,7 +1728,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1675,7 +1740,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1688,7 +1753,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1708,7 +1773,7 @@ type PodNetwork struct {
 
 func (x *PodNetwork) Reset() {
 	*x = PodNetwork{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1785,7 @@ func (x *PodNetwork) String() string {
 func (*PodNetwork) ProtoMessage() {}
 
 func (x *PodNetwork) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1798,7 @@ func (x *PodNetwork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodNetwork.ProtoReflect.Descriptor instead.
 func (*PodNetwork) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PodNetwork) GetInterfaces() []*NetInterface {
@@ -1766,7 +1831,7 @@ type NetInterface struct {
 
 func (x *NetInterface) Reset() {
 	*x = NetInterface{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +1843,7 @@ func (x *NetInterface) String() string {
 func (*NetInterface) ProtoMessage() {}
 
 func (x *NetInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +1856,7 @@ func (x *NetInterface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
 func (*NetInterface) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NetInterface) GetName() string {
@@ -1841,7 +1906,7 @@ type NetRoute struct {
 
 func (x *NetRoute) Reset() {
 	*x = NetRoute{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +1918,7 @@ func (x *NetRoute) String() string {
 func (*NetRoute) ProtoMessage() {}
 
 func (x *NetRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +1931,7 @@ func (x *NetRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
 func (*NetRoute) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NetRoute) GetInterface() string {
@@ -1932,7 +1997,7 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x04File\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"\xa5\x02\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\"\xe5\x02\n" +
 	"\x16CreateContainerRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12,\n" +
@@ -1941,7 +2006,11 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x05files\x18\x05 \x03(\v2\x12.c8s.agent.v1.FileR\x05files\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x06 \x01(\tR\tsandboxId\x122\n" +
-	"\anetwork\x18\a \x01(\v2\x18.c8s.agent.v1.PodNetworkR\anetwork\"+\n" +
+	"\anetwork\x18\a \x01(\v2\x18.c8s.agent.v1.PodNetworkR\anetwork\x12>\n" +
+	"\rshared_mounts\x18\b \x03(\v2\x19.c8s.agent.v1.SharedMountR\fsharedMounts\"9\n" +
+	"\vSharedMount\x12\x16\n" +
+	"\x06source\x18\x01 \x01(\tR\x06source\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\":\n" +
 	"\x15StartContainerRequest\x12!\n" +
@@ -2065,7 +2134,7 @@ func file_guest_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_guest_api_agent_v1_agent_proto_rawDescData
 }
 
-var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: c8s.agent.v1.Empty
 	(*GetInfoRequest)(nil),          // 1: c8s.agent.v1.GetInfoRequest
@@ -2075,88 +2144,90 @@ var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Rootfs)(nil),                  // 5: c8s.agent.v1.Rootfs
 	(*File)(nil),                    // 6: c8s.agent.v1.File
 	(*CreateContainerRequest)(nil),  // 7: c8s.agent.v1.CreateContainerRequest
-	(*CreateContainerResponse)(nil), // 8: c8s.agent.v1.CreateContainerResponse
-	(*StartContainerRequest)(nil),   // 9: c8s.agent.v1.StartContainerRequest
-	(*StartContainerResponse)(nil),  // 10: c8s.agent.v1.StartContainerResponse
-	(*RemoveContainerRequest)(nil),  // 11: c8s.agent.v1.RemoveContainerRequest
-	(*ExecProcessRequest)(nil),      // 12: c8s.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),     // 13: c8s.agent.v1.ExecProcessResponse
-	(*ProcessRequest)(nil),          // 14: c8s.agent.v1.ProcessRequest
-	(*WaitProcessResponse)(nil),     // 15: c8s.agent.v1.WaitProcessResponse
-	(*SignalProcessRequest)(nil),    // 16: c8s.agent.v1.SignalProcessRequest
-	(*ResizePtyRequest)(nil),        // 17: c8s.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),         // 18: c8s.agent.v1.ListPidsRequest
-	(*ProcessInfo)(nil),             // 19: c8s.agent.v1.ProcessInfo
-	(*ListPidsResponse)(nil),        // 20: c8s.agent.v1.ListPidsResponse
-	(*StatsRequest)(nil),            // 21: c8s.agent.v1.StatsRequest
-	(*StatsResponse)(nil),           // 22: c8s.agent.v1.StatsResponse
-	(*GetEvidenceRequest)(nil),      // 23: c8s.agent.v1.GetEvidenceRequest
-	(*GetEvidenceResponse)(nil),     // 24: c8s.agent.v1.GetEvidenceResponse
-	(*SetInitDataRequest)(nil),      // 25: c8s.agent.v1.SetInitDataRequest
-	(*ReadStreamRequest)(nil),       // 26: c8s.agent.v1.ReadStreamRequest
-	(*ReadStreamResponse)(nil),      // 27: c8s.agent.v1.ReadStreamResponse
-	(*WriteStdinRequest)(nil),       // 28: c8s.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 29: c8s.agent.v1.WriteStdinResponse
-	(*PodNetwork)(nil),              // 30: c8s.agent.v1.PodNetwork
-	(*NetInterface)(nil),            // 31: c8s.agent.v1.NetInterface
-	(*NetRoute)(nil),                // 32: c8s.agent.v1.NetRoute
-	(*timestamppb.Timestamp)(nil),   // 33: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 34: google.protobuf.Any
+	(*SharedMount)(nil),             // 8: c8s.agent.v1.SharedMount
+	(*CreateContainerResponse)(nil), // 9: c8s.agent.v1.CreateContainerResponse
+	(*StartContainerRequest)(nil),   // 10: c8s.agent.v1.StartContainerRequest
+	(*StartContainerResponse)(nil),  // 11: c8s.agent.v1.StartContainerResponse
+	(*RemoveContainerRequest)(nil),  // 12: c8s.agent.v1.RemoveContainerRequest
+	(*ExecProcessRequest)(nil),      // 13: c8s.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),     // 14: c8s.agent.v1.ExecProcessResponse
+	(*ProcessRequest)(nil),          // 15: c8s.agent.v1.ProcessRequest
+	(*WaitProcessResponse)(nil),     // 16: c8s.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),    // 17: c8s.agent.v1.SignalProcessRequest
+	(*ResizePtyRequest)(nil),        // 18: c8s.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),         // 19: c8s.agent.v1.ListPidsRequest
+	(*ProcessInfo)(nil),             // 20: c8s.agent.v1.ProcessInfo
+	(*ListPidsResponse)(nil),        // 21: c8s.agent.v1.ListPidsResponse
+	(*StatsRequest)(nil),            // 22: c8s.agent.v1.StatsRequest
+	(*StatsResponse)(nil),           // 23: c8s.agent.v1.StatsResponse
+	(*GetEvidenceRequest)(nil),      // 24: c8s.agent.v1.GetEvidenceRequest
+	(*GetEvidenceResponse)(nil),     // 25: c8s.agent.v1.GetEvidenceResponse
+	(*SetInitDataRequest)(nil),      // 26: c8s.agent.v1.SetInitDataRequest
+	(*ReadStreamRequest)(nil),       // 27: c8s.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),      // 28: c8s.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),       // 29: c8s.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 30: c8s.agent.v1.WriteStdinResponse
+	(*PodNetwork)(nil),              // 31: c8s.agent.v1.PodNetwork
+	(*NetInterface)(nil),            // 32: c8s.agent.v1.NetInterface
+	(*NetRoute)(nil),                // 33: c8s.agent.v1.NetRoute
+	(*timestamppb.Timestamp)(nil),   // 34: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 35: google.protobuf.Any
 }
 var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
-	33, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
+	34, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: c8s.agent.v1.Rootfs.scsi:type_name -> c8s.agent.v1.ScsiDisk
 	5,  // 2: c8s.agent.v1.CreateContainerRequest.rootfs:type_name -> c8s.agent.v1.Rootfs
 	3,  // 3: c8s.agent.v1.CreateContainerRequest.stdio:type_name -> c8s.agent.v1.Stdio
 	6,  // 4: c8s.agent.v1.CreateContainerRequest.files:type_name -> c8s.agent.v1.File
-	30, // 5: c8s.agent.v1.CreateContainerRequest.network:type_name -> c8s.agent.v1.PodNetwork
-	3,  // 6: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
-	33, // 7: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
-	19, // 8: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
-	34, // 9: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
-	31, // 10: c8s.agent.v1.PodNetwork.interfaces:type_name -> c8s.agent.v1.NetInterface
-	32, // 11: c8s.agent.v1.PodNetwork.routes:type_name -> c8s.agent.v1.NetRoute
-	1,  // 12: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
-	7,  // 13: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
-	9,  // 14: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
-	11, // 15: c8s.agent.v1.Agent.RemoveContainer:input_type -> c8s.agent.v1.RemoveContainerRequest
-	12, // 16: c8s.agent.v1.Agent.ExecProcess:input_type -> c8s.agent.v1.ExecProcessRequest
-	14, // 17: c8s.agent.v1.Agent.WaitProcess:input_type -> c8s.agent.v1.ProcessRequest
-	16, // 18: c8s.agent.v1.Agent.SignalProcess:input_type -> c8s.agent.v1.SignalProcessRequest
-	14, // 19: c8s.agent.v1.Agent.DeleteProcess:input_type -> c8s.agent.v1.ProcessRequest
-	17, // 20: c8s.agent.v1.Agent.ResizePty:input_type -> c8s.agent.v1.ResizePtyRequest
-	14, // 21: c8s.agent.v1.Agent.CloseStdin:input_type -> c8s.agent.v1.ProcessRequest
-	18, // 22: c8s.agent.v1.Agent.ListPids:input_type -> c8s.agent.v1.ListPidsRequest
-	21, // 23: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
-	0,  // 24: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
-	23, // 25: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
-	25, // 26: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
-	26, // 27: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
-	26, // 28: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
-	28, // 29: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
-	2,  // 30: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
-	8,  // 31: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
-	10, // 32: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
-	0,  // 33: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
-	13, // 34: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
-	15, // 35: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
-	0,  // 36: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 37: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 38: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
-	0,  // 39: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
-	20, // 40: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
-	22, // 41: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
-	0,  // 42: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
-	24, // 43: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
-	0,  // 44: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
-	27, // 45: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
-	27, // 46: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
-	29, // 47: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
-	30, // [30:48] is the sub-list for method output_type
-	12, // [12:30] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	31, // 5: c8s.agent.v1.CreateContainerRequest.network:type_name -> c8s.agent.v1.PodNetwork
+	8,  // 6: c8s.agent.v1.CreateContainerRequest.shared_mounts:type_name -> c8s.agent.v1.SharedMount
+	3,  // 7: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
+	34, // 8: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	20, // 9: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
+	35, // 10: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	32, // 11: c8s.agent.v1.PodNetwork.interfaces:type_name -> c8s.agent.v1.NetInterface
+	33, // 12: c8s.agent.v1.PodNetwork.routes:type_name -> c8s.agent.v1.NetRoute
+	1,  // 13: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
+	7,  // 14: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
+	10, // 15: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
+	12, // 16: c8s.agent.v1.Agent.RemoveContainer:input_type -> c8s.agent.v1.RemoveContainerRequest
+	13, // 17: c8s.agent.v1.Agent.ExecProcess:input_type -> c8s.agent.v1.ExecProcessRequest
+	15, // 18: c8s.agent.v1.Agent.WaitProcess:input_type -> c8s.agent.v1.ProcessRequest
+	17, // 19: c8s.agent.v1.Agent.SignalProcess:input_type -> c8s.agent.v1.SignalProcessRequest
+	15, // 20: c8s.agent.v1.Agent.DeleteProcess:input_type -> c8s.agent.v1.ProcessRequest
+	18, // 21: c8s.agent.v1.Agent.ResizePty:input_type -> c8s.agent.v1.ResizePtyRequest
+	15, // 22: c8s.agent.v1.Agent.CloseStdin:input_type -> c8s.agent.v1.ProcessRequest
+	19, // 23: c8s.agent.v1.Agent.ListPids:input_type -> c8s.agent.v1.ListPidsRequest
+	22, // 24: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
+	0,  // 25: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
+	24, // 26: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
+	26, // 27: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
+	27, // 28: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
+	27, // 29: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
+	29, // 30: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
+	2,  // 31: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
+	9,  // 32: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
+	11, // 33: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
+	0,  // 34: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
+	14, // 35: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
+	16, // 36: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
+	0,  // 37: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 38: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 39: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
+	0,  // 40: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
+	21, // 41: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
+	23, // 42: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
+	0,  // 43: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
+	25, // 44: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
+	0,  // 45: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
+	28, // 46: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
+	28, // 47: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
+	30, // 48: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
+	31, // [31:49] is the sub-list for method output_type
+	13, // [13:31] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_guest_api_agent_v1_agent_proto_init() }
@@ -2173,7 +2244,7 @@ func file_guest_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_guest_api_agent_v1_agent_proto_rawDesc), len(file_guest_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

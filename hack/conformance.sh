@@ -93,6 +93,7 @@ mkdir -p "$WORK/image"
 cp "$IMAGE/vmlinuz" "$IMAGE/initrd.img" "$IMAGE/manifest.json" "$WORK/image/"
 cat >"$WORK/c8s.toml" <<EOF
 [hypervisor]
+virtio_fs_daemon = "/usr/lib/qemu/virtiofsd"
 kernel = "$WORK/image/vmlinuz"
 initrd = "$WORK/image/initrd.img"
 [runtime]

@@ -26,6 +26,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/c8s-dev/c8s/shim/sandbox"
+	"github.com/c8s-dev/c8s/shim/sharedfs"
 	"github.com/c8s-dev/c8s/shim/task"
 )
 
@@ -170,6 +171,9 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	default:
 		if st.Sandbox == id && st.StateDir != "" {
 			killVM(ctx, st.StateDir)
+			if err := sharedfs.Cleanup(task.FSDir(st.StateDir)); err != nil {
+				log.G(ctx).WithError(err).Warn("clean up the pod's virtio-fs share")
+			}
 		}
 		if st.Disk != "" {
 			if err := os.Remove(st.Disk); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -203,3 +203,33 @@ func tailOf(path string) string {
 	}
 	return string(data)
 }
+
+// Cleanup undoes what a Share left in dir when its shim died: it detaches
+// every path still mounted in the shared directory, then removes dir. A
+// virtiofsd still running exits with its QEMU.
+func Cleanup(dir string) error {
+	shared := filepath.Join(dir, sharedName)
+	entries, err := os.ReadDir(shared)
+	if errors.Is(err, os.ErrNotExist) {
+		return os.RemoveAll(dir)
+	}
+	if err != nil {
+		return fmt.Errorf("sharedfs: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		target := filepath.Join(shared, e.Name())
+		if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("sharedfs: unmount %s: %w", target, err))
+			continue
+		}
+		if err := os.Remove(target); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		// Never RemoveAll through a mount: that would delete host files.
+		return errors.Join(errs...)
+	}
+	return os.RemoveAll(dir)
+}

@@ -92,3 +92,36 @@ func TestStartWithoutDaemon(t *testing.T) {
 		t.Fatal("Start without a daemon succeeded")
 	}
 }
+
+func TestCleanupAfterADeadShim(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for bind mounts")
+	}
+	dir := filepath.Join(t.TempDir(), "fs")
+	s, err := Start(context.Background(), debianVirtiofsd, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "keep"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Add(host, "vol", false); err != nil {
+		t.Fatal(err)
+	}
+	// The shim dies: its virtiofsd goes, the mount stays.
+	syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.done
+	if err := Cleanup(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("share dir after Cleanup: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(host, "keep")); err != nil {
+		t.Fatalf("Cleanup touched the host directory: %v", err)
+	}
+	if err := Cleanup(dir); err != nil {
+		t.Fatalf("Cleanup of nothing: %v", err)
+	}
+}

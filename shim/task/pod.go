@@ -111,7 +111,7 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 		diskDir:  filepath.Join(withAnn.Runtime.StateDir, ns, "disks", dirName(id)),
 		initData: initData,
 		netns:    netnsPath(spec),
-		fsDir:    filepath.Join(withAnn.Runtime.StateDir, ns, "fs", dirName(id)),
+		fsDir:    FSDir(stateDir),
 		shared:   map[string][]string{},
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")

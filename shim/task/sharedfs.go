@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/containerd/log"
@@ -13,6 +14,13 @@ import (
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
+
+// FSDir is the directory of the virtio-fs share of the pod whose VM
+// state dir is stateDir (<state_dir>/<namespace>/<pod> gives
+// <state_dir>/<namespace>/fs/<pod>).
+func FSDir(stateDir string) string {
+	return filepath.Join(filepath.Dir(stateDir), "fs", filepath.Base(stateDir))
+}
 
 // startShare starts the pod's virtio-fs share when hypervisor.
 // virtio_fs_daemon is set; nil otherwise.

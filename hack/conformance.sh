@@ -90,7 +90,7 @@ EOF
 # A private copy of the guest image: a rebuild of _output/image during the
 # (long) run must not change what the pods boot and attest against.
 mkdir -p "$WORK/image"
-cp "$IMAGE/vmlinuz" "$IMAGE/initrd.img" "$IMAGE/manifest.json" "$WORK/image/"
+cp "$IMAGE"/vmlinuz "$IMAGE"/initrd.img "$IMAGE"/rootfs.img "$IMAGE"/manifest.json "$WORK/image/"
 cat >"$WORK/c8s.toml" <<EOF
 [hypervisor]
 virtio_fs_daemon = "/usr/lib/qemu/virtiofsd"

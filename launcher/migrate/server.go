@@ -232,6 +232,12 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 	s.mu.Lock()
 	s.vms[req.ID] = hv
 	s.mu.Unlock()
+	go func() {
+		<-v.Done()
+		if err := v.Err(); err != nil {
+			log.G(hostCtx).WithError(err).WithField("vm", req.ID).Error("VM exited")
+		}
+	}()
 	log.G(ctx).WithFields(log.Fields{"vm": req.ID, "uri": uri, "pid": v.Pid()}).Info("waiting for an incoming migration")
 	return IncomingResponse{
 		ID: req.ID, URI: uri, Pid: v.Pid(), StateDir: v.StateDir(),

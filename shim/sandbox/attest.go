@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
@@ -36,40 +37,11 @@ func (v *Verified) Claims() any {
 // expected and actual values. Once the evidence verifies, the agent gets
 // the init data.
 func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, error) {
-	h := cfg.Hypervisor
-	m, err := manifest.Load(cfg.ManifestPath())
-	if err != nil {
-		return nil, fmt.Errorf("attestation needs the image manifest (attestation.manifest): %w", err)
-	}
-	policy, err := expectedPolicy(m, h.TEE, int(h.DefaultVCPUs), s.initData)
+	trusts, chip, err := s.trust(cfg)
 	if err != nil {
 		return nil, err
 	}
-	policy.MinTCB, policy.AllowDebug = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug
-	trust, err := attest.TrustFor(h.TEE, SimSPDir(cfg))
-	if err != nil {
-		return nil, err
-	}
-	v, err := attest.NewVerifier(trust)
-	if err != nil {
-		return nil, err
-	}
-	if policy.Nonce, err = attest.NewNonce(); err != nil {
-		return nil, err
-	}
-	ev, err := s.Agent.GetEvidence(ctx, &agent.GetEvidenceRequest{ReportData: policy.Nonce})
-	if err != nil {
-		return nil, fmt.Errorf("get evidence from the guest: %w", err)
-	}
-	verified := &Verified{Provider: ev.Provider}
-	switch ev.Kind {
-	case "snp":
-		verified.SNP, err = v.VerifySNP(ev.Report, ev.CertTable, policy)
-	case "tdx":
-		verified.TDX, err = v.VerifyTDX(ev.Report, policy)
-	default:
-		err = fmt.Errorf("the guest returned %q evidence from %q, which this node (tee %s) cannot verify", ev.Kind, ev.Provider, h.TEE)
-	}
+	verified, err := verifyGuest(ctx, cfg, s.Agent, s.initData, trusts, chip)
 	if err != nil {
 		return nil, err
 	}
@@ -77,6 +49,55 @@ func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, err
 		return nil, err
 	}
 	return verified, nil
+}
+
+// verifyGuest gets evidence bound to a fresh nonce from the agent ag and
+// verifies it against the manifest's expectations for the pod and any of
+// trusts; chipID, when set, pins the SNP chip.
+func verifyGuest(ctx context.Context, cfg config.Config, ag agent.AgentService, initData []byte, trusts []attest.Trust, chipID []byte) (*Verified, error) {
+	h := cfg.Hypervisor
+	m, err := manifest.Load(cfg.ManifestPath())
+	if err != nil {
+		return nil, fmt.Errorf("attestation needs the image manifest (attestation.manifest): %w", err)
+	}
+	policy, err := expectedPolicy(m, h.TEE, int(h.DefaultVCPUs), initData)
+	if err != nil {
+		return nil, err
+	}
+	policy.MinTCB, policy.AllowDebug, policy.ChipID = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug, chipID
+	if policy.Nonce, err = attest.NewNonce(); err != nil {
+		return nil, err
+	}
+	ev, err := ag.GetEvidence(ctx, &agent.GetEvidenceRequest{ReportData: policy.Nonce})
+	if err != nil {
+		return nil, fmt.Errorf("get evidence from the guest: %w", err)
+	}
+	var errs []error
+	for _, trust := range trusts {
+		v, err := attest.NewVerifier(trust)
+		if err != nil {
+			return nil, err
+		}
+		verified := &Verified{Provider: ev.Provider}
+		switch ev.Kind {
+		case "snp":
+			verified.SNP, err = v.VerifySNP(ev.Report, ev.CertTable, policy)
+		case "tdx":
+			verified.TDX, err = v.VerifyTDX(ev.Report, policy)
+		default:
+			return nil, fmt.Errorf("the guest returned %q evidence from %q, which this node (tee %s) cannot verify", ev.Kind, ev.Provider, h.TEE)
+		}
+		if err == nil {
+			return verified, nil
+		}
+		var ae *attest.Error
+		if len(trusts) == 1 || !errors.As(err, &ae) || (ae.Kind != attest.KindSignature && ae.Kind != attest.KindRoot) {
+			// Anything but "not this root" is the answer.
+			return nil, err
+		}
+		errs = append(errs, err)
+	}
+	return nil, fmt.Errorf("the evidence does not verify against any of the %d trusted roots: %w", len(trusts), errors.Join(errs...))
 }
 
 // expectedPolicy is what the manifest and the pod's init data say a VM of

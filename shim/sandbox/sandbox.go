@@ -58,6 +58,9 @@ type Options struct {
 }
 
 // Sandbox is a running pod VM and its agent connection.
+//
+// Agent and IO follow the VM when it migrates (see migrate.go): a call
+// that the move cut off is retried on the destination.
 type Sandbox struct {
 	ID    string
 	Agent agent.AgentService
@@ -66,9 +69,21 @@ type Sandbox struct {
 
 	initData []byte
 
-	vm       *vm.VM
-	client   *ttrpc.Client
+	// mu guards vm, cur, epoch, moving, stopHost and exitErr: a
+	// migration replaces them.
+	mu       sync.Mutex
+	vm       machine
+	cur      *agentConn
+	epoch    uint64
+	moving   chan struct{} // closed when the running migration ends
 	stopHost context.CancelFunc
+	done     chan struct{} // closed when the pod's VM, wherever it runs, exits
+	exitErr  error
+	migMu    sync.Mutex // one migration at a time
+	// movedChip is the chip the pod runs on after a migration (nil
+	// before): re-attestation then trusts the pool's roots.
+	movedChip []byte
+	progress  progressState
 
 	stopOnce sync.Once
 	stopErr  error
@@ -122,7 +137,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		return nil, fmt.Errorf("start pod VM: %w", err)
 	}
 	hostCtx, stopHost := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Sandbox{ID: opts.ID, vm: v, stopHost: stopHost, initData: opts.InitData}
+	s := &Sandbox{ID: opts.ID, vm: v, stopHost: stopHost, initData: opts.InitData, done: make(chan struct{})}
+	s.Agent, s.IO = movingAgent{s}, movingIO{s}
+	go s.follow()
 	defer func() {
 		if retErr != nil {
 			s.Stop(context.WithoutCancel(ctx))
@@ -161,54 +178,65 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 // opened its port; a request sent early waits in the channel, so each
 // attempt is short and retried until the deadline.
 func (s *Sandbox) connect(ctx context.Context, timeout time.Duration) error {
+	c, info, err := dialAgent(ctx, s.machine(), timeout)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.cur = c
+	s.mu.Unlock()
+	s.Info = info
+	return nil
+}
+
+// dialAgent dials m's agent channel and waits for GetInfo to answer.
+func dialAgent(ctx context.Context, m machine, timeout time.Duration) (*agentConn, *agent.GetInfoResponse, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var conn net.Conn
 	for {
-		c, err := s.vm.DialAgent(ctx)
+		c, err := m.DialAgent(ctx)
 		if err == nil {
 			conn = c
 			break
 		}
-		if werr := s.waitRetry(ctx, 50*time.Millisecond); werr != nil {
-			return fmt.Errorf("connect to the guest agent: %w (last dial error: %v)", werr, err)
+		if werr := waitRetry(ctx, m, 50*time.Millisecond); werr != nil {
+			return nil, nil, fmt.Errorf("connect to the guest agent: %w (last dial error: %v)", werr, err)
 		}
 	}
-	s.client = ttrpc.NewClient(conn)
-	s.Agent = agent.NewAgentClient(s.client)
-	s.IO = agent.NewIOClient(s.client)
+	c := newAgentConn(conn)
 	for {
 		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
-		info, err := s.Agent.GetInfo(actx, &agent.GetInfoRequest{})
+		info, err := c.agent.GetInfo(actx, &agent.GetInfoRequest{})
 		acancel()
 		if err == nil {
-			s.Info = info
-			return nil
+			return c, info, nil
 		}
-		if werr := s.waitRetry(ctx, 0); werr != nil {
-			return fmt.Errorf("the guest agent did not answer: %w (last error: %v)", werr, err)
+		if werr := waitRetry(ctx, m, 0); werr != nil {
+			c.client.Close()
+			return nil, nil, fmt.Errorf("the guest agent did not answer: %w (last error: %v)", werr, err)
 		}
 	}
 }
 
 // waitRetry waits d before another attempt, and reports why not to retry:
 // the VM died, or the deadline passed.
-func (s *Sandbox) waitRetry(ctx context.Context, d time.Duration) error {
+func waitRetry(ctx context.Context, m machine, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
-	case <-s.vm.Done():
-		return fmt.Errorf("QEMU exited during boot: %v%s", s.vm.Err(), s.consoleTail())
+	case <-m.Done():
+		return fmt.Errorf("QEMU exited during boot: %v%s", m.Err(), consoleTail(m))
 	case <-ctx.Done():
-		return fmt.Errorf("no answer from the guest agent: %w%s", ctx.Err(), s.consoleTail())
+		return fmt.Errorf("no answer from the guest agent: %w%s", ctx.Err(), consoleTail(m))
 	case <-t.C:
 		return nil
 	}
 }
 
 // consoleTail returns the end of the guest console log, for errors.
-func (s *Sandbox) consoleTail() string {
-	data, err := os.ReadFile(s.vm.ConsolePath())
+func consoleTail(m machine) string {
+	data, err := os.ReadFile(m.ConsolePath())
 	if err != nil || len(data) == 0 {
 		return ""
 	}
@@ -222,45 +250,77 @@ func (s *Sandbox) consoleTail() string {
 // AttachDisk makes d visible to the guest and returns where: disks given at
 // boot are already there, others are hot-plugged.
 func (s *Sandbox) AttachDisk(ctx context.Context, d vm.Disk) (vm.DiskAddress, error) {
-	if addr, ok := s.vm.DiskAddress(d.ID); ok {
+	m := s.machine()
+	if addr, ok := m.DiskAddress(d.ID); ok {
 		return addr, nil
 	}
-	return s.vm.AddDisk(ctx, d)
+	return m.AddDisk(ctx, d)
 }
 
 // DetachDisk unplugs a disk. A VM that is gone has no disks to unplug.
 func (s *Sandbox) DetachDisk(ctx context.Context, id string) error {
 	select {
-	case <-s.vm.Done():
+	case <-s.done:
 		return nil
 	default:
 	}
-	return s.vm.RemoveDisk(ctx, id)
+	return s.machine().RemoveDisk(ctx, id)
 }
 
-// Done is closed when the VM has exited.
-func (s *Sandbox) Done() <-chan struct{} { return s.vm.Done() }
+// Done is closed when the VM has exited (wherever it runs after a
+// migration; the source VM's end after a migration does not count).
+func (s *Sandbox) Done() <-chan struct{} { return s.done }
 
 // Err says why the VM exited.
-func (s *Sandbox) Err() error { return s.vm.Err() }
+func (s *Sandbox) Err() error {
+	select {
+	case <-s.done:
+	default:
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.exitErr
+}
 
 // Pid is QEMU's host pid.
-func (s *Sandbox) Pid() int { return s.vm.Pid() }
+func (s *Sandbox) Pid() int { return s.machine().Pid() }
+
+// follow closes done when the current machine exits.
+func (s *Sandbox) follow() {
+	for {
+		m := s.machine()
+		<-m.Done()
+		s.mu.Lock()
+		if s.vm != m {
+			// The pod moved; the old VM's end is the source's teardown.
+			s.mu.Unlock()
+			continue
+		}
+		s.exitErr = m.Err()
+		s.mu.Unlock()
+		close(s.done)
+		return
+	}
+}
 
 // Stop closes the agent connection and tears the VM down, removing its
 // sockets and state dir. It is idempotent.
 func (s *Sandbox) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		var errs []error
-		if s.stopHost != nil {
-			s.stopHost()
+		s.mu.Lock()
+		stopHost, cur, m := s.stopHost, s.cur, s.vm
+		s.mu.Unlock()
+		if stopHost != nil {
+			stopHost()
 		}
-		if s.client != nil {
-			if err := s.client.Close(); err != nil && !errors.Is(err, ttrpc.ErrClosed) {
+		if cur != nil {
+			if err := cur.client.Close(); err != nil && !errors.Is(err, ttrpc.ErrClosed) {
 				errs = append(errs, err)
 			}
 		}
-		if err := s.vm.Stop(ctx); err != nil {
+		if err := m.Stop(ctx); err != nil {
 			errs = append(errs, err)
 		}
 		s.stopErr = errors.Join(errs...)

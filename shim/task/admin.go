@@ -24,11 +24,9 @@ func (a admin) Attest(ctx context.Context, _ *adminapi.AttestRequest) (*adminapi
 }
 
 func (s *service) attest(ctx context.Context) (*adminapi.AttestResponse, error) {
-	s.mu.Lock()
-	sb, pod := s.sb, s.pod
-	s.mu.Unlock()
-	if sb == nil || pod == nil || vmGone(sb) {
-		return nil, fmt.Errorf("no running pod VM in this shim: %w", errdefs.ErrFailedPrecondition)
+	sb, pod, err := s.runningPod()
+	if err != nil {
+		return nil, err
 	}
 	v, err := sb.Attest(ctx, pod.cfg)
 	if err != nil {

@@ -7,14 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/containerd/containerd/v2/pkg/shim"
-	"github.com/containerd/ttrpc"
 
 	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
 )
@@ -37,16 +33,10 @@ func runAttest(ctx context.Context, args []string, stdout io.Writer) error {
 	sandbox := fs.Arg(0)
 	ctx, cancel := context.WithTimeout(namespaces.WithNamespace(ctx, *namespace), 2*time.Minute)
 	defer cancel()
-	addr, err := shim.SocketAddress(ctx, *address, sandbox, false)
+	client, err := dialShim(ctx, *address, *namespace, sandbox)
 	if err != nil {
 		return err
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", strings.TrimPrefix(addr, "unix://"))
-	if err != nil {
-		return fmt.Errorf("no c8s shim for sandbox %q in namespace %q (containerd %s): %w", sandbox, *namespace, *address, err)
-	}
-	client := ttrpc.NewClient(conn)
 	defer client.Close()
 	resp, err := adminapi.NewAdminClient(client).Attest(ctx, &adminapi.AttestRequest{})
 	if err != nil {

@@ -125,6 +125,299 @@ func (x *AttestResponse) GetClaimsJson() []byte {
 	return nil
 }
 
+// MigrateRequest moves the pod VM to another node (launcher/migrate).
+type MigrateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// destination is the unix socket of the destination node's
+	// `c8s-launcher serve`.
+	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
+	// timeout_seconds bounds the transfer (0: the launcher's default).
+	TimeoutSeconds uint32 `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	// max_bandwidth is in bytes per second (0: the launcher's default).
+	MaxBandwidth  uint64 `protobuf:"varint,3,opt,name=max_bandwidth,json=maxBandwidth,proto3" json:"max_bandwidth,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateRequest) Reset() {
+	*x = MigrateRequest{}
+	mi := &file_launcher_api_admin_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateRequest) ProtoMessage() {}
+
+func (x *MigrateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_launcher_api_admin_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateRequest.ProtoReflect.Descriptor instead.
+func (*MigrateRequest) Descriptor() ([]byte, []int) {
+	return file_launcher_api_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MigrateRequest) GetDestination() string {
+	if x != nil {
+		return x.Destination
+	}
+	return ""
+}
+
+func (x *MigrateRequest) GetTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *MigrateRequest) GetMaxBandwidth() uint64 {
+	if x != nil {
+		return x.MaxBandwidth
+	}
+	return 0
+}
+
+type MigrateResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox string                 `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// node is the destination node's name.
+	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// claims_json are the claims verified on the destination.
+	ClaimsJson []byte `protobuf:"bytes,3,opt,name=claims_json,json=claimsJson,proto3" json:"claims_json,omitempty"`
+	// qemu_total_ms and downtime_ms are QEMU's own figures.
+	QemuTotalMs int64 `protobuf:"varint,4,opt,name=qemu_total_ms,json=qemuTotalMs,proto3" json:"qemu_total_ms,omitempty"`
+	DowntimeMs  int64 `protobuf:"varint,5,opt,name=downtime_ms,json=downtimeMs,proto3" json:"downtime_ms,omitempty"`
+	// total_ms is c8s's preflight to cut-over; reattest_ms its
+	// re-attestation share.
+	TotalMs       int64 `protobuf:"varint,6,opt,name=total_ms,json=totalMs,proto3" json:"total_ms,omitempty"`
+	ReattestMs    int64 `protobuf:"varint,7,opt,name=reattest_ms,json=reattestMs,proto3" json:"reattest_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateResponse) Reset() {
+	*x = MigrateResponse{}
+	mi := &file_launcher_api_admin_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateResponse) ProtoMessage() {}
+
+func (x *MigrateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_launcher_api_admin_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateResponse.ProtoReflect.Descriptor instead.
+func (*MigrateResponse) Descriptor() ([]byte, []int) {
+	return file_launcher_api_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MigrateResponse) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *MigrateResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *MigrateResponse) GetClaimsJson() []byte {
+	if x != nil {
+		return x.ClaimsJson
+	}
+	return nil
+}
+
+func (x *MigrateResponse) GetQemuTotalMs() int64 {
+	if x != nil {
+		return x.QemuTotalMs
+	}
+	return 0
+}
+
+func (x *MigrateResponse) GetDowntimeMs() int64 {
+	if x != nil {
+		return x.DowntimeMs
+	}
+	return 0
+}
+
+func (x *MigrateResponse) GetTotalMs() int64 {
+	if x != nil {
+		return x.TotalMs
+	}
+	return 0
+}
+
+func (x *MigrateResponse) GetReattestMs() int64 {
+	if x != nil {
+		return x.ReattestMs
+	}
+	return 0
+}
+
+type MigrationProgressRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrationProgressRequest) Reset() {
+	*x = MigrationProgressRequest{}
+	mi := &file_launcher_api_admin_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrationProgressRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrationProgressRequest) ProtoMessage() {}
+
+func (x *MigrationProgressRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_launcher_api_admin_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrationProgressRequest.ProtoReflect.Descriptor instead.
+func (*MigrationProgressRequest) Descriptor() ([]byte, []int) {
+	return file_launcher_api_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+// MigrationProgressResponse is the last query-migrate of the running
+// migration.
+type MigrationProgressResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// active is false when no migration runs.
+	Active         bool    `protobuf:"varint,1,opt,name=active,proto3" json:"active,omitempty"`
+	Status         string  `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	Transferred    uint64  `protobuf:"varint,3,opt,name=transferred,proto3" json:"transferred,omitempty"`
+	Remaining      uint64  `protobuf:"varint,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	Total          uint64  `protobuf:"varint,5,opt,name=total,proto3" json:"total,omitempty"`
+	DirtyPagesRate uint64  `protobuf:"varint,6,opt,name=dirty_pages_rate,json=dirtyPagesRate,proto3" json:"dirty_pages_rate,omitempty"`
+	Mbps           float64 `protobuf:"fixed64,7,opt,name=mbps,proto3" json:"mbps,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MigrationProgressResponse) Reset() {
+	*x = MigrationProgressResponse{}
+	mi := &file_launcher_api_admin_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrationProgressResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrationProgressResponse) ProtoMessage() {}
+
+func (x *MigrationProgressResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_launcher_api_admin_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrationProgressResponse.ProtoReflect.Descriptor instead.
+func (*MigrationProgressResponse) Descriptor() ([]byte, []int) {
+	return file_launcher_api_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MigrationProgressResponse) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
+}
+
+func (x *MigrationProgressResponse) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *MigrationProgressResponse) GetTransferred() uint64 {
+	if x != nil {
+		return x.Transferred
+	}
+	return 0
+}
+
+func (x *MigrationProgressResponse) GetRemaining() uint64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *MigrationProgressResponse) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *MigrationProgressResponse) GetDirtyPagesRate() uint64 {
+	if x != nil {
+		return x.DirtyPagesRate
+	}
+	return 0
+}
+
+func (x *MigrationProgressResponse) GetMbps() float64 {
+	if x != nil {
+		return x.Mbps
+	}
+	return 0
+}
+
 var File_launcher_api_admin_v1_admin_proto protoreflect.FileDescriptor
 
 const file_launcher_api_admin_v1_admin_proto_rawDesc = "" +
@@ -135,9 +428,35 @@ const file_launcher_api_admin_v1_admin_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1f\n" +
 	"\vclaims_json\x18\x03 \x01(\fR\n" +
-	"claimsJson2V\n" +
+	"claimsJson\"\x80\x01\n" +
+	"\x0eMigrateRequest\x12 \n" +
+	"\vdestination\x18\x01 \x01(\tR\vdestination\x12'\n" +
+	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\x12#\n" +
+	"\rmax_bandwidth\x18\x03 \x01(\x04R\fmaxBandwidth\"\xe1\x01\n" +
+	"\x0fMigrateResponse\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x1f\n" +
+	"\vclaims_json\x18\x03 \x01(\fR\n" +
+	"claimsJson\x12\"\n" +
+	"\rqemu_total_ms\x18\x04 \x01(\x03R\vqemuTotalMs\x12\x1f\n" +
+	"\vdowntime_ms\x18\x05 \x01(\x03R\n" +
+	"downtimeMs\x12\x19\n" +
+	"\btotal_ms\x18\x06 \x01(\x03R\atotalMs\x12\x1f\n" +
+	"\vreattest_ms\x18\a \x01(\x03R\n" +
+	"reattestMs\"\x1a\n" +
+	"\x18MigrationProgressRequest\"\xdf\x01\n" +
+	"\x19MigrationProgressResponse\x12\x16\n" +
+	"\x06active\x18\x01 \x01(\bR\x06active\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\x12 \n" +
+	"\vtransferred\x18\x03 \x01(\x04R\vtransferred\x12\x1c\n" +
+	"\tremaining\x18\x04 \x01(\x04R\tremaining\x12\x14\n" +
+	"\x05total\x18\x05 \x01(\x04R\x05total\x12(\n" +
+	"\x10dirty_pages_rate\x18\x06 \x01(\x04R\x0edirtyPagesRate\x12\x12\n" +
+	"\x04mbps\x18\a \x01(\x01R\x04mbps2\x98\x02\n" +
 	"\x05Admin\x12M\n" +
-	"\x06Attest\x12 .c8s.shim.admin.v1.AttestRequest\x1a!.c8s.shim.admin.v1.AttestResponseB4Z2github.com/c8s-dev/c8s/launcher/api/admin/v1;adminb\x06proto3"
+	"\x06Attest\x12 .c8s.shim.admin.v1.AttestRequest\x1a!.c8s.shim.admin.v1.AttestResponse\x12P\n" +
+	"\aMigrate\x12!.c8s.shim.admin.v1.MigrateRequest\x1a\".c8s.shim.admin.v1.MigrateResponse\x12n\n" +
+	"\x11MigrationProgress\x12+.c8s.shim.admin.v1.MigrationProgressRequest\x1a,.c8s.shim.admin.v1.MigrationProgressResponseB4Z2github.com/c8s-dev/c8s/launcher/api/admin/v1;adminb\x06proto3"
 
 var (
 	file_launcher_api_admin_v1_admin_proto_rawDescOnce sync.Once
@@ -151,16 +470,24 @@ func file_launcher_api_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_launcher_api_admin_v1_admin_proto_rawDescData
 }
 
-var file_launcher_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_launcher_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_launcher_api_admin_v1_admin_proto_goTypes = []any{
-	(*AttestRequest)(nil),  // 0: c8s.shim.admin.v1.AttestRequest
-	(*AttestResponse)(nil), // 1: c8s.shim.admin.v1.AttestResponse
+	(*AttestRequest)(nil),             // 0: c8s.shim.admin.v1.AttestRequest
+	(*AttestResponse)(nil),            // 1: c8s.shim.admin.v1.AttestResponse
+	(*MigrateRequest)(nil),            // 2: c8s.shim.admin.v1.MigrateRequest
+	(*MigrateResponse)(nil),           // 3: c8s.shim.admin.v1.MigrateResponse
+	(*MigrationProgressRequest)(nil),  // 4: c8s.shim.admin.v1.MigrationProgressRequest
+	(*MigrationProgressResponse)(nil), // 5: c8s.shim.admin.v1.MigrationProgressResponse
 }
 var file_launcher_api_admin_v1_admin_proto_depIdxs = []int32{
 	0, // 0: c8s.shim.admin.v1.Admin.Attest:input_type -> c8s.shim.admin.v1.AttestRequest
-	1, // 1: c8s.shim.admin.v1.Admin.Attest:output_type -> c8s.shim.admin.v1.AttestResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
+	2, // 1: c8s.shim.admin.v1.Admin.Migrate:input_type -> c8s.shim.admin.v1.MigrateRequest
+	4, // 2: c8s.shim.admin.v1.Admin.MigrationProgress:input_type -> c8s.shim.admin.v1.MigrationProgressRequest
+	1, // 3: c8s.shim.admin.v1.Admin.Attest:output_type -> c8s.shim.admin.v1.AttestResponse
+	3, // 4: c8s.shim.admin.v1.Admin.Migrate:output_type -> c8s.shim.admin.v1.MigrateResponse
+	5, // 5: c8s.shim.admin.v1.Admin.MigrationProgress:output_type -> c8s.shim.admin.v1.MigrationProgressResponse
+	3, // [3:6] is the sub-list for method output_type
+	0, // [0:3] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -177,7 +504,7 @@ func file_launcher_api_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_launcher_api_admin_v1_admin_proto_rawDesc), len(file_launcher_api_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -9,6 +9,8 @@ import (
 
 type AdminService interface {
 	Attest(context.Context, *AttestRequest) (*AttestResponse, error)
+	Migrate(context.Context, *MigrateRequest) (*MigrateResponse, error)
+	MigrationProgress(context.Context, *MigrationProgressRequest) (*MigrationProgressResponse, error)
 }
 
 func RegisterAdminService(srv *ttrpc.Server, svc AdminService) {
@@ -20,6 +22,20 @@ func RegisterAdminService(srv *ttrpc.Server, svc AdminService) {
 					return nil, err
 				}
 				return svc.Attest(ctx, &req)
+			},
+			"Migrate": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req MigrateRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Migrate(ctx, &req)
+			},
+			"MigrationProgress": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req MigrationProgressRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.MigrationProgress(ctx, &req)
 			},
 		},
 	})
@@ -38,6 +54,22 @@ func NewAdminClient(client *ttrpc.Client) AdminService {
 func (c *adminClient) Attest(ctx context.Context, req *AttestRequest) (*AttestResponse, error) {
 	var resp AttestResponse
 	if err := c.client.Call(ctx, "c8s.shim.admin.v1.Admin", "Attest", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) Migrate(ctx context.Context, req *MigrateRequest) (*MigrateResponse, error) {
+	var resp MigrateResponse
+	if err := c.client.Call(ctx, "c8s.shim.admin.v1.Admin", "Migrate", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) MigrationProgress(ctx context.Context, req *MigrationProgressRequest) (*MigrationProgressResponse, error) {
+	var resp MigrationProgressResponse
+	if err := c.client.Call(ctx, "c8s.shim.admin.v1.Admin", "MigrationProgress", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

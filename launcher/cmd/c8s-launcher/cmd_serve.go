@@ -1,0 +1,63 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/migrate"
+)
+
+func init() {
+	register("serve", "accept incoming pod VM migrations on a unix socket (the destination side of `migrate`)", runServe)
+}
+
+// defaultServeSocket is where `serve` listens unless --socket says otherwise.
+func defaultServeSocket(cfg config.Config) string {
+	return filepath.Join(cfg.Runtime.StateDir, "node", "migrate.sock")
+}
+
+func runServe(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("serve")
+	cfgPath := fs.String("config", "/etc/c8s/config.toml", "the node's configuration file (TOML)")
+	socket := fs.String("socket", "", "unix socket of the API (default: <runtime.state_dir>/node/migrate.sock)")
+	name := fs.String("name", "", "node name (default: the host name)")
+	host := fs.String("migration-host", "127.0.0.1", "address QEMU listens on for incoming migrations")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return errors.New("usage: c8s-launcher serve [--config FILE] [--socket SOCK] [--name NODE] [--migration-host ADDR]")
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if *socket == "" {
+		*socket = defaultServeSocket(*cfg)
+	}
+	l, err := migrate.Listen(*socket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(*socket)
+	srv := &migrate.Server{Config: *cfg, Name: *name, MigrationHost: *host}
+	node, err := migrate.LocalNode(*cfg, *name)
+	if err != nil {
+		l.Close()
+		return err
+	}
+	fmt.Fprintf(stdout, "node %s (trust pool %s, tee %s, chip %.16s…) accepts migrations on %s\n", node.Name, node.TrustPool, node.TEE, node.ChipID, *socket)
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return srv.Serve(ctx, l)
+}

@@ -1,0 +1,303 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/containerd/log"
+	"github.com/containerd/ttrpc"
+
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
+	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/migrate"
+	"github.com/c8s-dev/c8s/launcher/vm"
+)
+
+// machine is where the pod VM runs: a local QEMU (*vm.VM) or, after a
+// migration, a VM the destination node runs (*migrate.Remote).
+type machine interface {
+	Done() <-chan struct{}
+	Err() error
+	Pid() int
+	Stop(ctx context.Context) error
+	DialAgent(ctx context.Context) (net.Conn, error)
+	ConsolePath() string
+	DiskAddress(id string) (vm.DiskAddress, bool)
+	AddDisk(ctx context.Context, d vm.Disk) (vm.DiskAddress, error)
+	RemoveDisk(ctx context.Context, id string) error
+}
+
+var (
+	_ machine = (*vm.VM)(nil)
+	_ machine = (*migrate.Remote)(nil)
+)
+
+// agentConn is one ttrpc connection to the agent.
+type agentConn struct {
+	client *ttrpc.Client
+	agent  agent.AgentService
+	io     agent.IOService
+}
+
+func newAgentConn(c net.Conn) *agentConn {
+	client := ttrpc.NewClient(c)
+	return &agentConn{client: client, agent: agent.NewAgentClient(client), io: agent.NewIOClient(client)}
+}
+
+func (s *Sandbox) machine() machine {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.vm
+}
+
+// conn returns the current agent connection and its epoch.
+func (s *Sandbox) conn() (*agentConn, uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur, s.epoch
+}
+
+// moved reports, after a call on the connection of epoch failed, whether
+// it should be retried: the pod moved to another VM meanwhile. While a
+// migration runs it waits for its end.
+func (s *Sandbox) moved(ctx context.Context, epoch uint64) bool {
+	s.mu.Lock()
+	moving := s.moving
+	s.mu.Unlock()
+	if moving != nil {
+		select {
+		case <-moving:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	_, now := s.conn()
+	return now != epoch
+}
+
+// call runs f on the current connection, again on the new one when a
+// migration cut it off.
+func call[T any](ctx context.Context, s *Sandbox, f func(*agentConn) (T, error)) (T, error) {
+	for {
+		c, epoch := s.conn()
+		if c == nil {
+			var zero T
+			return zero, errors.New("no agent connection")
+		}
+		r, err := f(c)
+		if err == nil || !s.moved(ctx, epoch) {
+			return r, err
+		}
+		log.G(ctx).WithError(err).Debug("agent call cut off by the migration, retrying on the destination")
+	}
+}
+
+// progressState is the last query-migrate of the running migration.
+type progressState struct {
+	mu     sync.Mutex
+	active bool
+	info   vm.MigrationInfo
+}
+
+// MigrationProgress returns the running migration's last progress report
+// and whether one runs.
+func (s *Sandbox) MigrationProgress() (vm.MigrationInfo, bool) {
+	s.progress.mu.Lock()
+	defer s.progress.mu.Unlock()
+	return s.progress.info, s.progress.active
+}
+
+// MigrateOptions tune Migrate.
+type MigrateOptions struct {
+	Timeout      time.Duration
+	MaxBandwidth uint64
+}
+
+// Migrated is a successful migration.
+type Migrated struct {
+	// Node is the destination node's name.
+	Node string
+	// Verified is the re-attestation on the destination.
+	Verified *Verified
+	Result   *migrate.Result
+}
+
+// Migrate live-migrates the pod VM to the node whose `c8s-launcher serve`
+// listens on dst (launcher/migrate), re-attests it there against the trust
+// pool's roots with the destination's chip pinned, then moves the agent
+// connection to it and stops the local QEMU. On error the pod keeps
+// running here.
+func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.Client, o MigrateOptions) (*Migrated, error) {
+	if !s.migMu.TryLock() {
+		return nil, errors.New("a migration of this pod is already running")
+	}
+	defer s.migMu.Unlock()
+	src, ok := s.machine().(*vm.VM)
+	if !ok {
+		return nil, fmt.Errorf("pod VM %s was migrated to another node already; migrating it again is not supported yet", s.ID)
+	}
+	node, err := migrate.LocalNode(cfg, "")
+	if err != nil {
+		return nil, err
+	}
+	trusts, err := poolTrust(cfg)
+	if err != nil {
+		return nil, err
+	}
+	hostData := initdata.Digest(s.initData)
+
+	// Agent calls that fail while the pod moves wait for the outcome.
+	moving := make(chan struct{})
+	s.mu.Lock()
+	s.moving = moving
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.moving = nil
+		s.mu.Unlock()
+		close(moving)
+	}()
+
+	s.progress.mu.Lock()
+	s.progress.active, s.progress.info = true, vm.MigrationInfo{Status: "setup"}
+	s.progress.mu.Unlock()
+	defer func() {
+		s.progress.mu.Lock()
+		s.progress.active = false
+		s.progress.mu.Unlock()
+	}()
+
+	var (
+		newConn  *agentConn
+		verified *Verified
+	)
+	res, err := migrate.Run(ctx, migrate.Source{VM: src, Node: node, HostData: hostData[:], MinTCB: cfg.Attestation.MinTCB}, dst, migrate.Options{
+		Timeout:    o.Timeout,
+		Parameters: vm.MigrationParameters{MaxBandwidth: o.MaxBandwidth},
+		Progress: func(info vm.MigrationInfo) {
+			s.progress.mu.Lock()
+			s.progress.info = info
+			s.progress.mu.Unlock()
+			if info.RAM != nil {
+				log.G(ctx).WithFields(log.Fields{
+					"sandbox": s.ID, "status": info.Status, "transferred": info.RAM.Transferred,
+					"remaining": info.RAM.Remaining, "dirty_pages_rate": info.RAM.DirtyPagesRate,
+				}).Debug("migration progress")
+			}
+		},
+		Reattest: func(ctx context.Context, in migrate.IncomingResponse) error {
+			r := migrate.NewRemote(dst, in, nil)
+			c, _, err := dialAgent(ctx, r, DefaultAgentTimeout)
+			r.Close()
+			if err != nil {
+				return err
+			}
+			var chip []byte
+			if in.Node.ChipID != "" {
+				if chip, err = hex.DecodeString(in.Node.ChipID); err != nil {
+					c.client.Close()
+					return fmt.Errorf("the destination's chip id %q: %w", in.Node.ChipID, err)
+				}
+			}
+			v, err := verifyGuest(ctx, cfg, c.agent, s.initData, trusts, chip)
+			if err != nil {
+				c.client.Close()
+				return err
+			}
+			newConn, verified = c, v
+			return nil
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	remote := migrate.NewRemote(dst, res.Incoming, mustSpecDisks(src))
+	s.cutOver(ctx, src, remote, newConn, verified)
+	log.G(ctx).WithFields(log.Fields{
+		"sandbox": s.ID, "to": res.Incoming.Node.Name, "qemu_total_ms": res.Info.TotalTime, "downtime_ms": res.Info.Downtime,
+		"total": res.Total.Round(time.Millisecond), "reattest": res.Reattest.Round(time.Millisecond),
+	}).Info("pod VM migrated and re-attested on the destination")
+	return &Migrated{Node: res.Incoming.Node.Name, Verified: verified, Result: res}, nil
+}
+
+// cutOver makes the destination VM and its connection current, then
+// tears the source down. Calls the switch cut off are retried on the
+// destination.
+func (s *Sandbox) cutOver(ctx context.Context, src *vm.VM, remote *migrate.Remote, c *agentConn, v *Verified) {
+	s.mu.Lock()
+	old, stopHost := s.cur, s.stopHost
+	s.vm, s.cur, s.stopHost = remote, c, nil
+	if v.SNP != nil {
+		s.movedChip = v.SNP.ChipID
+	} else {
+		s.movedChip = []byte{} // TDX: no chip to pin, the pool's roots still apply
+	}
+	s.epoch++
+	s.mu.Unlock()
+	if stopHost != nil {
+		stopHost() // the source's sim secure processor and relays
+	}
+	if old != nil {
+		old.client.Close()
+	}
+	if err := src.Stop(context.WithoutCancel(ctx)); err != nil {
+		log.G(ctx).WithError(err).Warn("stopping the source QEMU after the migration")
+	}
+}
+
+func mustSpecDisks(v *vm.VM) []vm.Disk {
+	spec, err := v.MigrationSpec()
+	if err != nil {
+		return nil
+	}
+	return spec.Disks
+}
+
+// trust returns the roots the pod's evidence must chain to and the chip it
+// must come from: the node's own root, or after a migration the pool's
+// roots and the destination's chip.
+func (s *Sandbox) trust(cfg config.Config) ([]attest.Trust, []byte, error) {
+	s.mu.Lock()
+	chip := s.movedChip
+	s.mu.Unlock()
+	if chip == nil {
+		t, err := attest.TrustFor(cfg.Hypervisor.TEE, SimSPDir(cfg))
+		return []attest.Trust{t}, nil, err
+	}
+	trusts, err := poolTrust(cfg)
+	return trusts, chip, err
+}
+
+// poolTrust returns the roots a destination's evidence may chain to: the
+// node's own and, in sim, those of the trust pool's other nodes
+// (migrate.PoolRootsDir). Hardware TEEs trust their vendor's roots.
+func poolTrust(cfg config.Config) ([]attest.Trust, error) {
+	own, err := attest.TrustFor(cfg.Hypervisor.TEE, SimSPDir(cfg))
+	if err != nil {
+		return nil, err
+	}
+	trusts := []attest.Trust{own}
+	if own.Mode != attest.ModeSim {
+		return trusts, nil
+	}
+	files, _ := filepath.Glob(filepath.Join(migrate.PoolRootsDir(cfg), "*.pem"))
+	sort.Strings(files)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("trust pool root: %w", err)
+		}
+		trusts = append(trusts, attest.Trust{Mode: attest.ModeSim, SimCertChain: b})
+	}
+	return trusts, nil
+}

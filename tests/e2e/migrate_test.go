@@ -1,0 +1,233 @@
+package e2e
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+)
+
+// syncBuffer collects a process's output while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestMigratePod live-migrates a running pod from node A (the shim's
+// node) to node B (`c8s-launcher serve` with its own state dir and sim
+// identity) on loopback: the pod's counter continues without a reset,
+// re-attestation shows B's chip, and containerd keeps managing the task
+// (ps, exec, kill, wait, delete) after the move. Two QEMUs: the pod VM and
+// its incoming copy.
+func TestMigratePod(t *testing.T) {
+	e := setup(t)
+	c, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	bin := filepath.Join(e.root, "bin", "c8s-launcher")
+	const pool = "pool-e2e"
+	common := fmt.Sprintf(`
+[hypervisor]
+kernel = %q
+initrd = %q
+tee = "sim"
+accel = "auto"
+`, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(e.imageDir, "initrd.img"))
+	cfgA := e.writeConfig(t, "node-a.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\n\n[node]\ntrust_pool = %q\n", e.stateDir, pool))
+	bDir := filepath.Join(e.d.Dir, "nb")
+	cfgB := e.writeConfig(t, "node-b.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\n\n[node]\ntrust_pool = %q\n", bDir, pool))
+
+	// Node B accepts migrations.
+	sock := filepath.Join(e.d.Dir, "b.sock")
+	serveOut := &syncBuffer{}
+	serve := exec.Command(bin, "serve", "--config", cfgB, "--socket", sock, "--name", "node-b")
+	serve.Stdout, serve.Stderr = serveOut, serveOut
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { serve.Wait(); close(served) }()
+	t.Cleanup(func() {
+		serve.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-served:
+		case <-time.After(30 * time.Second):
+			serve.Process.Kill()
+			<-served
+		}
+		if t.Failed() {
+			t.Logf("c8s-launcher serve output:\n%s", serveOut.String())
+		}
+	})
+	waitUntil(t, "c8s-launcher serve to listen", func() bool {
+		_, err := os.Stat(sock)
+		return err == nil && strings.Contains(serveOut.String(), "accepts migrations")
+	})
+	// The administrator installs B's root in A's trust pool.
+	spB, err := simsp.Load(filepath.Join(bDir, "node", "sim-sp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolDir := filepath.Join(e.stateDir, "node", "pool-roots")
+	if err := os.MkdirAll(poolDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(poolDir, "node-b.pem"), spB.CertChainPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	chipB := spB.ChipID()
+
+	// The pod: a counter in a file and on stdout.
+	const pod = "mig1"
+	stdout := &syncBuffer{}
+	run := e.run(c, cfgA, "--annotation", "io.kubernetes.cri.sandbox-id="+pod, image, pod,
+		"sh", "-c", `i=0; while true; do i=$((i+1)); echo $i > /tmp/count; echo "tick $i"; sleep 0.3; done`)
+	runErr := &syncBuffer{}
+	run.Stdout, run.Stderr = stdout, runErr
+	run.WaitDelay = 10 * time.Second
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{}) // closed once ctr run has ended, with runResult
+	var runResult error
+	go func() { runResult = run.Wait(); close(ran) }()
+	t.Cleanup(func() {
+		select {
+		case <-ran:
+		default:
+			kctx, kcancel := context.WithTimeout(context.Background(), 30*time.Second)
+			e.d.CtrCommand(kctx, "task", "kill", "-s", "SIGKILL", pod).Run()
+			kcancel()
+			select {
+			case <-ran:
+			case <-time.After(30 * time.Second):
+				run.Process.Kill()
+				<-ran
+			}
+		}
+	})
+	waitUntil(t, "the counter on the pod's stdout", func() bool { return strings.Contains(stdout.String(), "tick 3\n") })
+	count := func() int {
+		t.Helper()
+		out, errOut, code := result(t, e.d.CtrCommand(c, "task", "exec", "--exec-id", fmt.Sprintf("c%d", time.Now().UnixNano()), pod, "cat", "/tmp/count"))
+		n, err := strconv.Atoi(strings.TrimSpace(out))
+		if code != 0 || err != nil {
+			t.Fatalf("exec cat /tmp/count: code %d, %q, %q\n%s", code, out, errOut, e.d.Log())
+		}
+		return n
+	}
+	before := count()
+	sourceQEMU := e.qemus(t)
+	if len(sourceQEMU) != 1 {
+		t.Fatalf("QEMU processes of node A before the migration: %v", sourceQEMU)
+	}
+
+	out, err := exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
+		"--to", sock, "--json", pod).CombinedOutput()
+	if err != nil {
+		t.Fatalf("c8s-launcher migrate: %v\n%s\ncontainerd log:\n%s\nserve:\n%s", err, out, e.d.Log(), serveOut.String())
+	}
+	var res struct {
+		Node   string
+		Claims struct {
+			ChipID      string `json:"chip_id"`
+			Measurement string
+		}
+		QEMUTotalMS int64 `json:"qemu_total_ms"`
+		DowntimeMS  int64 `json:"downtime_ms"`
+		TotalMS     int64 `json:"total_ms"`
+		ReattestMS  int64 `json:"reattest_ms"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("c8s-launcher migrate --json: %v\n%s", err, out)
+	}
+	if res.Node != "node-b" || res.Claims.ChipID != hex.EncodeToString(chipB[:]) {
+		t.Fatalf("migrated to %q with chip %s; want node-b with chip %x", res.Node, res.Claims.ChipID, chipB)
+	}
+	t.Logf("migrated: QEMU total %d ms, downtime %d ms, c8s end to end %d ms, re-attestation %d ms", res.QEMUTotalMS, res.DowntimeMS, res.TotalMS, res.ReattestMS)
+	// One QEMU is left, B's (it mentions A's state dir for the shared disk).
+	if left := e.qemus(t); len(left) != 1 || left[0] == sourceQEMU[0] || !cmdlineHas(left[0], bDir) {
+		t.Fatalf("QEMU processes after the cut-over: %v (the source was %d); want only node B's", left, sourceQEMU[0])
+	}
+
+	// The counter went on from where it was, on B.
+	after := count()
+	if after < before {
+		t.Fatalf("counter after the migration %d < %d before: the pod restarted", after, before)
+	}
+	waitUntil(t, "the counter to go on after the migration", func() bool { return count() > after })
+	n := strings.Count(stdout.String(), "tick 1\n")
+	if n != 1 {
+		t.Fatalf("the counter started %d times on stdout:\n%s", n, stdout.String())
+	}
+	waitUntil(t, "stdout to carry ticks from node B", func() bool {
+		return strings.Contains(stdout.String(), fmt.Sprintf("tick %d\n", after+1))
+	})
+
+	// Re-attestation on demand now shows B's chip.
+	aout, err := exec.CommandContext(c, bin, "attest", "--address", e.d.Address, "--namespace", e.d.Namespace, "--json", pod).CombinedOutput()
+	if err != nil || !strings.Contains(string(aout), hex.EncodeToString(chipB[:])) {
+		t.Fatalf("c8s-launcher attest after the move: %v\n%s", err, aout)
+	}
+	if ps := e.d.Ctr(t, "task", "ps", pod); len(strings.Split(strings.TrimSpace(ps), "\n")) < 2 {
+		t.Fatalf("ctr task ps after the move lists no process:\n%s", ps)
+	}
+
+	// kill reaches the guest on B; ctr run's wait sees the exit and deletes the task.
+	e.d.Ctr(t, "task", "kill", "-s", "SIGKILL", pod)
+	select {
+	case <-ran:
+		err := runResult
+		var ee *exec.ExitError
+		if err == nil || !errors.As(err, &ee) || ee.ExitCode() != 137 {
+			t.Fatalf("ctr run after kill: %v (want exit 137)\nstderr: %s", err, runErr.String())
+		}
+	case <-c.Done():
+		t.Fatalf("ctr run did not end after kill\n%s", e.d.Log())
+	}
+	e.d.Ctr(t, "containers", "delete", pod)
+	waitUntil(t, "node B to stop the pod VM", func() bool {
+		ms, _ := filepath.Glob(filepath.Join(bDir, "migrate", "*"))
+		return len(ms) == 0
+	})
+	e.assertNothingLeft(t)
+}
+
+func cmdlineHas(pid int, s string) bool {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return strings.Contains(string(b), s)
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

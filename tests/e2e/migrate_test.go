@@ -86,16 +86,8 @@ accel = "auto"
 		_, err := os.Stat(sock)
 		return err == nil && strings.Contains(serveOut.String(), "accepts migrations")
 	})
-	// The administrator installs B's root in A's trust pool.
 	spB, err := simsp.Load(filepath.Join(bDir, "node", "sim-sp"))
 	if err != nil {
-		t.Fatal(err)
-	}
-	poolDir := filepath.Join(e.stateDir, "node", "pool-roots")
-	if err := os.MkdirAll(poolDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(poolDir, "node-b.pem"), spB.CertChainPEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	chipB := spB.ChipID()
@@ -145,7 +137,32 @@ accel = "auto"
 		t.Fatalf("QEMU processes of node A before the migration: %v", sourceQEMU)
 	}
 
+	// B's root is not trusted by A yet: re-attestation on B fails after
+	// the transfer, and the pod keeps running on A (cont from postmigrate).
 	out, err := exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
+		"--to", sock, "--json", pod).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "re-attestation on node node-b failed: certificate chain: VCEK could not be verified by any trusted roots") ||
+		!strings.Contains(string(out), "rolled back") {
+		t.Fatalf("c8s-launcher migrate to a node whose root A does not trust: %v\n%s", err, out)
+	}
+	if now := e.qemus(t); len(now) != 1 || now[0] != sourceQEMU[0] {
+		t.Fatalf("QEMU processes after the rollback: %v, want the source %v alone", now, sourceQEMU)
+	}
+	rolledBack := count()
+	if rolledBack < before {
+		t.Fatalf("counter after the rollback %d < %d before", rolledBack, before)
+	}
+	waitUntil(t, "the counter to go on on A after the rollback", func() bool { return count() > rolledBack })
+
+	// The administrator installs B's root in A's trust pool.
+	poolDir := filepath.Join(e.stateDir, "node", "pool-roots")
+	if err := os.MkdirAll(poolDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(poolDir, "node-b.pem"), spB.CertChainPEM(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
 		"--to", sock, "--json", pod).CombinedOutput()
 	if err != nil {
 		t.Fatalf("c8s-launcher migrate: %v\n%s\ncontainerd log:\n%s\nserve:\n%s", err, out, e.d.Log(), serveOut.String())

@@ -196,12 +196,17 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 			}
 		},
 		Reattest: func(ctx context.Context, in migrate.IncomingResponse) error {
+			t0 := time.Now()
 			r := migrate.NewRemote(dst, in, nil)
 			c, _, err := dialAgent(ctx, r, DefaultAgentTimeout)
 			r.Close()
 			if err != nil {
 				return err
 			}
+			tConn := time.Since(t0)
+			defer func() {
+				log.G(ctx).WithFields(log.Fields{"sandbox": s.ID, "connect": tConn.Round(time.Millisecond), "verify": (time.Since(t0) - tConn).Round(time.Millisecond)}).Info("re-attestation on the destination")
+			}()
 			var chip []byte
 			if in.Node.ChipID != "" {
 				if chip, err = hex.DecodeString(in.Node.ChipID); err != nil {
@@ -299,5 +304,7 @@ func poolTrust(cfg config.Config) ([]attest.Trust, error) {
 		}
 		trusts = append(trusts, attest.Trust{Mode: attest.ModeSim, SimCertChain: b})
 	}
+	// A moved pod runs on another node than this one: its root goes last.
+	trusts = append(trusts[1:], trusts[0])
 	return trusts, nil
 }

@@ -121,7 +121,11 @@ func Main() {
 	if pid1 {
 		cfg.MountSecrets = agent.MountSecretsTmpfs
 		cfg.LoadNetDriver = func() {
-			initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/drivers/net/", "/net/core/failover") })
+			// The bridge modules too: the guest has no modprobe for a
+			// container's `brctl addbr` to load them on demand.
+			initsys.LoadModules(initsys.ModulesList, func(p string) bool {
+				return initsys.Deferred(p, "/drivers/net/", "/net/core/failover", "/net/bridge/", "/net/802/", "/net/llc/")
+			})
 		}
 	}
 	svc, err := agent.New(cfg)

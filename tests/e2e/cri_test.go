@@ -26,14 +26,9 @@ func TestCRIPodRunsInOneVM(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	pod := runCRIPod(ctx, t, e, &cri.PodSandboxConfig{
-		Metadata:    &cri.PodSandboxMetadata{Name: "web", Namespace: "default", Uid: "uid-web-1"},
-		Hostname:    "web",
-		Annotations: map[string]string{"io.katacontainers.config.hypervisor.default_vcpus": "2"},
-		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{
-			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
-		}},
-	})
+	podCfg := hostNetworkPod("web")
+	podCfg.Annotations = map[string]string{"io.katacontainers.config.hypervisor.default_vcpus": "2"}
+	pod := runCRIPod(ctx, t, e, podCfg)
 	qemus := e.qemus(t)
 	if len(qemus) != 1 {
 		t.Fatalf("QEMU processes for the pod: %v, want 1", qemus)

@@ -73,3 +73,14 @@ func (p *criPod) remove(t *testing.T, ctrs ...string) {
 	}
 	p.e.assertNothingLeft(t)
 }
+
+// hostNetworkPod is the config of a host-network pod (no CNI) named name.
+func hostNetworkPod(name string) *cri.PodSandboxConfig {
+	return &cri.PodSandboxConfig{
+		Metadata: &cri.PodSandboxMetadata{Name: name, Namespace: "default", Uid: "uid-" + name + "-1"},
+		Hostname: name,
+		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{
+			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
+		}},
+	}
+}

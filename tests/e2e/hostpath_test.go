@@ -42,13 +42,7 @@ func TestCRIHostPathVolume(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	pod := runCRIPod(ctx, t, e, &cri.PodSandboxConfig{
-		Metadata: &cri.PodSandboxMetadata{Name: "vol", Namespace: "default", Uid: "uid-vol-1"},
-		Hostname: "vol",
-		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{
-			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
-		}},
-	})
+	pod := runCRIPod(ctx, t, e, hostNetworkPod("vol"))
 	ctr := pod.start(t, &cri.ContainerConfig{
 		Metadata: &cri.ContainerMetadata{Name: "app"},
 		Image:    &cri.ImageSpec{Image: image},

@@ -15,13 +15,7 @@ func TestCRIOOMKilled(t *testing.T) {
 	e := setupCRI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	pod := runCRIPod(ctx, t, e, &cri.PodSandboxConfig{
-		Metadata: &cri.PodSandboxMetadata{Name: "oom", Namespace: "default", Uid: "uid-oom-1"},
-		Hostname: "oom",
-		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{
-			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
-		}},
-	})
+	pod := runCRIPod(ctx, t, e, hostNetworkPod("oom"))
 	ctr := pod.start(t, &cri.ContainerConfig{
 		Metadata: &cri.ContainerMetadata{Name: "hog"},
 		Image:    &cri.ImageSpec{Image: image},

@@ -88,6 +88,10 @@ func TestCRIPodNetwork(t *testing.T) {
 		Image:    &cri.ImageSpec{Image: image},
 		Command: []string{"sh", "-c", "mkdir -p /tmp/www && echo hello from the pod VM >/tmp/www/index.html && " +
 			"exec busybox httpd -f -p 8080 -h /tmp/www"},
+		// For brctl below, as critest's "adding capability" spec does.
+		Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{
+			Capabilities: &cri.Capability{AddCapabilities: []string{"NET_ADMIN"}},
+		}},
 	})
 	execIn := func(cmd ...string) string {
 		t.Helper()
@@ -104,6 +108,13 @@ func TestCRIPodNetwork(t *testing.T) {
 	// The container sees the pod's interface with the pod's IP.
 	if out := execIn("busybox", "ip", "-o", "addr", "show", "dev", "eth0"); !strings.Contains(out, " "+podIP+"/") {
 		t.Fatalf("eth0 in the container: %q, want the pod IP %s", out, podIP)
+	}
+
+	// The bridge modules are there for a container that makes a bridge
+	// (the guest has no modprobe to load them on demand).
+	execIn("busybox", "brctl", "addbr", "c8sbr0")
+	if out := execIn("busybox", "ip", "-o", "link", "show", "c8sbr0"); !strings.Contains(out, "c8sbr0") {
+		t.Fatalf("bridge made in the container: %q", out)
 	}
 
 	// The host reaches the pod: ping, then HTTP (httpd may still be

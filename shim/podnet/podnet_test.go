@@ -18,7 +18,7 @@ import (
 
 // newNetNS creates a named network namespace for the test (removed at
 // cleanup) and runs setup inside it. It returns the namespace's path.
-func newNetNS(t *testing.T, setup func() error) string {
+func newNetNS(t testing.TB, setup func() error) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create network namespaces")
@@ -38,7 +38,7 @@ var podMAC = net.HardwareAddr{0x02, 0xc8, 0x00, 0x00, 0x00, 0x05}
 // with eth0 (a veth, 10.99.0.5/24 and fd99::5/64, MTU 1400, default route
 // via 10.99.0.1) whose peer is in a second, "host" namespace with
 // 10.99.0.1/24. It returns both paths.
-func podNamespaces(t *testing.T) (pod, host string) {
+func podNamespaces(t testing.TB) (pod, host string) {
 	host = newNetNS(t, func() error { return netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo"}}) })
 	hostNS, err := netns.GetFromPath(host)
 	if err != nil {
@@ -254,5 +254,20 @@ func TestSetupBadNamespace(t *testing.T) {
 	_, err := Setup("/nonexistent/netns")
 	if err == nil {
 		t.Fatal("Setup of a missing namespace succeeded")
+	}
+}
+
+// BenchmarkSetupClose wires a CNI-like namespace for a VM and undoes it:
+// the shim's share of a networked pod's start and stop.
+func BenchmarkSetupClose(b *testing.B) {
+	pod, _ := podNamespaces(b)
+	for b.Loop() {
+		n, err := Setup(pod)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := n.Close(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

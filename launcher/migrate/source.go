@@ -14,7 +14,7 @@ import (
 // Defaults of Options.
 const (
 	DefaultTimeout      = 10 * time.Minute
-	DefaultPollInterval = 100 * time.Millisecond
+	DefaultPollInterval = 25 * time.Millisecond
 	// DefaultMaxBandwidth lifts QEMU's 128 MiB/s default: pod VMs are small
 	// and the network between pool nodes is fast.
 	DefaultMaxBandwidth = 8 << 30
@@ -113,6 +113,7 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	if err := Preflight(src.Node, dnode, shape, src.MinTCB); err != nil {
 		return nil, err
 	}
+	tPreflight := time.Since(t0)
 	in, err := dst.Incoming(ctx, IncomingRequest{
 		ID: spec.ID, Source: src.Node, Shape: shape, MinTCB: src.MinTCB,
 		KernelParams: spec.Hypervisor.KernelParams, Accel: spec.Accel,
@@ -121,6 +122,7 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	if err != nil {
 		return nil, fmt.Errorf("migration of %s to node %s: %w", spec.ID, dnode.Name, err)
 	}
+	tIncoming := time.Since(t0) - tPreflight
 	r := &rollback{src: src.VM, dst: dst, id: spec.ID, node: dnode.Name}
 	info, err := transfer(ctx, q, in, opts)
 	if err != nil {
@@ -128,6 +130,7 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	}
 	log.G(ctx).WithFields(log.Fields{
 		"vm": spec.ID, "to": dnode.Name, "qemu_total_ms": info.TotalTime, "downtime_ms": info.Downtime,
+		"preflight": tPreflight.Round(time.Millisecond), "incoming": tIncoming.Round(time.Millisecond),
 	}).Info("migration transferred; re-attesting on the destination")
 	res := &Result{Incoming: in, Info: info}
 	if opts.Reattest != nil {
@@ -182,7 +185,7 @@ func transfer(ctx context.Context, q *vm.QMP, in IncomingResponse, opts Options)
 			}
 			switch info.Status {
 			case vm.MigrationCompleted:
-				return info, nil
+				return completedInfo(tctx, q, info), nil
 			case vm.MigrationFailed:
 				return info, fmt.Errorf("QEMU reports the migration failed: %s", orUnknown(info.ErrorDesc))
 			case vm.MigrationCancelled:
@@ -199,6 +202,21 @@ func transfer(ctx context.Context, q *vm.QMP, in IncomingResponse, opts Options)
 		}
 		return info, fmt.Errorf("the migration timed out after %s (status %s, %s remaining)", opts.Timeout, info.Status, remaining(info))
 	}
+}
+
+// completedInfo returns the final figures: QEMU marks a migration
+// completed a moment before it computes total-time and downtime, so a
+// query in between reads zeros; ask again briefly.
+func completedInfo(ctx context.Context, q *vm.QMP, info vm.MigrationInfo) vm.MigrationInfo {
+	for i := 0; i < 50 && info.TotalTime == 0; i++ {
+		time.Sleep(10 * time.Millisecond)
+		again, err := q.QueryMigrate(ctx)
+		if err != nil || again.Status != vm.MigrationCompleted {
+			break
+		}
+		info = again
+	}
+	return info
 }
 
 func orUnknown(s string) string {

@@ -8,6 +8,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/shim/podnet"
 )
 
@@ -70,4 +71,32 @@ func podNetworkFor(started bool, pod *podState) *agent.PodNetwork {
 		return nil
 	}
 	return networkRequest(pod.network)
+}
+
+// wireVM sets up what the pod's VM is wired to before it starts: the taps
+// in its network namespace and its virtio-fs share (pod.network,
+// pod.share). unwireVM undoes it.
+func wireVM(ctx context.Context, pod *podState) ([]vm.NetDevice, *vm.SharedFS, error) {
+	nw, err := setupNetwork(ctx, pod)
+	if err != nil {
+		return nil, nil, err
+	}
+	share, fs, err := startShare(ctx, pod)
+	if err != nil {
+		closeNetwork(ctx, nw)
+		return nil, nil, err
+	}
+	pod.network, pod.share = nw, share
+	var nics []vm.NetDevice
+	if nw != nil {
+		nics = nw.NICs()
+	}
+	return nics, fs, nil
+}
+
+// unwireVM removes the pod's taps and its virtio-fs share.
+func unwireVM(ctx context.Context, pod *podState) {
+	closeNetwork(ctx, pod.network)
+	closeShare(ctx, pod)
+	pod.network, pod.share = nil, nil
 }

@@ -295,20 +295,10 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 			return sb, false, nil
 		}
 	}
-	nw, err := setupNetwork(ctx, pod)
+	nics, fs, err := wireVM(ctx, pod)
 	if err != nil {
 		return nil, false, err
 	}
-	var nics []vm.NetDevice
-	if nw != nil {
-		nics = nw.NICs()
-	}
-	share, fs, err := startShare(ctx, pod)
-	if err != nil {
-		closeNetwork(ctx, nw)
-		return nil, false, err
-	}
-	pod.share = share
 	sb, err = sandbox.Start(ctx, sandbox.Options{
 		ID:       pod.id,
 		StateDir: pod.stateDir,
@@ -318,18 +308,16 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 		NICs:     nics,
 		SharedFS: fs,
 	})
-	if nw != nil {
-		nw.ReleaseTaps() // QEMU has them now
+	if pod.network != nil {
+		pod.network.ReleaseTaps() // QEMU has them now
 	}
 	if err != nil {
-		closeNetwork(ctx, nw)
-		closeShare(ctx, pod)
-		pod.share = nil
+		unwireVM(ctx, pod)
 		return nil, false, err
 	}
-	pod.network = nw
 	if err := attestSandbox(ctx, sb, pod); err != nil {
 		sb.Stop(context.WithoutCancel(ctx))
+		unwireVM(ctx, pod)
 		return nil, false, err
 	}
 	s.mu.Lock()
@@ -563,8 +551,7 @@ func (s *service) stopSandbox(ctx context.Context) {
 		}
 	}
 	if pod != nil {
-		closeNetwork(ctx, pod.network)
-		closeShare(ctx, pod)
+		unwireVM(ctx, pod)
 		os.Remove(filepath.Dir(pod.fsDir)) // once no other pod shares
 		os.RemoveAll(pod.diskDir)
 		// Drop the per-namespace dirs too once no other pod uses them.

@@ -61,7 +61,7 @@ func (s *service) migrate(ctx context.Context, r *adminapi.MigrateRequest) (*adm
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
 	}
-	claims, err := json.Marshal(m.Verified.Claims())
+	claims, err := json.Marshal(m.Verified.Claims()) // null when attestation is off
 	if err != nil {
 		return nil, err
 	}

@@ -140,7 +140,7 @@ accel = "auto"
 	// B's root is not trusted by A yet: re-attestation on B fails after
 	// the transfer, and the pod keeps running on A (cont from postmigrate).
 	out, err := exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
-		"--to", sock, "--json", pod).CombinedOutput()
+		"--to", sock, pod).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "re-attestation on node node-b failed: certificate chain: VCEK could not be verified by any trusted roots") ||
 		!strings.Contains(string(out), "rolled back") {
 		t.Fatalf("c8s-launcher migrate to a node whose root A does not trust: %v\n%s", err, out)

@@ -1,6 +1,7 @@
 package migrate
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -23,6 +24,7 @@ import (
 //	GET    /v1/vms/{id}        VMStatus
 //	GET    /v1/vms/{id}/wait   VMStatus, once the VM has exited
 //	DELETE /v1/vms/{id}        stops the VM and removes its state
+//	POST   /v1/vms/{id}/agent  Upgrade: c8s-agent, then the VM's agent channel
 //
 // Errors are {"error": "..."} with a 4xx or 5xx status.
 
@@ -191,3 +193,55 @@ func writeError(w http.ResponseWriter, code int, err error) {
 
 // requestTimeout bounds the server's work for one request.
 const requestTimeout = 2 * time.Minute
+
+// agentUpgrade is the protocol name of the agent tunnel (POST
+// /v1/vms/{id}/agent with Upgrade): after the 101 answer the connection
+// carries the VM's agent channel, so the source node never needs the
+// destination's file system.
+const agentUpgrade = "c8s-agent"
+
+// DialAgent opens a tunnel to the agent channel of the destination VM id.
+func (c *Client) DialAgent(ctx context.Context, id string) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		return nil, fmt.Errorf("destination %s: %w", c.socket, err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	req, err := http.NewRequest(http.MethodPost, "http://c8s-migrate/v1/vms/"+url.PathEscape(id)+"/agent", nil)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", agentUpgrade)
+	br := bufio.NewReader(conn)
+	resp, err := func() (*http.Response, error) {
+		if err := req.Write(conn); err != nil {
+			return nil, err
+		}
+		return http.ReadResponse(br, req)
+	}()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("destination %s: agent tunnel: %w", c.socket, err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		conn.Close()
+		return nil, fmt.Errorf("destination %s: agent tunnel: %s: %s", c.socket, resp.Status, bytes.TrimSpace(b))
+	}
+	conn.SetDeadline(time.Time{})
+	return &bufferedConn{Conn: conn, r: br}, nil
+}
+
+// bufferedConn reads what the HTTP reader buffered first.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(b []byte) (int, error) { return c.r.Read(b) }

@@ -266,7 +266,8 @@ func TestMigrate(t *testing.T) {
 			Reattest: func(ctx context.Context, in IncomingResponse) error {
 				// The guest answers on the destination's agent channel
 				// with the counter it kept in memory.
-				out, err := guestShell(ctx, in.AgentSocket, "cat /tmp/count")
+				// (through the destination API's agent tunnel).
+				out, err := guestShell(ctx, func() (net.Conn, error) { return e.client.DialAgent(ctx, in.ID) }, "cat /tmp/count")
 				if err != nil {
 					return err
 				}
@@ -306,10 +307,9 @@ func TestMigrate(t *testing.T) {
 	})
 }
 
-// guestShell runs cmd in the test guest's shell on the agent socket.
-func guestShell(ctx context.Context, sock, cmd string) (string, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", sock)
+// guestShell runs cmd in the test guest's shell on the agent channel.
+func guestShell(ctx context.Context, dial func() (net.Conn, error), cmd string) (string, error) {
+	c, err := dial()
 	if err != nil {
 		return "", err
 	}

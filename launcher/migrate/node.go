@@ -29,10 +29,11 @@
 // them unless QEMU lists a capability registered in CVMMigrationCapability.
 //
 // The destination API is HTTP/JSON on a unix socket (0600: local root
-// only). Between hosts it needs mTLS, which is not implemented yet; so
-// are storage migration (the disks must be on storage both nodes see) and
-// a transport that carries the agent channel between hosts (the shim dials
-// the destination VM's agent socket, which works on one host).
+// only); after the move the source's shim reaches the VM's agent channel
+// through it (an Upgrade tunnel), never through the destination's file
+// system. Between hosts the API needs mTLS, which is not implemented yet;
+// neither is storage migration (the disks must be on storage both nodes
+// see, as on one host).
 package migrate
 
 import (

@@ -99,20 +99,10 @@ func (r *Remote) Pid() int { return r.in.Pid }
 // destination host).
 func (r *Remote) ConsolePath() string { return filepath.Join(r.in.StateDir, vm.ConsoleLogName) }
 
-// DialAgent connects to the VM's agent channel.
+// DialAgent connects to the VM's agent channel through the destination's
+// API.
 func (r *Remote) DialAgent(ctx context.Context) (net.Conn, error) {
-	return DialAgentSocket(ctx, r.in.AgentSocket)
-}
-
-// DialAgentSocket connects to a destination VM's virtio-serial agent
-// socket.
-func DialAgentSocket(ctx context.Context, path string) (net.Conn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("migrate: the destination VM's agent channel: %w", err)
-	}
-	return c, nil
+	return r.c.DialAgent(ctx, r.in.ID)
 }
 
 // DiskAddress returns where the guest has the disk id.

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/containerd/log"
@@ -51,6 +53,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/vms/{id}", s.handleStatus)
 	mux.HandleFunc("GET /v1/vms/{id}/wait", s.handleWait)
 	mux.HandleFunc("DELETE /v1/vms/{id}", s.handleDelete)
+	mux.HandleFunc("POST /v1/vms/{id}/agent", s.handleAgent)
 	return mux
 }
 
@@ -340,4 +343,53 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	}
 	log.G(r.Context()).WithField("vm", id).Info("VM stopped")
 	writeJSON(w, http.StatusOK, map[string]string{})
+}
+
+// handleAgent splices the request's connection to the VM's agent channel
+// (see Client.DialAgent).
+func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	h := s.get(id)
+	if h == nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no VM %q on this node", id))
+		return
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), agentUpgrade) {
+		writeError(w, http.StatusBadRequest, fmt.Errorf("the agent channel needs Upgrade: %s", agentUpgrade))
+		return
+	}
+	agentConn, err := h.vm.DialAgent(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		agentConn.Close()
+		writeError(w, http.StatusInternalServerError, errors.New("the connection cannot be taken over"))
+		return
+	}
+	conn, rw, err := hj.Hijack()
+	if err != nil {
+		agentConn.Close()
+		return
+	}
+	if _, err := rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + agentUpgrade + "\r\n\r\n"); err != nil || rw.Flush() != nil {
+		conn.Close()
+		agentConn.Close()
+		return
+	}
+	go splice(conn, rw.Reader, agentConn)
+}
+
+// splice copies between the client (whose reader may hold buffered bytes)
+// and the agent channel until either side closes, then closes both.
+func splice(client net.Conn, clientR io.Reader, agentConn net.Conn) {
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(agentConn, clientR); done <- struct{}{} }()
+	go func() { io.Copy(client, agentConn); done <- struct{}{} }()
+	<-done
+	client.Close()
+	agentConn.Close()
+	<-done
 }

@@ -79,20 +79,25 @@ type VMStatus struct {
 
 // Client talks to a destination's Server.
 type Client struct {
-	socket string
+	socket string // what the client dials, for errors
+	dial   func(ctx context.Context) (net.Conn, error)
 	hc     *http.Client
 }
 
 // NewClient returns a client for the Server on the unix socket path.
 func NewClient(socket string) *Client {
+	return newClient(socket, func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	})
+}
+
+func newClient(name string, dial func(ctx context.Context) (net.Conn, error)) *Client {
 	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
+		DialContext:  func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
 		MaxIdleConns: 4,
 	}
-	return &Client{socket: socket, hc: &http.Client{Transport: tr}}
+	return &Client{socket: name, dial: dial, hc: &http.Client{Transport: tr}}
 }
 
 // Socket is the server's socket path.
@@ -202,8 +207,7 @@ const agentUpgrade = "c8s-agent"
 
 // DialAgent opens a tunnel to the agent channel of the destination VM id.
 func (c *Client) DialAgent(ctx context.Context, id string) (net.Conn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.socket)
+	conn, err := c.dial(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("destination %s: %w", c.socket, err)
 	}
@@ -232,7 +236,13 @@ func (c *Client) DialAgent(ctx context.Context, id string) (net.Conn, error) {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
 		conn.Close()
-		return nil, fmt.Errorf("destination %s: agent tunnel: %s: %s", c.socket, resp.Status, bytes.TrimSpace(b))
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(b, &e) != nil || e.Error == "" {
+			e.Error = string(bytes.TrimSpace(b))
+		}
+		return nil, fmt.Errorf("destination %s: agent tunnel: %s: %s", c.socket, resp.Status, e.Error)
 	}
 	conn.SetDeadline(time.Time{})
 	return &bufferedConn{Conn: conn, r: br}, nil

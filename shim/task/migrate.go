@@ -48,13 +48,17 @@ func (s *service) runningPod() (*sandbox.Sandbox, *podState, error) {
 
 func (s *service) migrate(ctx context.Context, r *adminapi.MigrateRequest) (*adminapi.MigrateResponse, error) {
 	if r.Destination == "" {
-		return nil, fmt.Errorf("no destination: give the unix socket of the destination node's `c8s-launcher serve`: %w", errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("no destination: give the destination node's `c8s-launcher serve` socket or tls://HOST:PORT: %w", errdefs.ErrInvalidArgument)
 	}
 	sb, pod, err := s.runningPod()
 	if err != nil {
 		return nil, err
 	}
-	m, err := sb.Migrate(ctx, pod.cfg, migrate.NewClient(r.Destination), sandbox.MigrateOptions{
+	dst, err := migrate.Dial(r.Destination, pod.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+	}
+	m, err := sb.Migrate(ctx, pod.cfg, dst, sandbox.MigrateOptions{
 		Timeout:      time.Duration(r.TimeoutSeconds) * time.Second,
 		MaxBandwidth: r.MaxBandwidth,
 	})

@@ -39,7 +39,7 @@ func runMigrate(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlags("migrate")
 	address := fs.String("address", "/run/containerd/containerd.sock", "containerd's socket (the pod's shim socket is derived from it)")
 	namespace := fs.String("namespace", "k8s.io", "containerd namespace of the pod")
-	to := fs.String("to", "", "the destination node's `c8s-launcher serve` socket")
+	to := fs.String("to", "", "the destination node's `c8s-launcher serve`: its unix socket, or tls://HOST:PORT")
 	timeout := fs.Duration("timeout", 10*time.Minute, "bound on the transfer; the migration is rolled back after it")
 	bandwidth := fs.Uint64("max-bandwidth", 0, "bytes per second (0: the launcher's default)")
 	asJSON := fs.Bool("json", false, "print the result as JSON, no progress bar")

@@ -29,11 +29,12 @@ func runServe(ctx context.Context, args []string, stdout io.Writer) error {
 	socket := fs.String("socket", "", "unix socket of the API (default: <runtime.state_dir>/node/migrate.sock)")
 	name := fs.String("name", "", "node name (default: the host name)")
 	host := fs.String("migration-host", "127.0.0.1", "address QEMU listens on for incoming migrations")
+	listenTLS := fs.String("listen-tls", "", "also serve the API with mutual TLS on HOST:PORT (identity in <runtime.state_dir>/node/migrate-tls)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {
-		return errors.New("usage: c8s-launcher serve [--config FILE] [--socket SOCK] [--name NODE] [--migration-host ADDR]")
+		return errors.New("usage: c8s-launcher serve [--config FILE] [--socket SOCK] [--listen-tls HOST:PORT] [--name NODE] [--migration-host ADDR]")
 	}
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {
@@ -59,5 +60,23 @@ func runServe(ctx context.Context, args []string, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "node %s (trust pool %s, tee %s, chip %.16s…) accepts migrations on %s\n", node.Name, node.TrustPool, node.TEE, node.ChipID, *socket)
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *listenTLS != "" {
+		serverTLS, _, err := migrate.LoadTLS(migrate.TLSDir(*cfg))
+		if err != nil {
+			l.Close()
+			return err
+		}
+		tl, err := migrate.ListenTLS(*listenTLS, serverTLS)
+		if err != nil {
+			l.Close()
+			return err
+		}
+		fmt.Fprintf(stdout, "and with mutual TLS on %s\n", tl.Addr())
+		errc := make(chan error, 1)
+		go func() { errc <- srv.Serve(ctx, tl) }()
+		err = srv.Serve(ctx, l)
+		stop()
+		return errors.Join(err, <-errc)
+	}
 	return srv.Serve(ctx, l)
 }

@@ -128,8 +128,9 @@ func (x *AttestResponse) GetClaimsJson() []byte {
 // MigrateRequest moves the pod VM to another node (launcher/migrate).
 type MigrateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// destination is the unix socket of the destination node's
-	// `c8s-launcher serve`.
+	// destination is the destination node's `c8s-launcher serve`: its
+	// unix socket path, or tls://HOST:PORT (mutual TLS with the node's
+	// identity in <state_dir>/node/migrate-tls).
 	Destination string `protobuf:"bytes,1,opt,name=destination,proto3" json:"destination,omitempty"`
 	// timeout_seconds bounds the transfer (0: the launcher's default).
 	TimeoutSeconds uint32 `protobuf:"varint,2,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`

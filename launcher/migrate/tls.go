@@ -1,0 +1,101 @@
+package migrate
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/c8s-dev/c8s/launcher/config"
+)
+
+// Files of a node's migration TLS identity, in TLSDir: the node's
+// certificate and key (used as server and as client certificate) and the
+// CA of its trust pool, which signs every member's certificate.
+const (
+	TLSCertFile = "cert.pem"
+	TLSKeyFile  = "key.pem"
+	TLSCAFile   = "ca.pem"
+)
+
+// TLSDir holds the node's migration TLS identity.
+func TLSDir(cfg config.Config) string {
+	return filepath.Join(cfg.Runtime.StateDir, "node", "migrate-tls")
+}
+
+// LoadTLS reads the identity in dir and returns the server's config
+// (client certificates required and verified against the pool CA) and the
+// client's (the server verified against the pool CA, our certificate
+// presented). Both require TLS 1.3.
+func LoadTLS(dir string) (server, client *tls.Config, err error) {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, TLSCertFile), filepath.Join(dir, TLSKeyFile))
+	if err != nil {
+		return nil, nil, fmt.Errorf("migrate: the node's TLS identity in %s: %w", dir, err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, TLSCAFile))
+	if err != nil {
+		return nil, nil, fmt.Errorf("migrate: the trust pool's CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, nil, fmt.Errorf("migrate: %s holds no PEM certificate", filepath.Join(dir, TLSCAFile))
+	}
+	server = &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+	}
+	client = &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		RootCAs:      pool,
+	}
+	return server, client, nil
+}
+
+// NewTLSClient returns a client for a Server listening with mutual TLS on
+// addr (HOST:PORT).
+func NewTLSClient(addr string, cfg *tls.Config) (*Client, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: destination %q: want HOST:PORT: %w", addr, err)
+	}
+	cfg = cfg.Clone()
+	if cfg.ServerName == "" {
+		cfg.ServerName = host
+	}
+	return newClient("tls://"+addr, func(ctx context.Context) (net.Conn, error) {
+		d := tls.Dialer{Config: cfg}
+		return d.DialContext(ctx, "tcp", addr)
+	}), nil
+}
+
+// Dial returns a client for a destination given as a unix socket path
+// (optionally unix://PATH) or as tls://HOST:PORT, which uses the node's
+// TLS identity (TLSDir).
+func Dial(dest string, cfg config.Config) (*Client, error) {
+	switch {
+	case strings.HasPrefix(dest, "tls://"):
+		_, client, err := LoadTLS(TLSDir(cfg))
+		if err != nil {
+			return nil, err
+		}
+		return NewTLSClient(strings.TrimPrefix(dest, "tls://"), client)
+	case strings.HasPrefix(dest, "unix://"):
+		return NewClient(strings.TrimPrefix(dest, "unix://")), nil
+	case strings.HasPrefix(dest, "/"):
+		return NewClient(dest), nil
+	}
+	return nil, errors.New("migrate: destination " + dest + ": want a unix socket path or tls://HOST:PORT")
+}
+
+// ListenTLS listens on addr for mutual-TLS API connections.
+func ListenTLS(addr string, server *tls.Config) (net.Listener, error) {
+	return tls.Listen("tcp", addr, server)
+}

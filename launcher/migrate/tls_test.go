@@ -1,0 +1,150 @@
+package migrate
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/c8s-dev/c8s/launcher/config"
+)
+
+// testCA issues node certificates for 127.0.0.1.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTestCA(t *testing.T, name string) *testCA {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// node writes a TLS identity for a node into dir.
+func (ca *testCA) node(t *testing.T, dir, name string) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for f, b := range map[string][]byte{
+		TLSCertFile: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		TLSKeyFile:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}),
+		TLSCAFile:   ca.pem,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Between nodes the API runs over mutual TLS: a member of the pool gets
+// answers, a client without a certificate or with another pool's is
+// refused.
+func TestAPIOverMutualTLS(t *testing.T) {
+	root := t.TempDir()
+	for _, f := range []string{"vmlinuz", "initrd.img", "bios.bin"} {
+		if err := os.WriteFile(filepath.Join(root, f), []byte(f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := config.Default()
+	cfg.Hypervisor.Kernel, cfg.Hypervisor.Initrd, cfg.Hypervisor.Firmware = filepath.Join(root, "vmlinuz"), filepath.Join(root, "initrd.img"), filepath.Join(root, "bios.bin")
+	cfg.Runtime.StateDir = filepath.Join(root, "b")
+	cfg.Node.TrustPool = "p1"
+	pool := newTestCA(t, "pool p1")
+	pool.node(t, TLSDir(cfg), "node-b")
+	serverTLS, _, err := LoadTLS(TLSDir(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ListenTLS("127.0.0.1:0", serverTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { (&Server{Config: cfg, Name: "node-b"}).Serve(ctx, l); close(served) }()
+	t.Cleanup(func() { stop(); <-served })
+	addr := "tls://" + l.Addr().String()
+
+	a := cfg
+	a.Runtime.StateDir = filepath.Join(root, "a")
+	pool.node(t, TLSDir(a), "node-a")
+	c, err := Dial(addr, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.Node(ctx)
+	if err != nil || n.Name != "node-b" || n.TrustPool != "p1" || n.ChipID == "" {
+		t.Fatalf("Node over mTLS = %+v, %v", n, err)
+	}
+	if _, err := c.DialAgent(ctx, "nope"); err == nil || !strings.Contains(err.Error(), `no VM "nope"`) {
+		t.Fatalf("agent tunnel to an unknown VM: %v", err)
+	}
+
+	caPool := x509.NewCertPool()
+	caPool.AppendCertsFromPEM(pool.pem)
+	anon, err := NewTLSClient(l.Addr().String(), &tls.Config{RootCAs: caPool, MinVersion: tls.VersionTLS13})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := anon.Node(ctx); err == nil {
+		t.Fatal("a client without a certificate got an answer")
+	}
+	other := cfg
+	other.Runtime.StateDir = filepath.Join(root, "c")
+	newTestCA(t, "pool p2").node(t, TLSDir(other), "node-c")
+	stranger, err := Dial(addr, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stranger.Node(ctx); err == nil {
+		t.Fatal("a client of another pool's CA got an answer")
+	}
+	if _, err := Dial("ftp://x", a); err == nil || !strings.Contains(err.Error(), "tls://HOST:PORT") {
+		t.Fatalf("Dial with an unknown scheme: %v", err)
+	}
+}

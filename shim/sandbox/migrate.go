@@ -260,9 +260,11 @@ func (s *Sandbox) cutOver(ctx context.Context, src *vm.VM, remote *migrate.Remot
 	if old != nil {
 		old.client.Close()
 	}
+	t0 := time.Now()
 	if err := src.Stop(context.WithoutCancel(ctx)); err != nil {
 		log.G(ctx).WithError(err).Warn("stopping the source QEMU after the migration")
 	}
+	log.G(ctx).WithField("took", time.Since(t0).Round(time.Millisecond)).Debug("source QEMU stopped")
 }
 
 func mustSpecDisks(v *vm.VM) []vm.Disk {

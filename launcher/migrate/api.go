@@ -100,8 +100,9 @@ func newClient(name string, dial func(ctx context.Context) (net.Conn, error)) *C
 	return &Client{socket: name, dial: dial, hc: &http.Client{Transport: tr}}
 }
 
-// Socket is the server's socket path.
-func (c *Client) Socket() string { return c.socket }
+// Address is the server's address: its unix socket path or
+// tls://HOST:PORT.
+func (c *Client) Address() string { return c.socket }
 
 // Node returns the destination's NodeInfo.
 func (c *Client) Node(ctx context.Context) (NodeInfo, error) {

@@ -300,8 +300,20 @@ func TestMigrate(t *testing.T) {
 		if err != nil || st.RunState != "running" {
 			t.Fatalf("destination status = %+v, %v", st, err)
 		}
-		if err := e.client.Delete(ctx, "pod1"); err != nil {
+		// A dead shim's cleanup on the source stops the moved VM through
+		// the handoff file.
+		dir := t.TempDir()
+		if err := WriteHandoff(dir, e.client, "pod1", ""); err != nil {
 			t.Fatal(err)
+		}
+		if found, err := StopHandedOff(ctx, dir); !found || err != nil {
+			t.Fatalf("StopHandedOff = %v, %v", found, err)
+		}
+		if _, err := e.client.Status(ctx, "pod1"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("the moved VM still runs after StopHandedOff: %v", err)
+		}
+		if found, err := StopHandedOff(ctx, dir); found || err != nil {
+			t.Fatalf("StopHandedOff without a handoff file = %v, %v", found, err)
 		}
 		t.Logf("QEMU total %d ms, downtime %d ms; c8s total %s", res.Info.TotalTime, res.Info.Downtime, res.Total)
 	})

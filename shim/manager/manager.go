@@ -25,6 +25,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
+	"github.com/c8s-dev/c8s/launcher/migrate"
 	"github.com/c8s-dev/c8s/shim/sandbox"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 	"github.com/c8s-dev/c8s/shim/task"
@@ -193,6 +194,12 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 // killVM kills the QEMU whose pid file is in the VM's state dir and
 // removes the dir.
 func killVM(ctx context.Context, stateDir string) {
+	// A pod that migrated runs on another node now: stop it there.
+	if moved, err := migrate.StopHandedOff(ctx, stateDir); err != nil {
+		log.G(ctx).WithError(err).Warn("stop the migrated VM of a shim that is gone")
+	} else if moved {
+		log.G(ctx).Warn("stopped the migrated VM of a shim that is gone")
+	}
 	data, err := os.ReadFile(filepath.Join(stateDir, sandbox.PidFile))
 	if err == nil {
 		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 && isQEMU(pid) {

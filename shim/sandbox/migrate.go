@@ -233,6 +233,13 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 	}
 	remote := migrate.NewRemote(dst, res.Incoming, mustSpecDisks(src))
 	s.cutOver(ctx, src, remote, newConn, verified)
+	// `shim delete` after a dead shim finds the moved VM through this.
+	if err := migrate.WriteHandoff(src.StateDir(), dst, res.Incoming.ID, migrate.TLSDir(cfg)); err != nil {
+		log.G(ctx).WithError(err).Warn("recording where the pod VM moved")
+	}
+	s.mu.Lock()
+	s.handoffDir = src.StateDir()
+	s.mu.Unlock()
 	log.G(ctx).WithFields(log.Fields{
 		"sandbox": s.ID, "to": res.Incoming.Node.Name, "qemu_total_ms": res.Info.TotalTime, "downtime_ms": res.Info.Downtime,
 		"total": res.Total.Round(time.Millisecond), "reattest": res.Reattest.Round(time.Millisecond),

@@ -83,7 +83,9 @@ type Sandbox struct {
 	// movedChip is the chip the pod runs on after a migration (nil
 	// before): re-attestation then trusts the pool's roots.
 	movedChip []byte
-	progress  progressState
+	// handoffDir is the source state dir holding migrate.HandoffFile.
+	handoffDir string
+	progress   progressState
 
 	stopOnce sync.Once
 	stopErr  error
@@ -310,7 +312,7 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		var errs []error
 		s.mu.Lock()
-		stopHost, cur, m := s.stopHost, s.cur, s.vm
+		stopHost, cur, m, handoffDir := s.stopHost, s.cur, s.vm, s.handoffDir
 		s.mu.Unlock()
 		if stopHost != nil {
 			stopHost()
@@ -322,6 +324,10 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 		}
 		if err := m.Stop(ctx); err != nil {
 			errs = append(errs, err)
+		} else if handoffDir != "" {
+			if err := os.RemoveAll(handoffDir); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		s.stopErr = errors.Join(errs...)
 	})

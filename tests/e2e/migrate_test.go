@@ -226,10 +226,36 @@ accel = "auto"
 		t.Fatalf("ctr run did not end after kill\n%s", e.d.Log())
 	}
 	e.d.Ctr(t, "containers", "delete", pod)
-	waitUntil(t, "node B to stop the pod VM", func() bool {
+	bVMs := func() int {
 		ms, _ := filepath.Glob(filepath.Join(bDir, "migrate", "*"))
-		return len(ms) == 0
-	})
+		return len(ms)
+	}
+	waitUntil(t, "node B to stop the pod VM", func() bool { return bVMs() == 0 })
+	e.assertNothingLeft(t)
+
+	// A moved pod whose shim dies: containerd's `shim delete` on A stops
+	// the VM on B too.
+	const orphan = "mig2"
+	if _, stderr, code := result(t, e.run(c, cfgA, "-d", image, orphan, "sleep", "600")); code != 0 {
+		t.Fatalf("start %s: exit %d: %s\n%s", orphan, code, stderr, e.d.Log())
+	}
+	if out, err := exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
+		"--to", sock, orphan).CombinedOutput(); err != nil || !strings.Contains(string(out), "migrated to node node-b") {
+		t.Fatalf("c8s-launcher migrate %s: %v\n%s", orphan, err, out)
+	}
+	if bVMs() != 1 {
+		t.Fatalf("node B runs %d VMs after the second migration, want 1", bVMs())
+	}
+	shim := processMatching(t, "containerd-shim-c8s-v2", "-id "+orphan)
+	if shim == 0 {
+		t.Fatal("no shim process for " + orphan)
+	}
+	if err := syscall.Kill(shim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "containerd to drop the dead shim's task", func() bool { return !strings.Contains(e.d.Ctr(t, "task", "ls"), orphan) })
+	e.d.Ctr(t, "container", "delete", orphan)
+	waitUntil(t, "node B to stop the dead shim's moved VM", func() bool { return bVMs() == 0 })
 	e.assertNothingLeft(t)
 }
 

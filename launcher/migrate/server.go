@@ -280,6 +280,16 @@ func (s *Server) simService(spec vm.Spec, hostData []byte) (*simtee.Service, err
 	return svc, nil
 }
 
+// lookup returns the VM the request's path names, or answers 404.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (string, *hostedVM) {
+	id := r.PathValue("id")
+	h := s.get(id)
+	if h == nil {
+		writeError(w, http.StatusNotFound, fmt.Errorf("no VM %q on this node", id))
+	}
+	return id, h
+}
+
 func (s *Server) get(id string) *hostedVM {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -301,20 +311,16 @@ func (s *Server) status(ctx context.Context, id string, h *hostedVM) VMStatus {
 }
 
 func (s *Server) handleStatus(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	h := s.get(id)
+	id, h := s.lookup(w, r)
 	if h == nil {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no VM %q on this node", id))
 		return
 	}
 	writeJSON(w, http.StatusOK, s.status(r.Context(), id, h))
 }
 
 func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	h := s.get(id)
+	id, h := s.lookup(w, r)
 	if h == nil {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no VM %q on this node", id))
 		return
 	}
 	select {
@@ -348,10 +354,8 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 // handleAgent splices the request's connection to the VM's agent channel
 // (see Client.DialAgent).
 func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	h := s.get(id)
+	_, h := s.lookup(w, r)
 	if h == nil {
-		writeError(w, http.StatusNotFound, fmt.Errorf("no VM %q on this node", id))
 		return
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), agentUpgrade) {

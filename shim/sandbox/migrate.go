@@ -180,6 +180,7 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 	var (
 		newConn  *agentConn
 		verified *Verified
+		lastLog  time.Time
 	)
 	res, err := migrate.Run(ctx, migrate.Source{VM: src, Node: node, HostData: hostData[:], MinTCB: cfg.Attestation.MinTCB}, dst, migrate.Options{
 		Timeout:    o.Timeout,
@@ -188,11 +189,14 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 			s.progress.mu.Lock()
 			s.progress.info = info
 			s.progress.mu.Unlock()
-			if info.RAM != nil {
+			// Logged at most once a second, and the final figures.
+			if info.RAM != nil && (time.Since(lastLog) >= time.Second || info.Status != "active") {
+				lastLog = time.Now()
 				log.G(ctx).WithFields(log.Fields{
 					"sandbox": s.ID, "status": info.Status, "transferred": info.RAM.Transferred,
-					"remaining": info.RAM.Remaining, "dirty_pages_rate": info.RAM.DirtyPagesRate,
-				}).Debug("migration progress")
+					"remaining": info.RAM.Remaining, "total": info.RAM.Total,
+					"dirty_pages_rate": info.RAM.DirtyPagesRate, "mbps": info.RAM.Mbps,
+				}).Info("migration progress")
 			}
 		},
 		Reattest: func(ctx context.Context, in migrate.IncomingResponse) error {

@@ -36,7 +36,7 @@ mkdir -p /dev/virtio-ports
 for p in /sys/class/virtio-ports/*; do
 	ln -s ../$(basename $p) /dev/virtio-ports/$(cat $p/name)
 done
-( i=0; while true; do i=$((i+1)); echo "C8S-TICK $i"; echo $i > /tmp/count; sleep 0.2; done ) &
+( i=0; while true; do i=$((i+1)); echo "C8S-TICK $i"; echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.2; done ) &
 echo C8S-GUEST-READY
 exec 3<>/dev/virtio-ports/c8s.agent
 while true; do sh <&3 >&3 2>&3; sleep 0.1; done

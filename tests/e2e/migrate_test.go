@@ -96,7 +96,7 @@ accel = "auto"
 	const pod = "mig1"
 	stdout := &syncBuffer{}
 	run := e.run(c, cfgA, "--annotation", "io.kubernetes.cri.sandbox-id="+pod, image, pod,
-		"sh", "-c", `i=0; while true; do i=$((i+1)); echo $i > /tmp/count; echo "tick $i"; sleep 0.3; done`)
+		"sh", "-c", `i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; echo "tick $i"; sleep 0.3; done`)
 	runErr := &syncBuffer{}
 	run.Stdout, run.Stderr = stdout, runErr
 	run.WaitDelay = 10 * time.Second

@@ -31,9 +31,9 @@
 // The destination API is HTTP/JSON on a unix socket (0600: local root
 // only); after the move the source's shim reaches the VM's agent channel
 // through it (an Upgrade tunnel), never through the destination's file
-// system. Between hosts the API needs mTLS, which is not implemented yet;
-// neither is storage migration (the disks must be on storage both nodes
-// see, as on one host).
+// system. Between hosts the API is served with mutual TLS (tls.go, one CA
+// per trust pool). Storage is not migrated: the disks must be on storage
+// both nodes see, as on one host.
 package migrate
 
 import (
@@ -50,9 +50,11 @@ import (
 
 	"github.com/google/go-sev-guest/kds"
 
+	"github.com/c8s-dev/c8s/guest/api/verity"
 	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
 // NodeInfo is what a node tells a migration peer about itself.
@@ -113,6 +115,16 @@ func LocalNode(cfg config.Config, name string) (NodeInfo, error) {
 	imgs, err := ImageDigests(h)
 	if err != nil {
 		return n, err
+	}
+	// A sealed image's root: its dm-verity root hash stands for every block.
+	root, err := vm.RootFor(&cfg)
+	if err != nil {
+		return n, err
+	}
+	if root != nil {
+		if p, ok, err := verity.FromCmdline(strings.Join(root.KernelParams, " ")); err == nil && ok {
+			imgs["rootfs"] = p.RootHash
+		}
 	}
 	n.Images = imgs
 	n.MemoryAvailableMiB = memAvailableMiB()

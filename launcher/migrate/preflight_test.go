@@ -27,6 +27,11 @@ func TestPreflight(t *testing.T) {
 	if len(ref.Reasons) != 7 {
 		t.Errorf("%d reasons, want 7: %q", len(ref.Reasons), ref.Reasons)
 	}
+	// A sealed image's root hash is part of the image.
+	src.Images["rootfs"], ok.Images["rootfs"] = "r1", "r2"
+	if err := Preflight(src, ok, shape, src.TCB); err == nil || !strings.Contains(err.Error(), "guest rootfs has digest r2, the pod's is r1") {
+		t.Errorf("Preflight to a node with another verity root: %v", err)
+	}
 }
 
 func TestCheckTEESupport(t *testing.T) {

@@ -98,7 +98,10 @@ for t in rss-c8s rss-runc; do ctr tasks delete "$t" >/dev/null 2>&1 || true; ctr
 # moves to a second node on loopback through the shim's Migrate code path,
 # for a 256 MiB and a 1 GiB guest. Per size: QEMU's total-time and downtime,
 # c8s preflight-to-cut-over (re-attestation included) and its ratio to
-# QEMU's total-time (goal <= 1.2), re-attestation alone (goal < 100 ms in
-# sim), and the pod's first attestation on the source for comparison.
+# QEMU's total-time (goal <= 1.2), re-attestation (goal < 100 ms in sim)
+# split into the agent channel's first answer through the destination
+# (reattest-connect-ms: under TCG the guest runs cold code on the new QEMU)
+# and fresh evidence plus its verification (reattest-verify-ms), and the
+# pod's first attestation on the source for comparison.
 echo "== live migration: 256 MiB and 1 GiB guests, loopback"
-go test -run '^$' -bench 'BenchmarkMigrate' -benchtime "${MIGRATE_BENCHTIME:-1x}" ./shim/sandbox 2>&1 | grep -E '^(Benchmark|ok|FAIL)' || true
+go test -run '^$' -bench 'BenchmarkMigrate' -benchtime "${MIGRATE_BENCHTIME:-3x}" ./shim/sandbox 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' || true

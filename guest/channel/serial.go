@@ -68,7 +68,11 @@ func newSerialListener(f *os.File, path string) *SerialListener {
 		port:     &port{f: f},
 		free:     make(chan struct{}, 1),
 		closed:   make(chan struct{}),
-		hostPoll: 100 * time.Millisecond,
+		// While no host is connected the port reports POLLHUP at once,
+		// so this is a sleep between polls: it bounds how long a host
+		// that (re)connects waits for its first answer, notably the
+		// shim re-attesting a VM that migrated to this node.
+		hostPoll: 10 * time.Millisecond,
 	}
 	l.free <- struct{}{}
 	return l

@@ -76,7 +76,7 @@ func benchMigrate(b *testing.B, image string, mem uint32) {
 	}
 	dst := migrate.NewClient(sock)
 
-	var qemuTotal, downtime, total, reattest, bootAttest time.Duration
+	var qemuTotal, downtime, total, reattest, connect, verify, bootAttest time.Duration
 	n := 0
 	for i := 0; i < b.N; i++ {
 		id := fmt.Sprintf("mb%d", i)
@@ -105,6 +105,8 @@ func benchMigrate(b *testing.B, image string, mem uint32) {
 		downtime += time.Duration(r.Info.Downtime) * time.Millisecond
 		total += r.Total
 		reattest += r.Reattest
+		connect += m.AgentConnect
+		verify += m.Verify
 		n++
 	}
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) / float64(n) }
@@ -113,5 +115,7 @@ func benchMigrate(b *testing.B, image string, mem uint32) {
 	b.ReportMetric(ms(total), "c8s-total-ms")
 	b.ReportMetric(ms(total)/ms(qemuTotal), "c8s/qemu")
 	b.ReportMetric(ms(reattest), "reattest-ms")
+	b.ReportMetric(ms(connect), "reattest-connect-ms")
+	b.ReportMetric(ms(verify), "reattest-verify-ms")
 	b.ReportMetric(ms(bootAttest), "source-attest-ms")
 }

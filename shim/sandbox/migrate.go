@@ -130,6 +130,11 @@ type Migrated struct {
 	// Verified is the re-attestation on the destination.
 	Verified *Verified
 	Result   *migrate.Result
+	// AgentConnect is the part of Result.Reattest spent opening the agent
+	// channel through the destination and getting its first answer (under
+	// TCG mostly the guest running cold code on the new QEMU); Verify is
+	// the rest: fresh evidence from the VM and its verification.
+	AgentConnect, Verify time.Duration
 }
 
 // Migrate live-migrates the pod VM to the node whose `c8s-launcher serve`
@@ -178,9 +183,10 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 	}()
 
 	var (
-		newConn  *agentConn
-		verified *Verified
-		lastLog  time.Time
+		newConn        *agentConn
+		verified       *Verified
+		lastLog        time.Time
+		tConn, tVerify time.Duration
 	)
 	res, err := migrate.Run(ctx, migrate.Source{VM: src, Node: node, HostData: hostData[:], MinTCB: cfg.Attestation.MinTCB}, dst, migrate.Options{
 		Timeout:    o.Timeout,
@@ -207,14 +213,15 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 			if err != nil {
 				return err
 			}
-			tConn := time.Since(t0)
+			tConn = time.Since(t0)
 			if cfg.Attestation.Mode == config.AttestOff {
 				log.G(ctx).WithField("sandbox", s.ID).Warn("attestation is off (attestation.mode): the pod VM is not re-attested on the destination")
 				newConn, verified = c, &Verified{Provider: "none"}
 				return nil
 			}
 			defer func() {
-				log.G(ctx).WithFields(log.Fields{"sandbox": s.ID, "connect": tConn.Round(time.Millisecond), "verify": (time.Since(t0) - tConn).Round(time.Millisecond)}).Info("re-attestation on the destination")
+				tVerify = time.Since(t0) - tConn
+				log.G(ctx).WithFields(log.Fields{"sandbox": s.ID, "connect": tConn.Round(time.Millisecond), "verify": tVerify.Round(time.Millisecond)}).Info("re-attestation on the destination")
 			}()
 			var chip []byte
 			if in.Node.ChipID != "" {
@@ -248,7 +255,7 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 		"sandbox": s.ID, "to": res.Incoming.Node.Name, "qemu_total_ms": res.Info.TotalTime, "downtime_ms": res.Info.Downtime,
 		"total": res.Total.Round(time.Millisecond), "reattest": res.Reattest.Round(time.Millisecond),
 	}).Info("pod VM migrated and re-attested on the destination")
-	return &Migrated{Node: res.Incoming.Node.Name, Verified: verified, Result: res}, nil
+	return &Migrated{Node: res.Incoming.Node.Name, Verified: verified, Result: res, AgentConnect: tConn, Verify: tVerify}, nil
 }
 
 // cutOver makes the destination VM and its connection current, then

@@ -82,8 +82,14 @@ func Main() {
 			fatal(err)
 		}
 		log.L.WithField("guest_uptime", initsys.Uptime()).Debug("filesystems mounted")
-		n := initsys.LoadModules(initsys.ModulesList, func(p string) bool { return !initsys.Deferred(p) })
-		log.L.WithField("guest_uptime", initsys.Uptime()).Infof("loaded %d kernel modules", n)
+		// The modules boot loads are the SCSI stack for the containers'
+		// root disks. Load them while the agent starts serving and the
+		// pod attests: whoever needs a disk waits for it to appear
+		// (rootfs.FindSCSIDisk), not for this.
+		go func() {
+			n := initsys.LoadModules(initsys.ModulesList, func(p string) bool { return !initsys.Deferred(p) })
+			log.L.WithField("guest_uptime", initsys.Uptime()).Infof("loaded %d kernel modules", n)
+		}()
 		if err := initsys.SetupNetwork(); err != nil {
 			log.L.WithError(err).Error("network setup failed")
 		}

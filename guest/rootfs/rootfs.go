@@ -41,7 +41,7 @@ func FindSCSIDisk(ctx context.Context, sysfs, dev string, target, lun uint32, ti
 		select {
 		case <-ctx.Done():
 			return "", ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }

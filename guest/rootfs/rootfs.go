@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -31,7 +32,7 @@ func FindSCSIDisk(ctx context.Context, sysfs, dev string, target, lun uint32, ti
 		}
 		if len(matches) == 1 {
 			node := filepath.Join(dev, filepath.Base(matches[0]))
-			if _, err := os.Stat(node); err == nil {
+			if ready(node) {
 				return node, nil
 			}
 		}
@@ -44,6 +45,27 @@ func FindSCSIDisk(ctx context.Context, sysfs, dev string, target, lun uint32, ti
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// ready reports whether the disk node exists and the driver has finished
+// probing it: the node can appear while sd is still reading the capacity,
+// and opening or mounting it then fails with ENXIO.
+func ready(node string) bool {
+	st, err := os.Stat(node)
+	if err != nil {
+		return false
+	}
+	if st.Mode()&os.ModeDevice == 0 || st.Mode()&os.ModeCharDevice != 0 {
+		return true // not a block device (a test's stand-in): existing is all
+	}
+	f, err := os.OpenFile(node, os.O_RDONLY, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var size uint64
+	_, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size)))
+	return errno == 0 && size > 0
 }
 
 // flagOptions are mount options that are mount(2) flags rather than

@@ -64,10 +64,10 @@ func openPort(path string) (*os.File, error) {
 
 func newSerialListener(f *os.File, path string) *SerialListener {
 	l := &SerialListener{
-		path:     path,
-		port:     &port{f: f},
-		free:     make(chan struct{}, 1),
-		closed:   make(chan struct{}),
+		path:   path,
+		port:   &port{f: f},
+		free:   make(chan struct{}, 1),
+		closed: make(chan struct{}),
 		// While no host is connected the port reports POLLHUP at once,
 		// so this is a sleep between polls: it bounds how long a host
 		// that (re)connects waits for its first answer, notably the

@@ -1,9 +1,7 @@
 package manifest
 
 import (
-	"encoding/json"
 	"fmt"
-	"strconv"
 )
 
 // DigestsSim is the Digests key of the sim TEE's expected launch digests.
@@ -38,21 +36,12 @@ func (m *Manifest) SetSim(d SimDigests) error { return m.setDigests(DigestsSim, 
 
 // Sim returns the sim digests, or an error saying the image has none.
 func (m *Manifest) Sim() (*SimDigests, error) {
-	raw, ok := m.Digests[DigestsSim]
-	if !ok {
-		return nil, fmt.Errorf("manifest: no %q digests: rebuild the image with `make image`", DigestsSim)
-	}
 	var d SimDigests
-	if err := json.Unmarshal(raw, &d); err != nil {
-		return nil, fmt.Errorf("manifest: digests.%s: %w", DigestsSim, err)
+	if err := m.digests(DigestsSim, &d, "SIM_FIRMWARE names the firmware"); err != nil {
+		return nil, err
 	}
-	for k, v := range d.ByVCPUs {
-		if n, err := strconv.Atoi(k); err != nil || n < 1 {
-			return nil, fmt.Errorf("manifest: digests.%s.by_vcpus: key %q is not a vCPU count", DigestsSim, k)
-		}
-		if len(v) != 96 {
-			return nil, fmt.Errorf("manifest: digests.%s.by_vcpus[%s]: %q is not a SHA-384 hex digest", DigestsSim, k, v)
-		}
+	if err := checkByVCPUs(DigestsSim, d.ByVCPUs); err != nil {
+		return nil, err
 	}
 	return &d, nil
 }
@@ -84,13 +73,9 @@ func (m *Manifest) SetTDX(d TDXDigests) error { return m.setDigests(DigestsTDX, 
 
 // TDX returns the TDX digests, or an error saying the image has none.
 func (m *Manifest) TDX() (*TDXDigests, error) {
-	raw, ok := m.Digests[DigestsTDX]
-	if !ok {
-		return nil, fmt.Errorf("manifest: no %q digests: rebuild the image with `make image` (TDX_FIRMWARE names the TDVF)", DigestsTDX)
-	}
 	var d TDXDigests
-	if err := json.Unmarshal(raw, &d); err != nil {
-		return nil, fmt.Errorf("manifest: digests.%s: %w", DigestsTDX, err)
+	if err := m.digests(DigestsTDX, &d, "TDX_FIRMWARE names the TDVF"); err != nil {
+		return nil, err
 	}
 	if len(d.MRTD) != 96 {
 		return nil, fmt.Errorf("manifest: digests.%s.mrtd %q is not a SHA-384 hex digest", DigestsTDX, d.MRTD)

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os/exec"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -67,14 +66,14 @@ func (s *state) hasObject(ctx context.Context, t string) bool {
 	return ok
 }
 
-var qemuVersionRE = regexp.MustCompile(`QEMU emulator version ([0-9]+(\.[0-9]+)*)`)
-
-// QEMUVersion extracts the version from `qemu-system-x86_64 -version` output.
+// QEMUVersion extracts the version from `qemu-system-x86_64 -version`
+// output, "" when there is none.
 func QEMUVersion(out string) string {
-	if m := qemuVersionRE.FindStringSubmatch(out); m != nil {
-		return m[1]
+	v, err := vm.ParseQEMUVersion(out)
+	if err != nil {
+		return ""
 	}
-	return ""
+	return fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Micro)
 }
 
 func checkQEMU(ctx context.Context, s *state) Result {

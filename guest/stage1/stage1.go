@@ -70,7 +70,7 @@ func run() error {
 	if !ok {
 		return fmt.Errorf("no %s= on the kernel command line: this initramfs only boots a sealed (dm-verity) root; start the VM with the image manifest's root disk and command line", api.ParamRoot)
 	}
-	initsys.LoadModules(initsys.ModulesList, func(string) bool { return true })
+	initsys.LoadModules(initsys.ModulesList, nil)
 	if err := waitBlock(p.Device, deviceWait); err != nil {
 		return err
 	}

@@ -107,7 +107,7 @@ func checkImageDigest(_ context.Context, s *state) Result {
 	}
 	spec := vm.Spec{ID: "check", StateDir: path.Join(o.Config.Runtime.StateDir, "check"), Hypervisor: h, Accel: "tcg"}
 	if s.manifest != nil && s.manifest.Sealed() {
-		spec.Root = &vm.RootDisk{Path: path.Join(o.ImageDir, s.manifest.Artifacts[manifest.RoleRootfs].File), KernelParams: s.manifest.RootKernelParams()}
+		spec.Root = &vm.RootDisk{Path: path.Join(o.ImageDir, s.manifest.Artifacts[manifest.RoleRootfs].File), KernelParams: s.manifest.RootKernelParams(), RootHash: s.manifest.Verity.RootHash}
 	}
 	argv, err := vm.Args(spec, backend)
 	if err != nil {

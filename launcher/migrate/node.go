@@ -50,7 +50,6 @@ import (
 
 	"github.com/google/go-sev-guest/kds"
 
-	"github.com/c8s-dev/c8s/guest/api/verity"
 	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/tee"
@@ -122,9 +121,7 @@ func LocalNode(cfg config.Config, name string) (NodeInfo, error) {
 		return n, err
 	}
 	if root != nil {
-		if p, ok, err := verity.FromCmdline(strings.Join(root.KernelParams, " ")); err == nil && ok {
-			imgs["rootfs"] = p.RootHash
-		}
+		imgs["rootfs"] = root.RootHash
 	}
 	n.Images = imgs
 	n.MemoryAvailableMiB = memAvailableMiB()

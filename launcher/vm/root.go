@@ -20,6 +20,8 @@ type RootDisk struct {
 	Path string
 	// KernelParams name the device and the hash tree (guest/api/verity).
 	KernelParams []string
+	// RootHash is the hash tree's root: it stands for every block.
+	RootHash string
 }
 
 // RootFor returns the root disk of the image cfg boots: the image manifest
@@ -48,5 +50,5 @@ func RootFor(cfg *config.Config) (*RootDisk, error) {
 			return nil, err
 		}
 	}
-	return &RootDisk{Path: disk, KernelParams: m.RootKernelParams()}, nil
+	return &RootDisk{Path: disk, KernelParams: m.RootKernelParams(), RootHash: m.Verity.RootHash}, nil
 }

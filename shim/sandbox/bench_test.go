@@ -3,10 +3,13 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/sirupsen/logrus"
 
 	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/c8s-dev/c8s/launcher/config"
@@ -22,6 +25,12 @@ import (
 // (both under TCG here: the guest's share is emulated). The boot is not
 // timed.
 func BenchmarkMigrate(b *testing.B) {
+	// go test interleaves log lines with the benchmark's result line:
+	// logs are dropped so that the metrics stay on it (failures still end
+	// the benchmark with their error).
+	out := logrus.StandardLogger().Out
+	logrus.SetOutput(io.Discard)
+	b.Cleanup(func() { logrus.SetOutput(out) })
 	image, err := filepath.Abs(filepath.Join("..", "..", "_output", "image"))
 	if err != nil {
 		b.Fatal(err)

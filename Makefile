@@ -14,6 +14,11 @@ HOST_CMDS  := ./shim/cmd/containerd-shim-c8s-v2 ./launcher/cmd/c8s-launcher ./me
 GUEST_CMDS := ./guest/cmd/c8s-agent ./guest/cmd/c8s-init
 
 export PATH := $(TOOLS_BIN):$(PATH)
+# When this make started, so that `make demo` can print the time it took in all.
+ifndef C8S_MAKE_START
+C8S_MAKE_START := $(shell date +%s)
+endif
+export C8S_MAKE_START
 
 .PHONY: help
 help: ## Show this help.
@@ -31,8 +36,12 @@ deps: ## Install the Debian packages c8s builds and tests with (idempotent).
 
 .PHONY: tools
 tools: ## Build containerd, Kubernetes (etcd, apiserver, scheduler, kubelet), crictl, critest and CNI plugins from their Go modules (cached).
-	hack/build-tools.sh $(TOOLS_BIN)
+	hack/build-tools.sh $(TOOLS_BIN) containerd kubernetes
 	hack/build-critools.sh $(TOOLS_BIN)
+
+.PHONY: tools-containerd
+tools-containerd: ## Build only containerd, ctr and the runc shim from their Go module (cached): all `make demo` needs.
+	hack/build-tools.sh $(TOOLS_BIN) containerd
 
 .PHONY: protos
 protos: ## Regenerate the ttrpc APIs (guest/api, launcher/api).
@@ -59,7 +68,7 @@ test: deps tools image ## Install what is needed, then run every test, end to en
 	hack/test.sh
 
 .PHONY: demo
-demo: deps tools image ## Run a container inside a confidential VM through a private containerd.
+demo: deps tools-containerd image ## Run a container inside a confidential VM through a private containerd.
 	hack/demo.sh
 
 .PHONY: bench
@@ -69,6 +78,10 @@ bench: deps tools image ## Print the benchmark figures and ratios against peers.
 .PHONY: conformance
 conformance: deps tools build image ## critest's CRI suite with c8s and with runc, counts side by side (long).
 	hack/conformance.sh
+
+.PHONY: fresh-check
+fresh-check: ## Prove a clone builds and passes `make unit` in a fresh Debian 12 root (debootstrap; slow).
+	hack/fresh-check.sh
 
 .PHONY: fuzz
 fuzz: ## Run each parser fuzz target for a bounded time.

@@ -6,7 +6,7 @@
 #   hack/bench-measure.sh              # RUNS=10 runs each, medians
 #   KERNEL=... INITRD=... hack/bench-measure.sh
 #
-# Inputs: the AmdSevX64 fixture (../shared/fixtures/snp/ovmf_AmdSev_suffix.bin),
+# Inputs: the AmdSevX64 fixture (testdata/snp/ovmf_AmdSev_suffix.bin),
 # the newest /boot/vmlinuz-* and its /boot/initrd.img-* (synthetic 8 MiB and
 # 32 MiB files when absent). The reference tool is taken, without network,
 # from its fetched mirror ../.mirror/virtee+sev-snp-measure next to the
@@ -23,7 +23,7 @@ RUNS=${RUNS:-10}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-ovmf=$ROOT/../shared/fixtures/snp/ovmf_AmdSev_suffix.bin
+ovmf=$ROOT/testdata/snp/ovmf_AmdSev_suffix.bin
 [[ -f $ovmf ]] || { echo "bench-measure: $ovmf is missing (shared fixtures)" >&2; exit 1; }
 kernel=${KERNEL:-$(ls -1 /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n1 || true)}
 initrd=${INITRD:-}

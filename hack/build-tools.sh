@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Usage: hack/build-tools.sh OUTDIR
+# Usage: hack/build-tools.sh OUTDIR [GROUP...]
+#
+# GROUP is containerd or kubernetes; without one, both are built. `make demo`
+# builds only containerd: it needs nothing else.
 #
 # Builds containerd, ctr and containerd-shim-runc-v2 into OUTDIR from the tools
 # module in tests/tools, at the containerd version that the root go.mod
@@ -14,14 +17,26 @@
 #
 set -euo pipefail
 
-if [[ $# -ne 1 ]]; then
-	echo "usage: $0 OUTDIR" >&2
+if [[ $# -lt 1 ]]; then
+	echo "usage: $0 OUTDIR [containerd] [kubernetes]" >&2
 	exit 2
 fi
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TOOLS_MOD="$ROOT/tests/tools"
 OUTDIR=$1
+shift
+GROUPS_WANTED=" ${*:-containerd kubernetes} "
+for g in $GROUPS_WANTED; do
+	case $g in
+	containerd | kubernetes) ;;
+	*)
+		echo "build-tools: unknown group $g (want containerd or kubernetes)" >&2
+		exit 2
+		;;
+	esac
+done
+wanted() { [[ $GROUPS_WANTED == *" $1 "* ]]; }
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 STAMP="$OUTDIR/.c8s-tools.stamp"
@@ -90,9 +105,10 @@ build_group() {
 }
 
 goversion=$("$GO" env GOVERSION)
-build_group "containerd $want" "$STAMP" "$TOOLS_MOD" "${CONTAINERD_PKGS[*]}" "${CONTAINERD_BINS[*]}" \
+wanted containerd && build_group "containerd $want" "$STAMP" "$TOOLS_MOD" "${CONTAINERD_PKGS[*]}" "${CONTAINERD_BINS[*]}" \
 	"$(printf 'containerd=%s\ngo=%s' "$want" "$goversion")" -tags no_btrfs
 
+wanted kubernetes || exit 0
 KUBE_MOD="$TOOLS_MOD/kubernetes"
 KUBE_PKGS=(
 	go.etcd.io/etcd/server/v3

@@ -41,3 +41,8 @@ if ctr run --runtime io.containerd.c8s.v2 --runtime-config-path "$altered/c8s.to
 fi
 grep -o 'attestation of pod VM.*' "$altered/err" | cut -c1-400
 ctr container delete c8s-altered >/dev/null 2>&1 || true
+
+if [[ -n ${C8S_MAKE_START:-} ]]; then
+	echo
+	echo "== make demo took $(($(date +%s) - C8S_MAKE_START)) s in all (installs, builds and the demo)"
+fi

@@ -26,6 +26,7 @@ PACKAGES=(
 	binutils
 	kmod
 	protobuf-compiler
+	libprotobuf-dev
 	gcc
 	libc6-dev
 	make
@@ -40,6 +41,7 @@ PACKAGES=(
 	docker-registry
 	curl
 	iproute2
+	debootstrap
 )
 
 missing=()

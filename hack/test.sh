@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 export C8S_E2E_REQUIRED=1
 export PATH=$PWD/_output/tools/bin:$PATH
 
+echo "== the repository stands alone"
+hack/check-standalone.sh
+
 echo "== generated API is current"
 hack/protos.sh check
 

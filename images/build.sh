@@ -27,7 +27,7 @@
 #   C8S_INIT           first-stage init (default bin/c8s-init)
 #   SNP_FIRMWARE       an AmdSevX64 OVMF (with SNP_KERNEL_HASHES) whose SNP launch
 #                      digests the manifest records (default: the published
-#                      sev-snp-measure fixture in ../shared, if present; clearly
+#                      sev-snp-measure fixture in testdata/snp; clearly
 #                      marked as such in the manifest)
 #   C8S_CACHE          download cache (default _output/cache)
 set -euo pipefail
@@ -89,7 +89,7 @@ OUTDIR=$1
 AGENT=${C8S_AGENT:-$ROOT/bin/c8s-agent}
 STAGE1=${C8S_INIT:-$ROOT/bin/c8s-init}
 CACHE=${C8S_CACHE:-$ROOT/_output/cache}
-SNP_FIXTURE=$ROOT/../shared/fixtures/snp/ovmf_AmdSev_suffix.bin
+SNP_FIXTURE=$ROOT/testdata/snp/ovmf_AmdSev_suffix.bin
 SNP_FIRMWARE_NOTE=""
 if [[ -z "${SNP_FIRMWARE:-}" && -f "$SNP_FIXTURE" ]]; then
 	SNP_FIRMWARE=$(readlink -f "$SNP_FIXTURE")

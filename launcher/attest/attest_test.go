@@ -18,7 +18,7 @@ import (
 	"github.com/google/go-tdx-guest/testing/testdata"
 )
 
-// Real SNP launch digests, from /work/shared/fixtures/snp/VECTORS.md: the
+// Real SNP launch digests, from testdata/snp/VECTORS.md: the
 // AmdSev OVMF fixture with an empty kernel and initrd, features 0x1, for 1
 // and for 4 vCPUs.
 const (

@@ -11,7 +11,7 @@ import (
 
 // The expected values in this file are the published test expectations of
 // virtee/sev-snp-measure v0.0.13 and google/gce-tcb-verifier, as listed in
-// ../shared/fixtures/snp/VECTORS.md.
+// testdata/snp/VECTORS.md.
 
 const cmdlineC = "console=ttyS0 loglevel=7"
 

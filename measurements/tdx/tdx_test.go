@@ -10,7 +10,7 @@ package tdx
 //     and extends page by page, the PerPage ordering.
 //   - virtee/tdx-measure publishes the MRTD of Ubuntu 25.04's OVMF.fd
 //     (sha256 9e807cb2...b446bf) as 7357a10d...837e1114, see
-//     ../../../shared/fixtures/snp/VECTORS.md. That firmware is not on this
+//     testdata/snp/VECTORS.md. That firmware is not on this
 //     machine, so that vector cannot be checked here.
 
 import (

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/cgroups/v3"
 	"github.com/containerd/cgroups/v3/cgroup1"
@@ -183,7 +184,26 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err := s.configureNetwork(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
 		return nil, err
 	}
-	return newProcess(c.id, "", rp, stdio), nil
+	p := newProcess(c.id, "", rp, stdio)
+	go killLeftovers(c, p)
+	return p, nil
+}
+
+// leftoverKillTimeout bounds the fallback of killCgroup where the kernel
+// has no cgroup.kill.
+const leftoverKillTimeout = 2 * time.Second
+
+// killLeftovers kills what is left of a container once its init process
+// has exited, as runc's shim does: children that inherited its stdout
+// (`sh -c 'sleep 1000 & sleep 1000'`) would otherwise keep the output
+// streams open, and containerd waits for them to close before it finishes
+// handling the exit. A container in its own PID namespace loses them to the
+// kernel anyway; one in the pod's (or the VM's) namespace does not.
+func killLeftovers(c *container, init *process) {
+	<-init.done
+	if err := killCgroup(c.cgroup, leftoverKillTimeout); err != nil {
+		log.L.WithError(err).WithField("container", c.id).Warn("kill the processes left after the container's init exited")
+	}
 }
 
 func stdioOf(s *agentapi.Stdio) runtime.Stdio {
@@ -278,13 +298,15 @@ func (s *Service) cleanup(ctx context.Context, id, bundle string) error {
 	return nil
 }
 
-// ListPids lists the container's processes with `runc ps`.
+// ListPids lists the container's processes (guest pids).
 func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (*agentapi.ListPidsResponse, error) {
 	c, err := s.lookup(req.GetContainerId())
 	if err != nil {
 		return nil, err
 	}
-	pids, err := s.cfg.Runtime.Ps(ctx, c.id, c.bundle)
+	// The container's cgroup lists its processes whatever state it is in;
+	// `crun ps` crashes on a container that was created but not started.
+	pids, err := cgroupPids(c.cgroup)
 	if err != nil {
 		return nil, err
 	}

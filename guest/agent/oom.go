@@ -9,10 +9,6 @@ import (
 	"strings"
 )
 
-// cgroupRoot is where the guest mounts the cgroup v2 hierarchy (a variable
-// for tests).
-var cgroupRoot = "/sys/fs/cgroup"
-
 // oomKilled reports whether the kernel's OOM killer has killed a process
 // of the cgroup (guest path, e.g. /c8s/<id>): cgroup v2 counts the kills
 // in memory.events oom_kill, the subtree's included. On cgroup v1, or when

@@ -153,7 +153,8 @@ func (s *Service) WaitProcess(ctx context.Context, req *agentapi.ProcessRequest)
 }
 
 // SignalProcess signals a process, or with all every process of the
-// container. Signalling a process that has already exited succeeds.
+// container's cgroup. Signalling a process that has already exited
+// succeeds; the shim decides what its caller sees.
 func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcessRequest) (*agentapi.Empty, error) {
 	c, p, err := s.process(req.GetContainerId(), req.GetExecId())
 	if err != nil {
@@ -164,10 +165,10 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 		return nil, fmt.Errorf("signal %d: %w", sig, errdefs.ErrInvalidArgument)
 	}
 	if req.GetAll() {
-		if err := s.cfg.Runtime.Kill(ctx, c.id, c.bundle, sig, true); err != nil {
-			if c.init.exited() {
-				return &agentapi.Empty{}, nil
-			}
+		// The container's cgroup holds every process of it, created or
+		// running, init exited or not; `crun kill --all` refuses a stopped
+		// container whose leftovers still run.
+		if err := signalCgroup(c.cgroup, unix.Signal(sig)); err != nil {
 			return nil, err
 		}
 		return &agentapi.Empty{}, nil
@@ -176,12 +177,16 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 		return &agentapi.Empty{}, nil
 	}
 	if p.execID == "" {
-		// runc kill also handles a created-but-not-started container.
+		// crun kill also handles a created-but-not-started container.
 		if err := s.cfg.Runtime.Kill(ctx, c.id, c.bundle, sig, false); err != nil {
 			if p.exited() {
 				return &agentapi.Empty{}, nil
 			}
-			return nil, err
+			// The init of a created container is crun's own process
+			// waiting to exec the container's: it can be signalled as any.
+			if kerr := unix.Kill(p.pid, unix.Signal(sig)); kerr != nil && !errors.Is(kerr, unix.ESRCH) {
+				return nil, err
+			}
 		}
 		return &agentapi.Empty{}, nil
 	}

@@ -17,8 +17,8 @@ import (
 // A panicking handler must fail its request with Internal and leave the
 // agent (PID 1 in the VM) serving.
 func TestServerSurvivesHandlerPanic(t *testing.T) {
-	// No runtime: ListPids of a known container dereferences nil.
-	svc := &Service{containers: map[string]*container{"c": {id: "c", execs: map[string]*process{}}}, cfg: Config{Channel: "test"}}
+	// A process without stdio: CloseStdin dereferences nil.
+	svc := &Service{containers: map[string]*container{"c": {id: "c", init: &process{}, execs: map[string]*process{}}}, cfg: Config{Channel: "test"}}
 	srv, err := svc.NewServer()
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +38,7 @@ func TestServerSurvivesHandlerPanic(t *testing.T) {
 	defer client.Close()
 	agent := agentapi.NewAgentClient(client)
 
-	_, err = agent.ListPids(context.Background(), &agentapi.ListPidsRequest{ContainerId: "c"})
+	_, err = agent.CloseStdin(context.Background(), &agentapi.ProcessRequest{ContainerId: "c"})
 	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "panic") {
 		t.Errorf("panicking handler: %v, want Internal naming the panic", err)
 	}

@@ -153,15 +153,6 @@ func (rt *Runtime) Delete(ctx context.Context, id, bundle string) error {
 	return nil
 }
 
-// Ps lists the container's pids with `runc ps`.
-func (rt *Runtime) Ps(ctx context.Context, id, bundle string) ([]int, error) {
-	pids, err := rt.runcFor(bundle).Ps(ctx, id)
-	if err != nil {
-		return nil, rt.failure("list the processes of container "+id, bundle, err)
-	}
-	return pids, nil
-}
-
 // Exists reports whether runc knows the container.
 func (rt *Runtime) Exists(ctx context.Context, id string) bool {
 	_, err := os.Stat(filepath.Join(rt.Root, id, "state.json"))

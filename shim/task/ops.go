@@ -73,15 +73,16 @@ func (s *service) State(ctx context.Context, r *taskAPI.StateRequest) (*taskAPI.
 	return resp, nil
 }
 
-// Kill signals a process. Signalling a process that has already exited is
-// not an error: the caller's intent holds.
+// Kill signals a process, or with All every process of the container.
+// A process that has already exited is not found, as with runc's shim
+// (containerd's clients expect that: WithProcessKill then just waits).
 func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Empty, error) {
 	_, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
 		return nil, err
 	}
 	if p.hasExited() {
-		return &emptypb.Empty{}, nil
+		return nil, fmt.Errorf("process %q of %q: process already finished: %w", r.ExecID, r.ID, errdefs.ErrNotFound)
 	}
 	if st, _, _, _ := p.state(); st == task.Status_CREATED && r.ExecID != "" {
 		return nil, fmt.Errorf("exec %q has not started: %w", r.ExecID, errdefs.ErrFailedPrecondition)
@@ -94,7 +95,7 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Em
 		ContainerId: r.ID, ExecId: r.ExecID, Signal: r.Signal, All: r.All,
 	}); err != nil {
 		if p.hasExited() || vmGone(sb) {
-			return &emptypb.Empty{}, nil
+			return nil, fmt.Errorf("process %q of %q: process already finished: %w", r.ExecID, r.ID, errdefs.ErrNotFound)
 		}
 		return nil, fmt.Errorf("signal %d to %q: %w", r.Signal, r.ID, fromAgent(err))
 	}
@@ -201,8 +202,12 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	return &taskAPI.StatsResponse{Stats: resp.Stats}, nil
 }
 
-// Connect returns the shim's pid and the task's (guest) pid.
+// Connect returns the shim's pid and the task's (guest) pid. With no ID it
+// answers for the shim alone, as runc's shim does (CRI asks so).
 func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*taskAPI.ConnectResponse, error) {
+	if r.ID == "" {
+		return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid())}, nil
+	}
 	c, err := s.get(r.ID)
 	if err != nil {
 		return nil, err

@@ -46,7 +46,10 @@ type process struct {
 	// stdinForwardedEOF is set once the copy has closed the guest's stdin.
 	stdinForwardedEOF atomic.Bool
 	outputs           sync.WaitGroup
-	closeIO           sync.Once
+	// stopOutputs ends the output copies, which closes containerd's
+	// FIFOs; set by startIO.
+	stopOutputs context.CancelFunc
+	closeIO     sync.Once
 }
 
 func newProcess(containerID, execID string, io stdio.Stdio, spec []byte) *process {
@@ -113,6 +116,8 @@ func (p *process) hasExited() bool {
 // agent's IO service. The output copies end at the guest stream's EOF, or
 // when ctx ends.
 func (p *process) startIO(ctx context.Context, ioc agent.IOService, ac agent.AgentService) error {
+	outCtx, stop := context.WithCancel(ctx)
+	p.stopOutputs = stop
 	open := func(path string, flag int) (io.ReadWriteCloser, error) {
 		return fifo.OpenFifo(ctx, path, flag, 0)
 	}
@@ -151,7 +156,7 @@ func (p *process) startIO(ctx context.Context, ioc agent.IOService, ac agent.Age
 		}
 		writers = append(writers, w)
 		p.outputs.Add(1)
-		go p.copyOut(ctx, o.read, w)
+		go p.copyOut(outCtx, o.read, w)
 	}
 	if p.stdin != nil {
 		go p.copyIn(ctx, ioc, ac)
@@ -231,18 +236,31 @@ func (p *process) closeStdin(ctx context.Context, ac agent.AgentService) error {
 	return err
 }
 
-// waitOutputs waits, within ioDrainTimeout, for the output copies to end.
-func (p *process) waitOutputs() {
+// drainOutputs waits, within ioDrainTimeout, for the output copies to
+// reach the end of the guest's streams, then ends whatever copy is left, so
+// that containerd's FIFOs are closed: containerd finishes handling an exit
+// only once they are (CRI's StopContainer and RemoveContainer wait for it),
+// and something that still holds the stream open in the guest must not
+// hold the container up on the host.
+func (p *process) drainOutputs() {
 	done := make(chan struct{})
 	go func() { p.outputs.Wait(); close(done) }()
 	select {
 	case <-done:
+		return
 	case <-time.After(ioDrainTimeout):
 	}
+	if p.stopOutputs != nil {
+		p.stopOutputs()
+	}
+	<-done
 }
 
 // releaseIO closes what startIO opened on the host side.
 func (p *process) releaseIO() {
+	if p.stopOutputs != nil {
+		p.stopOutputs()
+	}
 	if p.stdin != nil {
 		p.closeIO.Do(func() { p.stdin.Close() })
 	}

@@ -267,6 +267,10 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	s.mu.Lock()
 	s.conts[r.ID] = &container{id: r.ID, bundle: r.Bundle, disk: disk, init: init, execs: map[string]*process{}}
 	s.mu.Unlock()
+	// A created init can exit before it is started: killed (containerd's
+	// Kill or Delete WithProcessKill of a task never started), or its VM
+	// lost. Its exit is published like any other.
+	go s.wait(sb, init)
 
 	s.send(&eventstypes.TaskCreate{
 		ContainerID: r.ID,
@@ -421,7 +425,9 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 		pid = resp.Pid
 	}
 	p.setRunning(pid)
-	go s.wait(sb, p)
+	if r.ExecID != "" {
+		go s.wait(sb, p) // an init's waiter runs from its Create on
+	}
 	if r.ExecID == "" {
 		s.send(&eventstypes.TaskStart{ContainerID: c.id, Pid: pid})
 	} else {
@@ -460,7 +466,7 @@ func (s *service) exited(p *process, status uint32, at time.Time) {
 	if p.hasExited() {
 		return
 	}
-	p.waitOutputs()
+	p.drainOutputs()
 	if !p.setExited(status, at) {
 		return
 	}
@@ -505,6 +511,12 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
 	}
 
+	if st == task.Status_CREATED {
+		// Never started: removing it below kills it in the guest, and
+		// its waiter must not publish that exit after TaskDelete.
+		at = time.Now()
+		p.setExited(status, at)
+	}
 	s.mu.Lock()
 	last := len(s.conts) == 1
 	s.mu.Unlock()
@@ -526,9 +538,6 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 		log.G(ctx).WithError(err).Warn("remove container root disk")
 	}
 	s.unshare(ctx, s.pod, r.ID)
-	if st == task.Status_CREATED {
-		at = time.Now()
-	}
 	s.mu.Lock()
 	delete(s.conts, r.ID)
 	last = len(s.conts) == 0

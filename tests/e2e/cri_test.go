@@ -17,6 +17,11 @@ import (
 
 const pauseImage = "docker.io/c8s/pause:test"
 
+// pauseCmd is the pause image's command: a stand-in for the real pause
+// that, like many real images' entry points, forks and traps SIGTERM, so
+// that every CRI test stops a sandbox whose init has a child.
+var pauseCmd = []string{"sh", "-c", `trap "exit 0" TERM INT; sleep 2147483647 & wait`}
+
 // TestCRIPodRunsInOneVM drives containerd's CRI the way the kubelet does: a
 // pod sandbox with runtime handler "c8s" (registered as the packaged
 // drop-in does) and an app container in it. Both run in one pod VM, the app
@@ -108,7 +113,7 @@ func setupCRIWith(t *testing.T, extraConfig string) *env {
   sandbox = %q
 `, e.config, e.config, pauseImage) + extraConfig,
 	})
-	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: []string{"sleep", "2147483647"}}} {
+	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: pauseCmd}} {
 		tarball := filepath.Join(e.d.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")
 		if err := ociimage.WriteFile(tarball, img); err != nil {
 			t.Fatal(err)

@@ -64,7 +64,7 @@ func TestKubernetesSchedulesPodVMs(t *testing.T) {
   sandbox = %q
 `, pauseImage),
 	})
-	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: []string{"sleep", "2147483647"}}} {
+	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: pauseCmd}} {
 		tarball := filepath.Join(e.d.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")
 		if err := ociimage.WriteFile(tarball, img); err != nil {
 			t.Fatal(err)

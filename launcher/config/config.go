@@ -57,6 +57,8 @@ import (
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/c8s-dev/c8s/launcher/statedir"
 )
 
 // Defaults.
@@ -168,7 +170,9 @@ type TDXConfig struct {
 
 // Runtime holds node-side settings that are not about the VM itself.
 type Runtime struct {
-	// StateDir holds one directory per pod VM (sockets, console log).
+	// StateDir holds one directory per pod VM (sockets, console log), laid
+	// out by launcher/statedir; at most statedir.MaxRoot (40) bytes, so
+	// that every unix socket below it fits.
 	StateDir string `toml:"state_dir"`
 	// Debug enables debug logging.
 	Debug bool `toml:"debug"`
@@ -328,6 +332,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Runtime.StateDir == "" || !filepath.IsAbs(c.Runtime.StateDir) {
 		errs = append(errs, fmt.Errorf("runtime.state_dir %q must be an absolute path", c.Runtime.StateDir))
+	} else if n := len(filepath.Clean(c.Runtime.StateDir)); n > statedir.MaxRoot {
+		errs = append(errs, fmt.Errorf("runtime.state_dir %q is %d bytes, longer than the %d that leave room below it for the pod VMs' unix sockets (at most %d bytes a path): use a shorter directory such as %s",
+			c.Runtime.StateDir, n, statedir.MaxRoot, statedir.UnixPathMax, DefaultStateDir))
 	}
 	return errors.Join(errs...)
 }

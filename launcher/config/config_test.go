@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/kata-containers/kata-containers/src/runtime/virtcontainers/pkg/annotations"
+
+	"github.com/c8s-dev/c8s/launcher/statedir"
 )
 
 func writeFile(t *testing.T, dir, name, content string) string {
@@ -141,6 +143,7 @@ func TestValidate(t *testing.T) {
 		{"unknown-annotation", func(c *Config) { c.Hypervisor.EnableAnnotations = []string{"default_vcpu"} }, []string{`"default_vcpu"`, "default_memory, default_vcpus, kernel_params"}},
 		{"qemu-not-in-path", func(c *Config) { c.Hypervisor.Path = "no-such-qemu" }, []string{`"no-such-qemu"`, "PATH"}},
 		{"relative-state-dir", func(c *Config) { c.Runtime.StateDir = "run" }, []string{"runtime.state_dir"}},
+		{"long-state-dir", func(c *Config) { c.Runtime.StateDir = "/" + strings.Repeat("s", statedir.MaxRoot) }, []string{"runtime.state_dir", "41 bytes", "longer than the 40", "unix sockets", "107 bytes", "use a shorter directory such as /run/c8s"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/c8s-dev/c8s/launcher/statedir"
 )
 
 // PidFile is the file in a pod VM's state directory that holds its QEMU's
@@ -17,9 +19,8 @@ import (
 const PidFile = "qemu.pid"
 
 // maxStateDepth is how deep pod VM state directories lie under the state
-// root: <root>/<namespace>/<id> for the shim's, <root>/<id> for
-// c8s-launcher's own.
-const maxStateDepth = 2
+// root (launcher/statedir lays it out).
+const maxStateDepth = statedir.MaxDepth
 
 // TEE kinds of a pod VM as ScanVMs tells them from QEMU's command line.
 const (
@@ -39,6 +40,10 @@ type VM struct {
 	Alive bool `json:"alive"`
 	// TEE is VMSNP, VMTDX or VMSim, from the live QEMU's command line.
 	TEE string `json:"tee,omitempty"`
+	// Namespace and ID name the pod in full, from the state dir's index
+	// (statedir.IndexFile), whose name may be shortened.
+	Namespace string `json:"namespace,omitempty"`
+	ID        string `json:"id,omitempty"`
 }
 
 // ScanVMs finds the pod VMs under stateRoot (runtime.state_dir): every
@@ -76,6 +81,9 @@ func ScanVMs(stateRoot, procRoot string) ([]VM, error) {
 			return nil
 		}
 		vm := VM{StateDir: path, PID: pid}
+		if ix, err := statedir.ReadIndex(path); err == nil {
+			vm.Namespace, vm.ID = ix.Namespace, ix.ID
+		}
 		vm.Alive, vm.TEE = liveQEMU(procRoot, pid, path)
 		vms = append(vms, vm)
 		return fs.SkipDir

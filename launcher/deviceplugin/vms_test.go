@@ -7,9 +7,11 @@ import (
 	"reflect"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/c8s-dev/c8s/launcher/internal/fakevms"
+	"github.com/c8s-dev/c8s/launcher/statedir"
 )
 
 // TestScanVMs: a state root as the shim leaves it (one directory per pod
@@ -43,6 +45,14 @@ func TestScanVMs(t *testing.T) {
 	fakevms.WriteFile(t, filepath.Join(ns, "disks", "snp-pod", PidFile), []byte("101")) // too deep: not a state dir
 	fakevms.WriteFile(t, filepath.Join(state, "direct", PidFile), []byte("108"))        // c8s-launcher run's <root>/<id>
 	fakevms.WriteFile(t, filepath.Join(proc, "108", "cmdline"), fakevms.Cmdline(t, "sim", filepath.Join(state, "direct")))
+	// A pod of a long namespace: shortened dir names, the index names it.
+	ix := statedir.Index{Namespace: strings.Repeat("n", 76), ID: strings.Repeat("ab", 32)}
+	indexed := statedir.ForPod(state, ix.Namespace, ix.ID).VM
+	fakevms.WriteFile(t, filepath.Join(indexed, PidFile), []byte("109"))
+	fakevms.WriteFile(t, filepath.Join(proc, "109", "cmdline"), fakevms.Cmdline(t, "snp", indexed))
+	if err := statedir.WriteIndex(indexed, ix); err != nil {
+		t.Fatal(err)
+	}
 
 	vms, err := ScanVMs(state, proc)
 	if err != nil {
@@ -57,11 +67,12 @@ func TestScanVMs(t *testing.T) {
 		{StateDir: snp, PID: 101, Alive: true, TEE: VMSNP},
 		{StateDir: tdx, PID: 102, Alive: true, TEE: VMTDX},
 		{StateDir: zombie, PID: 106},
+		{StateDir: indexed, PID: 109, Alive: true, TEE: VMSNP, Namespace: ix.Namespace, ID: ix.ID},
 	}
 	if !reflect.DeepEqual(vms, want) {
 		t.Fatalf("ScanVMs:\n got %+v\nwant %+v", vms, want)
 	}
-	if got := CountLive(vms); !reflect.DeepEqual(got, map[string]int64{VMSNP: 1, VMTDX: 1, VMSim: 2}) {
+	if got := CountLive(vms); !reflect.DeepEqual(got, map[string]int64{VMSNP: 2, VMTDX: 1, VMSim: 2}) {
 		t.Fatalf("CountLive = %v", got)
 	}
 

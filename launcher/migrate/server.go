@@ -18,6 +18,7 @@ import (
 	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/simtee"
+	"github.com/c8s-dev/c8s/launcher/statedir"
 	"github.com/c8s-dev/c8s/launcher/tee"
 	"github.com/c8s-dev/c8s/launcher/vm"
 )
@@ -176,7 +177,7 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 	spec := vm.Spec{
 		Root:       root,
 		ID:         req.ID,
-		StateDir:   filepath.Join(s.Config.Runtime.StateDir, "migrate", req.ID),
+		StateDir:   statedir.Incoming(s.Config.Runtime.StateDir, req.ID),
 		Hypervisor: h,
 		Accel:      req.Accel,
 		Disks:      req.Disks,

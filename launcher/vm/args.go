@@ -11,6 +11,7 @@ import (
 	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
 
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/statedir"
 	"github.com/c8s-dev/c8s/launcher/tee"
 )
 
@@ -42,16 +43,20 @@ const (
 	// maxIDLen is containerd's identifier limit.
 	maxIDLen = 76
 	// unixPathMax is sun_path's size minus the terminating NUL.
-	unixPathMax = 107
+	unixPathMax = statedir.UnixPathMax
 )
 
 // Spec describes one VM.
 type Spec struct {
 	// ID names the VM (QEMU -name c8s-<ID>); usually the sandbox ID.
 	ID string
-	// StateDir holds the QMP and agent sockets and the console log. Start
-	// creates it (0700); Stop removes it.
+	// StateDir holds the QMP and agent sockets and the console log (see
+	// launcher/statedir for its name). Start creates it (0700) and writes
+	// statedir.IndexFile into it; Stop removes it.
 	StateDir string
+	// Namespace, when the VM is a containerd pod's, is the pod's
+	// namespace: Start records it with ID in statedir.IndexFile.
+	Namespace string
 	// Hypervisor is the resolved configuration (annotations applied). The
 	// VM gets DefaultVCPUs vCPUs and DefaultMemoryMiB MiB.
 	Hypervisor config.Hypervisor
@@ -112,6 +117,11 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 	}
 	if pieces.RequiresKVM && spec.Accel != "kvm" {
 		return nil, fmt.Errorf("tee %s needs KVM but the accelerator is %s: set hypervisor.accel = \"kvm\" on a host with %s support", backend.Name(), spec.Accel, backend.Name())
+	}
+	for _, name := range pieces.Ports {
+		if err := checkSocket(spec.StateDir, portSocket(spec.StateDir, name)); err != nil {
+			return nil, err
+		}
 	}
 
 	// govmm's typed devices render themselves against a govmm Config; only
@@ -221,8 +231,8 @@ func checkSpec(spec Spec) error {
 	}
 	if !filepath.IsAbs(spec.StateDir) || strings.ContainsAny(spec.StateDir, ",\n") {
 		errs = append(errs, fmt.Errorf("vm: state dir %q must be an absolute path without commas", spec.StateDir))
-	} else if n := len(filepath.Join(spec.StateDir, AgentSocketName)); n > unixPathMax {
-		errs = append(errs, fmt.Errorf("vm: state dir %q is too long for unix sockets (%d > %d bytes): use a shorter runtime.state_dir", spec.StateDir, n, unixPathMax))
+	} else if err := checkSocket(spec.StateDir, filepath.Join(spec.StateDir, AgentSocketName)); err != nil {
+		errs = append(errs, err) // the agent's is longer than the QMP socket
 	}
 	if spec.Accel != "kvm" && spec.Accel != "tcg" {
 		errs = append(errs, fmt.Errorf("vm: accelerator %q must be kvm or tcg (resolve \"auto\" with launcher/accel first)", spec.Accel))
@@ -259,6 +269,16 @@ func checkSpec(spec Spec) error {
 		seen[d.ID] = true
 	}
 	return errors.Join(errs...)
+}
+
+// checkSocket fails when the unix socket sock in the state dir stateDir
+// has too long a path.
+func checkSocket(stateDir, sock string) error {
+	if n := len(sock); n > unixPathMax {
+		return fmt.Errorf("vm: state dir %q is too long for unix sockets (%s: %d > %d bytes): use a shorter runtime.state_dir (at most %d bytes)",
+			stateDir, filepath.Base(sock), n, unixPathMax, statedir.MaxRoot)
+	}
+	return nil
 }
 
 func checkDisk(d Disk) error {

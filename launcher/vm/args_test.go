@@ -110,6 +110,8 @@ func TestArgsErrors(t *testing.T) {
 		{"bad-id", func(s *Spec) { s.ID = "a/b" }, sim, "ID \"a/b\""},
 		{"relative-state-dir", func(s *Spec) { s.StateDir = "run/x" }, sim, "absolute path"},
 		{"long-state-dir", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 100) }, sim, "too long for unix sockets"},
+		// agent.sock fits, the sim TEE's c8s.attest.sock does not.
+		{"long-for-port-socket", func(s *Spec) { s.StateDir = "/" + strings.Repeat("x", 95) }, sim, "too long for unix sockets (c8s.attest.sock: 112 > 107 bytes)"},
 		{"duplicate-disk", func(s *Spec) { s.Disks = append(s.Disks, s.Disks[0]) }, sim, "used twice"},
 		{"relative-disk", func(s *Spec) { s.Disks[0].Path = "disk.img" }, sim, "must be absolute"},
 		{"no-kernel", func(s *Spec) { s.Hypervisor.Kernel = "" }, sim, "make image"},

@@ -25,6 +25,7 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/c8s-dev/c8s/launcher/statedir"
 	"github.com/c8s-dev/c8s/launcher/tee"
 )
 
@@ -121,6 +122,10 @@ func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (_ 
 			return nil, fmt.Errorf("vm: state dir %s already exists: is a VM with ID %q running? Remove it if not", spec.StateDir, spec.ID)
 		}
 		return nil, fmt.Errorf("vm: creating state dir: %w", err)
+	}
+	if err := statedir.WriteIndex(spec.StateDir, statedir.Index{Namespace: spec.Namespace, ID: spec.ID}); err != nil {
+		os.RemoveAll(spec.StateDir)
+		return nil, fmt.Errorf("vm: %w", err)
 	}
 
 	v := &VM{

@@ -15,6 +15,7 @@ import (
 
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/internal/testguest"
+	"github.com/c8s-dev/c8s/launcher/statedir"
 )
 
 // guestInit is the test guest's /init: it loads the SCSI modules, names the
@@ -163,6 +164,7 @@ func TestVM(t *testing.T) {
 	hot := env.diskFile(t, "hot", hotMarker)
 
 	spec := env.spec("vm1", Disk{ID: "cold", Path: cold, ReadOnly: true})
+	spec.Namespace = "ns1"
 	v, err := Start(ctx, spec)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
@@ -178,6 +180,9 @@ func TestVM(t *testing.T) {
 	}
 	if fi, err := os.Stat(spec.StateDir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("state dir: %v, mode %v; want 0700", err, fi.Mode().Perm())
+	}
+	if ix, err := statedir.ReadIndex(spec.StateDir); err != nil || ix != (statedir.Index{Namespace: "ns1", ID: "vm1"}) {
+		t.Fatalf("the state dir's index: %+v, %v", ix, err)
 	}
 
 	t.Run("console", func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/log"
 	"github.com/containerd/ttrpc"
 
@@ -39,8 +40,8 @@ type Options struct {
 	// ID is the sandbox id: the pod's sandbox id, or the container id of a
 	// container that has none.
 	ID string
-	// StateDir is the VM's own directory (sockets, console log, pid file);
-	// Start creates it and Stop removes it.
+	// StateDir is the VM's own directory (sockets, console log, pid file),
+	// named with launcher/statedir; Start creates it and Stop removes it.
 	StateDir string
 	// Config is the node configuration with the pod's annotations applied.
 	Config config.Config
@@ -109,10 +110,14 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		return nil, err
 	}
 	t0 := time.Now()
+	// The VM's state dir records the pod's namespace (the one the
+	// shim's request carries) and ID in full: its name may be shortened.
+	ns, _ := namespaces.Namespace(ctx)
 	spec := vm.Spec{
 		Root:       root,
 		ID:         opts.ID,
 		StateDir:   opts.StateDir,
+		Namespace:  ns,
 		Hypervisor: h,
 		Accel:      choice.Accel,
 		Disks:      opts.Disks,

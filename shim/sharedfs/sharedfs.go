@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/statedir"
 )
 
 // Tag is the virtio-fs tag the guest mounts.
@@ -56,6 +57,9 @@ func Start(ctx context.Context, daemon, dir string) (_ *Share, retErr error) {
 	}
 	if _, err := os.Stat(daemon); err != nil {
 		return nil, fmt.Errorf("sharedfs: hypervisor.virtio_fs_daemon: %w (Debian 12: /usr/lib/qemu/virtiofsd from qemu-system-common)", err)
+	}
+	if sock := filepath.Join(dir, SocketName); len(sock) > statedir.UnixPathMax {
+		return nil, fmt.Errorf("sharedfs: %s is too long for a unix socket (%d > %d bytes): use a shorter runtime.state_dir (at most %d bytes)", sock, len(sock), statedir.UnixPathMax, statedir.MaxRoot)
 	}
 	shared := filepath.Join(dir, sharedName)
 	if err := os.MkdirAll(shared, 0o700); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -90,6 +91,20 @@ func TestShareLifecycle(t *testing.T) {
 func TestStartWithoutDaemon(t *testing.T) {
 	if _, err := Start(context.Background(), "/nonexistent/virtiofsd", t.TempDir()); err == nil {
 		t.Fatal("Start without a daemon succeeded")
+	}
+}
+
+func TestStartRefusesTooLongASocketPath(t *testing.T) {
+	daemon := filepath.Join(t.TempDir(), "virtiofsd") // never started
+	if err := os.WriteFile(daemon, nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := "/" + strings.Repeat("d", 100)
+	if _, err := Start(context.Background(), daemon, dir); err == nil || !strings.Contains(err.Error(), "too long for a unix socket (116 > 107 bytes)") {
+		t.Fatalf("Start in %s: %v", dir, err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Start left %s: %v", dir, err)
 	}
 }
 

@@ -2,7 +2,6 @@ package task
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -23,6 +22,7 @@ import (
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/statedir"
 	"github.com/c8s-dev/c8s/shim/podnet"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
@@ -103,15 +103,18 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 		withAnn.Hypervisor.SNP.HostData = hex.EncodeToString(d[:])
 		withAnn.Hypervisor.TDX.MRConfigID = hex.EncodeToString(dt[:])
 	}
-	stateDir := filepath.Join(withAnn.Runtime.StateDir, ns, dirName(id))
+	// Short, bounded directory names whatever the lengths of ns and id, so
+	// that the VM's unix sockets fit (the VM's state dir holds an index
+	// with both in full).
+	dirs := statedir.ForPod(withAnn.Runtime.StateDir, ns, id)
 	pod = &podState{
 		id:       id,
 		cfg:      withAnn,
-		stateDir: stateDir,
-		diskDir:  filepath.Join(withAnn.Runtime.StateDir, ns, "disks", dirName(id)),
+		stateDir: dirs.VM,
+		diskDir:  dirs.Disks,
 		initData: initData,
 		netns:    netnsPath(spec),
-		fsDir:    FSDir(stateDir),
+		fsDir:    dirs.FS,
 		shared:   map[string][]string{},
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
@@ -143,18 +146,6 @@ func podInitData(ann map[string]string, cfg config.Config) ([]byte, error) {
 		return nil, err
 	}
 	return data, nil
-}
-
-// dirName names a pod's directories. The VM's unix sockets live in its
-// state dir and socket paths are limited to 107 bytes, while CRI sandbox
-// ids are 64 hex digits, so long ids are shortened to a prefix an admin
-// can match plus a digest of the whole id.
-func dirName(id string) string {
-	if len(id) <= 24 {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	return id[:12] + "-" + hex.EncodeToString(sum[:])[:11]
 }
 
 // configPath finds the c8s config: the runtime option ConfigPath (as

@@ -3,8 +3,11 @@ package task
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,6 +18,10 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/statedir"
+	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
 
 func TestConfigPathPrecedence(t *testing.T) {
@@ -92,14 +99,118 @@ func TestValidIDRejectsPaths(t *testing.T) {
 	}
 }
 
-func TestDirNameIsShortAndDistinct(t *testing.T) {
-	if dirName("pod1") != "pod1" {
-		t.Fatalf("short ids are kept: %q", dirName("pod1"))
+// podDirs runs podFor for sandbox id in namespace ns with a config whose
+// runtime.state_dir is root.
+func podDirs(t *testing.T, root, ns, id string) *podState {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"qemu", "vmlinuz", "initrd.img"} {
+		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	a := dirName(strings.Repeat("e7", 32))
-	b := dirName(strings.Repeat("e7", 31) + "e8")
-	if len(a) > 24 || a == b || !strings.HasPrefix(a, "e7e7e7e7e7e7-") {
-		t.Fatalf("dirName of CRI-style ids: %q, %q", a, b)
+	cfg := filepath.Join(dir, "c8s.toml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "[hypervisor]\npath = %q\nkernel = %q\ninitrd = %q\n[runtime]\nstate_dir = %q\n",
+		filepath.Join(dir, "qemu"), filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img"), root), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(ConfigPathEnv, cfg)
+	spec := &specs.Spec{Annotations: map[string]string{SandboxIDAnnotation: id}}
+	pod, err := (&service{}).podFor(context.Background(), ns, &taskAPI.CreateTaskRequest{ID: "c1"}, spec)
+	if err != nil {
+		t.Fatalf("podFor(%q, %q): %v", ns, id, err)
+	}
+	return pod
+}
+
+// sockPath finds the unix socket paths in QEMU arguments (not the TDX
+// quote generation service's qgs.socket, which is the node's).
+var sockPath = regexp.MustCompile(`/[^,:"]*\.sock\b`)
+
+// TestPodSocketsFit: whatever the namespace (containerd allows 76 bytes)
+// and the sandbox ID (CRI's are 64 hex digits), every unix socket the shim
+// and QEMU make for the pod fits in 107 bytes below the longest
+// runtime.state_dir the configuration accepts.
+func TestPodSocketsFit(t *testing.T) {
+	root := "/" + strings.Repeat("r", statedir.MaxRoot-1)
+	ns, id := strings.Repeat("n", 76), strings.Repeat("0123456789abcdef", 4)
+	pod := podDirs(t, root, ns, id)
+	for _, teeName := range []string{"sim", "snp", "tdx"} {
+		for _, vsock := range []uint32{0, 7} {
+			h := pod.cfg.Hypervisor
+			h.TEE, h.Firmware = teeName, "/usr/share/ovmf/OVMF.fd"
+			backend, err := tee.Lookup(teeName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dirs := map[string]string{"pod": pod.stateDir, "incoming": statedir.Incoming(root, id)}
+			for what, stateDir := range dirs {
+				argv, err := vm.Args(vm.Spec{
+					ID: id, StateDir: stateDir, Hypervisor: h, Accel: "kvm", VsockCID: vsock,
+					SharedFS: &vm.SharedFS{Socket: filepath.Join(pod.fsDir, sharedfs.SocketName), Tag: sharedfs.Tag},
+				}, backend)
+				if err != nil {
+					t.Fatalf("%s %s vsock %d: %v", teeName, what, vsock, err)
+				}
+				want := []string{"c8s.kbs.sock", "qmp.sock", "virtiofsd.sock"}
+				if vsock == 0 {
+					want = append(want, "agent.sock")
+				}
+				if teeName == "sim" {
+					want = append(want, "c8s.attest.sock")
+				}
+				var names []string
+				for _, p := range sockPath.FindAllString(strings.Join(argv, " "), -1) {
+					names = append(names, filepath.Base(p))
+					if !strings.HasPrefix(p, root+"/") || len(p) > statedir.UnixPathMax {
+						t.Errorf("%s %s vsock %d: socket %s (%d bytes)", teeName, what, vsock, p, len(p))
+					}
+				}
+				slices.Sort(want)
+				slices.Sort(names)
+				if !slices.Equal(names, want) {
+					t.Errorf("%s %s vsock %d: sockets %q, want %q", teeName, what, vsock, names, want)
+				}
+			}
+		}
+	}
+}
+
+func TestPodDirs(t *testing.T) {
+	// Short names are kept as they were.
+	pod := podDirs(t, "/run/c8s", "default", "pod1")
+	if pod.stateDir != "/run/c8s/default/pod1" || pod.diskDir != "/run/c8s/default/disks/pod1" || pod.fsDir != "/run/c8s/default/fs/pod1" {
+		t.Fatalf("pod dirs: %s, %s, %s", pod.stateDir, pod.diskDir, pod.fsDir)
+	}
+	// Long namespaces that share a prefix, CRI IDs that share one.
+	id := strings.Repeat("e7", 32)
+	a := podDirs(t, "/run/c8s", strings.Repeat("n", 76), id)
+	b := podDirs(t, "/run/c8s", strings.Repeat("n", 75)+"m", id)
+	c := podDirs(t, "/run/c8s", strings.Repeat("n", 76), strings.Repeat("e7", 31)+"e8")
+	if a.stateDir == b.stateDir || a.diskDir == b.diskDir || a.fsDir == b.fsDir || a.stateDir == c.stateDir || a.diskDir == c.diskDir || a.fsDir == c.fsDir {
+		t.Fatalf("different pods share dirs: %+v, %+v, %+v", a, b, c)
+	}
+	if base := filepath.Base(a.stateDir); !strings.HasPrefix(base, "e7e7e7e7e7e7-") {
+		t.Fatalf("a shortened ID keeps a prefix an admin can match: %s", base)
+	}
+	// `shim delete` finds the share from the state dir it recorded.
+	if statedir.FSDir(a.stateDir) != a.fsDir {
+		t.Fatalf("statedir.FSDir(%s) = %s, want %s", a.stateDir, statedir.FSDir(a.stateDir), a.fsDir)
+	}
+}
+
+func TestPodRefusesLongStateDir(t *testing.T) {
+	root := "/" + strings.Repeat("r", statedir.MaxRoot)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "c8s.toml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "[runtime]\nstate_dir = %q\n", root), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(ConfigPathEnv, cfg)
+	_, err := (&service{}).podFor(context.Background(), "default", &taskAPI.CreateTaskRequest{ID: "c1"}, &specs.Spec{})
+	if err == nil || !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "runtime.state_dir") ||
+		!strings.Contains(err.Error(), "longer than the 40") || !strings.Contains(err.Error(), "use a shorter directory") {
+		t.Fatalf("podFor with a %d-byte state dir: %v", len(root), err)
 	}
 }
 

@@ -4,22 +4,22 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
 
 // FSDir is the directory of the virtio-fs share of the pod whose VM
-// state dir is stateDir (<state_dir>/<namespace>/<pod> gives
-// <state_dir>/<namespace>/fs/<pod>).
+// state dir is stateDir, for `shim delete`, which recorded only that
+// (launcher/statedir lays the directories out).
 func FSDir(stateDir string) string {
-	return filepath.Join(filepath.Dir(stateDir), "fs", filepath.Base(stateDir))
+	return statedir.FSDir(stateDir)
 }
 
 // startShare starts the pod's virtio-fs share when hypervisor.

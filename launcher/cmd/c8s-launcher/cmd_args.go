@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 
 	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/statedir"
 	"github.com/c8s-dev/c8s/launcher/tee"
 	"github.com/c8s-dev/c8s/launcher/vm"
 )
@@ -57,7 +57,7 @@ func runArgs(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	argv, err := vm.Args(vm.Spec{
 		ID:         *id,
-		StateDir:   filepath.Join(cfg.Runtime.StateDir, *id),
+		StateDir:   statedir.Standalone(cfg.Runtime.StateDir, *id),
 		Hypervisor: cfg.Hypervisor,
 		Accel:      res.Accel,
 		Root:       root,

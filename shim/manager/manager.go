@@ -1,6 +1,7 @@
 // Package manager is the shim's process side of containerd's shim v2
-// protocol: `start` spawns (or reuses) the shim that serves a pod, and
-// `delete` cleans up after a shim that is gone.
+// protocol: `start` spawns (or reuses) the shim that serves a pod,
+// `delete` cleans up after a shim that is gone, and `-info` describes the
+// runtime, its OCI features included (features.go).
 package manager
 
 import (
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,10 +22,14 @@ import (
 
 	"github.com/containerd/containerd/api/types"
 	"github.com/containerd/containerd/v2/core/mount"
+	// Registers the TypeUrl of features.Features that containerd decodes
+	// RuntimeInfo.Features with.
+	_ "github.com/containerd/containerd/v2/core/runtime"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/containerd/typeurl/v2"
 
 	"github.com/c8s-dev/c8s/launcher/migrate"
 	"github.com/c8s-dev/c8s/shim/sandbox"
@@ -219,13 +225,34 @@ func isQEMU(pid int) bool {
 	return err == nil && strings.Contains(filepath.Base(exe), "qemu")
 }
 
-// Info describes the runtime to containerd.
+// Info describes the runtime to containerd (`shim -info`): name, version
+// and, as the runc shim reports `runc features`, the OCI features of the
+// containers' runtime (Features). c8s takes no runtime options, so those
+// on optionsR are read and ignored.
 func (m manager) Info(ctx context.Context, optionsR io.Reader) (*types.RuntimeInfo, error) {
 	if _, err := io.Copy(io.Discard, optionsR); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, err
 	}
+	feat, err := typeurl.MarshalAnyToProto(Features())
+	if err != nil {
+		return nil, fmt.Errorf("marshal the OCI runtime features: %w", err)
+	}
 	return &types.RuntimeInfo{
-		Name:    m.name,
-		Version: &types.RuntimeVersion{Version: Version},
+		Name:     m.name,
+		Version:  &types.RuntimeVersion{Version: Version, Revision: revision()},
+		Features: feat,
 	}, nil
+}
+
+// revision is the VCS revision the binary was built from, when the build
+// recorded it (`make build` builds with -buildvcs=false: then "").
+func revision() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return ""
 }

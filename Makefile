@@ -27,12 +27,16 @@ help: ## Show this help.
 .PHONY: build
 build: ## Build every binary into bin/.
 	@mkdir -p $(BIN)
-	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/ $(HOST_CMDS)
+	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -o $(BIN)/ $(HOST_CMDS)
 	CGO_ENABLED=0 $(GO) build $(GOFLAGS_BUILD) -ldflags '-s -w' -o $(BIN)/ $(GUEST_CMDS)
 
 .PHONY: deps
 deps: ## Install the Debian packages c8s builds and tests with (idempotent).
 	hack/install-deps.sh
+
+.PHONY: deps-demo
+deps-demo: ## Install only the Debian packages `make demo` needs (idempotent).
+	hack/install-deps.sh demo
 
 .PHONY: tools
 tools: ## Build containerd, Kubernetes (etcd, apiserver, scheduler, kubelet), crictl, critest and CNI plugins from their Go modules (cached).
@@ -68,7 +72,10 @@ test: deps tools image ## Install what is needed, then run every test, end to en
 	hack/test.sh
 
 .PHONY: demo
-demo: deps tools-containerd image ## Run a container inside a confidential VM through a private containerd.
+demo: ## Run a container inside a confidential VM through a private containerd (installs and builds only what it needs).
+	@# The package installs overlap the Go builds, which need none of them.
+	$(MAKE) --no-print-directory -j3 deps-demo tools-containerd build
+	$(MAKE) --no-print-directory image
 	hack/demo.sh
 
 .PHONY: bench

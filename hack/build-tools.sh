@@ -105,8 +105,11 @@ build_group() {
 }
 
 goversion=$("$GO" env GOVERSION)
-wanted containerd && build_group "containerd $want" "$STAMP" "$TOOLS_MOD" "${CONTAINERD_PKGS[*]}" "${CONTAINERD_BINS[*]}" \
-	"$(printf 'containerd=%s\ngo=%s' "$want" "$goversion")" -tags no_btrfs
+# Without cgo, as c8s itself is built: the two builds then share every
+# compiled package they have in common (the standard library first), which
+# takes about 40 s off a cold `make demo` here.
+wanted containerd && CGO_ENABLED=0 build_group "containerd $want" "$STAMP" "$TOOLS_MOD" "${CONTAINERD_PKGS[*]}" "${CONTAINERD_BINS[*]}" \
+	"$(printf 'containerd=%s\ngo=%s\ncgo=0' "$want" "$goversion")" -tags no_btrfs
 
 wanted kubernetes || exit 0
 KUBE_MOD="$TOOLS_MOD/kubernetes"

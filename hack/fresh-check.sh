@@ -5,7 +5,9 @@
 #
 # It builds a minimal Debian 12 root with `debootstrap --variant=minbase`
 # from the mirror the host's apt sources name, clones HEAD into it, and,
-# inside a private mount and PID namespace chrooted there, runs
+# inside a private mount and PID namespace chrooted there, installs make
+# (the README's two commands assume it, as a machine of this kind has it)
+# and runs
 #   make deps build check-protos unit
 # Go is not a Debian package at the version c8s uses, so the host's Go
 # toolchain is bind-mounted read-only; the host's module and build caches
@@ -111,10 +113,18 @@ mount --rbind /sys "$R/sys"
 mount --rbind /dev "$R/dev"
 mount -t tmpfs tmpfs "$R/tmp"
 mount -t tmpfs tmpfs "$R/run"
-exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
+exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive \
 	PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	GOTOOLCHAIN=local \
-	bash -c 'cd /src/c8s && make '"$*"
+	bash -c 'set -e
+		# make itself, which the README assumes, as a machine of this kind has it.
+		if ! command -v make >/dev/null; then
+			apt-get update -qq && apt-get install -y -qq --no-install-recommends make >/dev/null
+		fi
+		cd /src/c8s
+		start=$(date +%s)
+		make '"$*"'
+		echo "fresh-check: make '"$*"' took $(($(date +%s) - start)) s inside the root"
 EOS
 )
 phase "inside the root: make $FRESH_TARGETS"

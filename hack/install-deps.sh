@@ -3,34 +3,40 @@
 # packages that are missing are installed, and `apt-get update` runs only when
 # something is missing. Must run as root on Debian 12 (bookworm).
 #
-# To add a package, append one line to the list below.
+# `hack/install-deps.sh demo` installs only what `make demo` needs.
+# To add a package, append one line to the list it belongs to below.
 set -euo pipefail
 
-PACKAGES=(
+# What `make demo` needs: QEMU and firmware, the container runtimes the
+# guest image carries, the image build's tools, busybox for the demo image.
+DEMO_PACKAGES=(
 	qemu-system-x86
 	seabios
-	qemu-utils
-	busybox-static
 	ovmf
+	busybox-static
 	runc
 	crun
-	cpio
 	cryptsetup-bin
 	erofs-utils
-	squashfs-tools
 	systemd-boot-efi
-	e2fsprogs
 	zstd
 	xz-utils
 	gzip
 	binutils
 	kmod
-	protobuf-compiler
-	libprotobuf-dev
 	gcc
 	libc6-dev
 	make
 	git
+)
+# What the rest of the build and every test need besides.
+TEST_PACKAGES=(
+	qemu-utils
+	cpio
+	squashfs-tools
+	e2fsprogs
+	protobuf-compiler
+	libprotobuf-dev
 	diffutils
 	python3
 	python3-cryptography
@@ -43,6 +49,15 @@ PACKAGES=(
 	iproute2
 	debootstrap
 )
+
+case ${1:-all} in
+demo) PACKAGES=("${DEMO_PACKAGES[@]}") ;;
+all) PACKAGES=("${DEMO_PACKAGES[@]}" "${TEST_PACKAGES[@]}") ;;
+*)
+	echo "usage: $0 [demo|all]" >&2
+	exit 2
+	;;
+esac
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

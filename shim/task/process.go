@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
@@ -10,10 +11,12 @@ import (
 
 	"github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/pkg/stdio"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/fifo"
 	"github.com/containerd/log"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
 // ioDrainTimeout bounds how long an exit waits for the process's output to
@@ -21,12 +24,50 @@ import (
 // open after the process itself has exited.
 const ioDrainTimeout = 2 * time.Second
 
+// readStreamBytes is the most output one read from the guest returns (the
+// agent's own cap, well below ttrpc's message limit).
+const readStreamBytes = 1 << 20
+
 // stdinDrainTimeout bounds how long CloseIO waits for the stdin copy to
 // reach the end of what the client wrote.
 const stdinDrainTimeout = 5 * time.Second
 
+// container is one containerd task: its init process, its execs and its
+// root disk.
+type container struct {
+	id     string
+	bundle string
+	disk   vm.Disk
+	init   *process
+	execs  map[string]*process
+	// hostPid, when not zero, is the pid reported for every process of
+	// the container instead of its guest pid (criview.go).
+	hostPid uint32
+}
+
+func (c *container) process(execID string) (*process, error) {
+	if execID == "" {
+		return c.init, nil
+	}
+	p, ok := c.execs[execID]
+	if !ok {
+		return nil, fmt.Errorf("exec %q of container %q: %w", execID, c.id, errdefs.ErrNotFound)
+	}
+	return p, nil
+}
+
+// reported is the pid containerd is told for a process of c whose guest
+// pid is guest.
+func (c *container) reported(guest uint32) uint32 {
+	if c.hostPid != 0 {
+		return c.hostPid
+	}
+	return guest
+}
+
 // process is a container's init process or one of its execs, as the shim
-// tracks it. Guest pids are reported as the task's pids.
+// tracks it. Its pid is the one reported to containerd: the guest pid, or
+// for a container CRI made the pod's host pid (container.reported).
 type process struct {
 	containerID string
 	execID      string
@@ -167,7 +208,9 @@ func (p *process) startIO(ctx context.Context, ioc agent.IOService, ac agent.Age
 func (p *process) copyOut(ctx context.Context, read func(context.Context, *agent.ReadStreamRequest) (*agent.ReadStreamResponse, error), w io.WriteCloser) {
 	defer p.outputs.Done()
 	defer w.Close()
-	req := &agent.ReadStreamRequest{ContainerId: p.containerID, ExecId: p.execID}
+	// Take whatever the guest has buffered, up to its cap: output that piled
+	// up during one round trip comes back in the next, not 32 KiB at a time.
+	req := &agent.ReadStreamRequest{ContainerId: p.containerID, ExecId: p.execID, MaxBytes: readStreamBytes}
 	for {
 		resp, err := read(ctx, req)
 		if err != nil {

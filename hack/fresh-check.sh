@@ -117,7 +117,7 @@ exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 DEBIAN_FRONTE
 	PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	GOTOOLCHAIN=local \
 	bash -c 'set -e
-		# make itself, which the README assumes, as a machine of this kind has it.
+		# make itself: the README assumes it, as a machine of this kind has it.
 		if ! command -v make >/dev/null; then
 			apt-get update -qq && apt-get install -y -qq --no-install-recommends make >/dev/null
 		fi

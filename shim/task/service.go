@@ -40,27 +40,6 @@ import (
 
 var _ shim.TTRPCService = (*service)(nil)
 
-// container is one containerd task: its init process, its execs and its
-// root disk.
-type container struct {
-	id     string
-	bundle string
-	disk   vm.Disk
-	init   *process
-	execs  map[string]*process
-}
-
-func (c *container) process(execID string) (*process, error) {
-	if execID == "" {
-		return c.init, nil
-	}
-	p, ok := c.execs[execID]
-	if !ok {
-		return nil, fmt.Errorf("exec %q of container %q: %w", execID, c.id, errdefs.ErrNotFound)
-	}
-	return p, nil
-}
-
 type service struct {
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -185,6 +164,9 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err != nil {
 		return nil, err
 	}
+	if specJSON, err = s.withNodeUTS(r.ID, pod, specJSON, spec); err != nil {
+		return nil, err
+	}
 
 	if err := pod.cfg.HostRootfsAllowed(); err != nil {
 		return nil, fmt.Errorf("container %q: %w: %w", r.ID, err, errdefs.ErrFailedPrecondition)
@@ -256,8 +238,10 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, fmt.Errorf("create container %q in the pod VM: %w", r.ID, fromAgent(err))
 	}
 	log.G(ctx).WithField("container", r.ID).WithField("took", time.Since(t0).Round(time.Millisecond)).Info("container created in the pod VM")
+	c := &container{id: r.ID, bundle: r.Bundle, disk: disk, init: init, execs: map[string]*process{}, hostPid: criHostPid(spec, sb.Pid())}
+	pid := c.reported(resp.Pid)
 	init.mu.Lock()
-	init.pid = resp.Pid
+	init.pid = pid
 	init.mu.Unlock()
 	if err := init.startIO(s.ctx, sb.IO, sb.Agent); err != nil {
 		sb.Agent.RemoveContainer(context.WithoutCancel(ctx), &agent.RemoveContainerRequest{ContainerId: r.ID})
@@ -265,7 +249,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 
 	s.mu.Lock()
-	s.conts[r.ID] = &container{id: r.ID, bundle: r.Bundle, disk: disk, init: init, execs: map[string]*process{}}
+	s.conts[r.ID] = c
 	s.mu.Unlock()
 	// A created init can exit before it is started: killed (containerd's
 	// Kill or Delete WithProcessKill of a task never started), or its VM
@@ -278,9 +262,9 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		Rootfs:      r.Rootfs,
 		IO:          &eventstypes.TaskIO{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal},
 		Checkpoint:  r.Checkpoint,
-		Pid:         resp.Pid,
+		Pid:         pid,
 	})
-	return &taskAPI.CreateTaskResponse{Pid: resp.Pid}, nil
+	return &taskAPI.CreateTaskResponse{Pid: pid}, nil
 }
 
 // ensureSandbox returns the pod VM, starting it with the first container's
@@ -408,7 +392,7 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 		if err != nil {
 			return nil, fmt.Errorf("start container %q: %w", r.ID, fromAgent(err))
 		}
-		pid = resp.Pid
+		pid = c.reported(resp.Pid)
 	} else {
 		// The agent buffers the exec's output from its start, so the copies
 		// can begin once it exists.
@@ -422,7 +406,7 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 			sb.Agent.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Signal: 9})
 			return nil, fmt.Errorf("open the stdio FIFOs of exec %q: %w", r.ExecID, err)
 		}
-		pid = resp.Pid
+		pid = c.reported(resp.Pid)
 	}
 	p.setRunning(pid)
 	if r.ExecID != "" {

@@ -32,7 +32,6 @@ func TestCrictlPodLifecycle(t *testing.T) {
 	logDir := filepath.Join(dir, "logs")
 	podConfig := writeJSON(t, dir, "pod.json", map[string]any{
 		"metadata":      map[string]any{"name": "crictl-web", "namespace": "default", "uid": "uid-crictl-web"},
-		"hostname":      "crictl-web",
 		"log_directory": logDir,
 		"linux": map[string]any{"security_context": map[string]any{
 			"namespace_options": map[string]any{"network": 2}, // NODE: host network

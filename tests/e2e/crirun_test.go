@@ -22,12 +22,8 @@ type criPod struct {
 // The pod is stopped and removed at cleanup unless remove did it.
 func runCRIPod(ctx context.Context, t *testing.T, e *env, cfg *cri.PodSandboxConfig) *criPod {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+e.d.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	p := &criPod{e: e, rt: cri.NewRuntimeServiceClient(conn), ctx: ctx, cfg: cfg}
+	p := &criPod{e: e, ctx: ctx, cfg: cfg}
+	p.connect(t)
 	resp, err := p.rt.RunPodSandbox(ctx, &cri.RunPodSandboxRequest{Config: cfg, RuntimeHandler: "c8s"})
 	if err != nil {
 		t.Fatalf("RunPodSandbox with handler c8s: %v\ncontainerd log:\n%s", err, e.d.Log())
@@ -38,6 +34,17 @@ func runCRIPod(ctx context.Context, t *testing.T, e *env, cfg *cri.PodSandboxCon
 		p.rt.RemovePodSandbox(context.Background(), &cri.RemovePodSandboxRequest{PodSandboxId: p.id})
 	})
 	return p
+}
+
+// connect dials e's CRI; the connection is closed at cleanup.
+func (p *criPod) connect(t *testing.T) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+p.e.d.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	p.rt = cri.NewRuntimeServiceClient(conn)
 }
 
 // start creates and starts a container in the pod and returns its id.
@@ -75,10 +82,11 @@ func (p *criPod) remove(t *testing.T, ctrs ...string) {
 }
 
 // hostNetworkPod is the config of a host-network pod (no CNI) named name.
+// Like the kubelet's, it has no hostname: the pod takes the node's, and a
+// hostname is refused, as with runc (crihost_test.go).
 func hostNetworkPod(name string) *cri.PodSandboxConfig {
 	return &cri.PodSandboxConfig{
 		Metadata: &cri.PodSandboxMetadata{Name: name, Namespace: "default", Uid: "uid-" + name + "-1"},
-		Hostname: name,
 		Linux: &cri.LinuxPodSandboxConfig{SecurityContext: &cri.LinuxSandboxSecurityContext{
 			NamespaceOptions: &cri.NamespaceOption{Network: cri.NamespaceMode_NODE},
 		}},

@@ -32,27 +32,7 @@ const (
 // and HTTP from the host (busybox httpd in the pod), and the pod reaches a
 // server on the host through the bridge.
 func TestCRIPodNetwork(t *testing.T) {
-	tools := containerdtest.ToolsBin(t)
-	cniBin := filepath.Join(tools, "cni")
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
-		if _, err := os.Stat(filepath.Join(cniBin, p)); err != nil {
-			containerdtest.SkipOrFail(t, "CNI plugin %s not found in %s: run make tools", p, cniBin)
-		}
-	}
-	cniConf := t.TempDir()
-	conflist := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "c8s-e2e-podnet", "plugins": [
-  {"type": "bridge", "bridge": %q, "isGateway": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": %q}}]}`, podnetBridge, podnetSubnet, podnetGateway, filepath.Join(cniConf, "ipam"))
-	if err := os.WriteFile(filepath.Join(cniConf, "10-c8s-e2e.conflist"), []byte(conflist), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { exec.Command("ip", "link", "del", podnetBridge).Run() })
-	e := setupCRIWith(t, fmt.Sprintf(`
-[plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = [%q]
-  conf_dir = %q
-`, cniBin, cniConf))
+	e, _ := setupCRIWithCNI(t, podnetBridge, podnetSubnet, podnetGateway)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -135,6 +115,36 @@ func TestCRIPodNetwork(t *testing.T) {
 	}
 
 	pod.remove(t, ctr)
+}
+
+// setupCRIWithCNI is setupCRI with a CNI bridge network for the pods:
+// bridge (deleted at cleanup), subnet and gateway, IPs from host-local,
+// whose allocations are kept in the returned directory.
+func setupCRIWithCNI(t *testing.T, bridge, subnet, gateway string) (*env, string) {
+	t.Helper()
+	tools := containerdtest.ToolsBin(t)
+	cniBin := filepath.Join(tools, "cni")
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(cniBin, p)); err != nil {
+			containerdtest.SkipOrFail(t, "CNI plugin %s not found in %s: run make tools", p, cniBin)
+		}
+	}
+	cniConf := t.TempDir()
+	ipam := filepath.Join(cniConf, "ipam")
+	conflist := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "c8s-e2e-%s", "plugins": [
+  {"type": "bridge", "bridge": %q, "isGateway": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": %q}}]}`, bridge, bridge, subnet, gateway, ipam)
+	if err := os.WriteFile(filepath.Join(cniConf, "10-c8s-e2e.conflist"), []byte(conflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { exec.Command("ip", "link", "del", bridge).Run() })
+	e := setupCRIWith(t, fmt.Sprintf(`
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = [%q]
+  conf_dir = %q
+`, cniBin, cniConf))
+	return e, ipam
 }
 
 // httpGet fetches url, retrying until it answers or ctx ends.

@@ -128,6 +128,9 @@ state = "$d/state"
   runtime_type = 'io.containerd.runc.v2'
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]
   runtime_type = 'io.containerd.c8s.v2'
+  # As the packaged drop-in: the node's devices mean nothing in the pod VM,
+  # and the guest refuses its own (guest/spec/devices.go).
+  privileged_without_host_devices = true
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s.options]
     ConfigPath = '$WORK/c8s.toml'
 [plugins.'io.containerd.cri.v1.runtime'.cni]

@@ -124,7 +124,7 @@ exec chroot "$R" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 DEBIAN_FRONTE
 		cd /src/c8s
 		start=$(date +%s)
 		make '"$*"'
-		echo "fresh-check: make '"$*"' took $(($(date +%s) - start)) s inside the root"
+		echo "fresh-check: make '"$*"' took $(($(date +%s) - start)) s inside the root"'
 EOS
 )
 phase "inside the root: make $FRESH_TARGETS"

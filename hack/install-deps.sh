@@ -10,6 +10,7 @@ set -euo pipefail
 # What `make demo` needs: QEMU and firmware, the container runtimes the
 # guest image carries, the image build's tools, busybox for the demo image.
 DEMO_PACKAGES=(
+	ca-certificates
 	qemu-system-x86
 	seabios
 	ovmf

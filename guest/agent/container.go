@@ -139,6 +139,10 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		return nil, err
 	}
 	stdio := stdioOf(req.GetStdio())
+	guest, err := s.guestResources(ctx)
+	if err != nil {
+		return nil, err
+	}
 	plan, err := spec.Adapt(req.GetSpec(), spec.Options{
 		ContainerID:   c.id,
 		Rootfs:        c.rootfs,
@@ -151,7 +155,14 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		Warn:          func(msg string) { log.G(ctx).WithField("container", c.id).Warn(msg) },
 		OCIVersion:    s.cfg.Runtime.SpecVersion,
 		Shared:        shared,
+		Devices:       guest.devices,
+		DriverMajors:  guest.driverMajors,
+		OnlineCPUs:    guest.cpus,
+		OnlineMems:    guest.mems,
 	})
+	if forbidden := (*spec.ForbiddenError)(nil); errors.As(err, &forbidden) {
+		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrPermissionDenied)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}

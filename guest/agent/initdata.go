@@ -57,7 +57,7 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 	s.mu.Lock()
 	s.policy = doc.Agent
 	s.mu.Unlock()
-	log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("secrets", len(doc.KBS.Secrets)).Info("measured init data accepted")
+	log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("allow_devices", doc.Agent.AllowDevices).WithField("secrets", len(doc.KBS.Secrets)).Info("measured init data accepted")
 	return &agentapi.Empty{}, nil
 }
 

@@ -71,6 +71,9 @@ type Config struct {
 	// SharedDir); MountShared mounts it there (nil: mount -t virtiofs).
 	SharedDir   string
 	MountShared func(tag, target string) error
+	// SysDir is where sysfs is mounted (guest: /sys); OnlineCPUMem brings
+	// hot-plugged vCPUs and memory online below it.
+	SysDir string
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.
@@ -106,6 +109,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.MountSecrets == nil {
 		cfg.MountSecrets = func(dir string) error { return os.MkdirAll(dir, 0o700) }
+	}
+	if cfg.SysDir == "" {
+		cfg.SysDir = "/sys"
 	}
 	if cfg.MountRootfs == nil {
 		cfg.MountRootfs = MountSCSIRootfs

@@ -145,6 +145,15 @@ func (rt *Runtime) Kill(ctx context.Context, id, bundle string, sig int, all boo
 	return nil
 }
 
+// Update runs `runc update --resources -`, changing the cgroup resources
+// of a created or running container (crun reads "-" as its stdin too).
+func (rt *Runtime) Update(ctx context.Context, id, bundle string, resources *specs.LinuxResources) error {
+	if err := rt.runcFor(bundle).Update(ctx, id, resources); err != nil {
+		return rt.failure("update container "+id, bundle, err)
+	}
+	return nil
+}
+
 // Delete runs `runc delete --force`, killing whatever still runs.
 func (rt *Runtime) Delete(ctx context.Context, id, bundle string) error {
 	if err := rt.runcFor(bundle).Delete(ctx, id, &runc.DeleteOpts{Force: true}); err != nil {

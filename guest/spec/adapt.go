@@ -1,6 +1,14 @@
 // Package spec adapts the OCI runtime spec that containerd wrote on the host
 // to the guest VM: the rootfs and cgroup live at guest paths, host namespaces
 // and host files do not exist, and hooks and LSM labels are host business.
+//
+// What the host asks of the guest is checked, since in an snp or tdx pod
+// the host is the adversary: devices (devices.go: the guest's own devices,
+// TEE, disks, memory, channels to the host, are never given; a pod with
+// measured init data gets only the standard ones and those its
+// agent_policy.allow_devices lists; without init data any other device is
+// created as asked) and cpusets (cpuset.go: CPUs or memory nodes the pod VM
+// does not have are refused with a clear message).
 package spec
 
 import (
@@ -56,6 +64,17 @@ type Options struct {
 	// Shared maps host paths of bind mounts shared over virtio-fs to their
 	// guest paths.
 	Shared map[string]string
+	// Devices is the device policy of the pod's measured init data (the
+	// zero value: no init data).
+	Devices DevicePolicy
+	// DriverMajors are the guest's character majors by driver name (its
+	// /proc/devices, DriverMajors), to find the guest's own devices whose
+	// majors are dynamic.
+	DriverMajors map[string]int64
+	// OnlineCPUs and OnlineMems are the guest's online CPUs and memory
+	// nodes (ReadOnline); a cpuset outside them is refused. Empty: not
+	// checked.
+	OnlineCPUs, OnlineMems string
 }
 
 // Plan is an adapted spec and the files it needs.
@@ -102,13 +121,20 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 	s.Linux.MountLabel = ""
 	s.Linux.CgroupsPath = cgroupsPath(o.CgroupsParent, o.ContainerID)
 	s.Linux.Namespaces = adaptNamespaces(s.Linux.Namespaces, o.SandboxPid)
-	// A pod sharing the host's UTS namespace (hostNetwork) would share the
-	// guest's, which no one else uses: give it its own so that its hostname
-	// can be set, as the runtime requires.
+	// The shim gives a container that shares the node's UTS namespace
+	// (hostNetwork) the pod's, named as the node, and refuses a hostname
+	// without a UTS namespace as runc does (shim/task/criview.go). A spec
+	// that still sets one without it gets its own rather than renaming the
+	// guest.
 	if s.Hostname != "" && !slices.ContainsFunc(s.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.UTSNamespace }) {
 		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UTSNamespace})
 	}
-	s.Linux.Devices = adaptDevices(s.Linux.Devices, o.Exists, warn)
+	if err := adaptDeviceAccess(s.Linux, o); err != nil {
+		return nil, fmt.Errorf("container %q: %w", o.ContainerID, err)
+	}
+	if err := checkResourcesCPUSet(s.Linux.Resources, o); err != nil {
+		return nil, fmt.Errorf("container %q: %w", o.ContainerID, err)
+	}
 
 	mounts, files := adaptMounts(s.Mounts, o, warn)
 	s.Mounts = mounts
@@ -162,18 +188,6 @@ func nsFile(t specs.LinuxNamespaceType) string {
 	default:
 		return string(t)
 	}
-}
-
-func adaptDevices(in []specs.LinuxDevice, exists func(string) bool, warn func(string)) []specs.LinuxDevice {
-	var out []specs.LinuxDevice
-	for _, d := range in {
-		if !exists(d.Path) {
-			warn(fmt.Sprintf("dropping device %s: it does not exist in the guest", d.Path))
-			continue
-		}
-		out = append(out, d)
-	}
-	return out
 }
 
 func isBind(m specs.Mount) bool {

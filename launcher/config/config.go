@@ -26,6 +26,15 @@
 // names the key and its line, so that typos do not silently fall back to
 // defaults.
 //
+// # Growing a pod VM
+//
+// hypervisor.default_maxvcpus and default_maxmemory (MiB) give pod VMs room
+// to grow by vCPU and memory hot-plug when a container's CPU or memory limit
+// is raised beyond what its VM has (CRI UpdateContainerResources, see
+// shim/task). Unset, a VM keeps its boot size and such an update is refused
+// with the key to set. snp and tdx refuse both keys (HotplugRefusal says
+// why); their pods are sized at start.
+//
 // # Pod annotations
 //
 // A pod may override a few settings through Kata-compatible annotations, but
@@ -75,6 +84,9 @@ const (
 	// MinMemoryMiB and MaxMemoryMiB bound the guest memory size.
 	MinMemoryMiB = 64
 	MaxMemoryMiB = 1 << 20
+	// HotplugMemoryStepMiB is the granularity of memory hot-plug: the
+	// guest kernel's memory block size on x86-64.
+	HotplugMemoryStepMiB = 128
 )
 
 // Accelerator names accepted in hypervisor.accel.
@@ -122,6 +134,18 @@ type Hypervisor struct {
 	DefaultVCPUs uint32 `toml:"default_vcpus"`
 	// DefaultMemoryMiB is the guest memory of a pod VM in MiB.
 	DefaultMemoryMiB uint32 `toml:"default_memory"`
+	// DefaultMaxVCPUs, when above DefaultVCPUs, is how many vCPUs a pod VM
+	// may grow to by CPU hot-plug when a container's CPU limit is raised
+	// beyond what the VM has (CRI UpdateContainerResources). The VM then
+	// starts with QEMU's -smp maxcpus (not measured: the launch digest
+	// covers the boot vCPUs). 0 (the default): the VM cannot grow. Not for
+	// snp and tdx (see Validate).
+	DefaultMaxVCPUs uint32 `toml:"default_maxvcpus"`
+	// DefaultMaxMemoryMiB, when above DefaultMemoryMiB, is the memory in
+	// MiB a pod VM may grow to by memory hot-plug (pc-dimm, in steps of
+	// HotplugMemoryStepMiB), likewise. 0 (the default): the VM cannot grow.
+	// Not for snp and tdx.
+	DefaultMaxMemoryMiB uint32 `toml:"default_maxmemory"`
 	// Accel is "auto", "kvm" or "tcg".
 	Accel string `toml:"accel"`
 	// TEE is the confidential computing backend: "sim", "snp" or "tdx".
@@ -299,6 +323,7 @@ func (c *Config) Validate() error {
 	if h.DefaultMemoryMiB < MinMemoryMiB || h.DefaultMemoryMiB > MaxMemoryMiB {
 		errs = append(errs, fmt.Errorf("hypervisor.default_memory %d MiB is out of range %d..%d", h.DefaultMemoryMiB, MinMemoryMiB, MaxMemoryMiB))
 	}
+	errs = append(errs, h.validateHotplug()...)
 	for _, name := range h.EnableAnnotations {
 		if _, ok := annotationSetters[name]; !ok {
 			errs = append(errs, fmt.Errorf("hypervisor.enable_annotations: %q is not an annotation c8s honours; known: %s", name, strings.Join(AnnotationNames(), ", ")))

@@ -168,6 +168,8 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 
 	h := s.Config.Hypervisor
 	h.DefaultVCPUs, h.DefaultMemoryMiB, h.KernelParams = req.Shape.VCPUs, req.Shape.MemoryMiB, req.KernelParams
+	// The source had no hot-plug room (vm.MigrationSpec): neither may this.
+	h.DefaultMaxVCPUs, h.DefaultMaxMemoryMiB = 0, 0
 	// A sealed image's verity root disk: the same device and command line
 	// as on the source (preflight checked that both run the same image).
 	root, err := vm.RootFor(&s.Config)

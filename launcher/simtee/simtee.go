@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -53,9 +54,9 @@ func LaunchFromArgv(argv []string) (Launch, error) {
 		case "-append":
 			l.Cmdline = v
 		case "-smp":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
-				return l, fmt.Errorf("simtee: -smp %q: want a vCPU count", v)
+			n, err := bootVCPUs(v)
+			if err != nil {
+				return l, err
 			}
 			l.VCPUs = n
 		default:
@@ -70,6 +71,26 @@ func LaunchFromArgv(argv []string) (Launch, error) {
 		return l, errors.New("simtee: the QEMU command line has no -kernel: sim pod VMs boot their kernel directly")
 	}
 	return l, nil
+}
+
+// bootVCPUs reads the vCPUs a VM boots with from -smp ("2",
+// "2,maxcpus=4" or "cpus=2,maxcpus=4"): those are the measured ones, one
+// VMSA each, as in SNP; vCPUs hot-plugged later (up to maxcpus) are not.
+func bootVCPUs(smp string) (int, error) {
+	for i, opt := range strings.Split(smp, ",") {
+		k, val, isKV := strings.Cut(opt, "=")
+		if !isKV && i == 0 {
+			val = k
+		} else if k != "cpus" {
+			continue
+		}
+		n, err := strconv.Atoi(val)
+		if err != nil || n < 1 {
+			break
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("simtee: -smp %q: want a vCPU count", smp)
 }
 
 // Measure hashes the launch's files now and returns its sim launch digest.

@@ -132,6 +132,22 @@ func TestLaunchFromArgvNamesWhatIsMissing(t *testing.T) {
 	}
 }
 
+// TestLaunchMeasuresBootVCPUs: hot-plug room (-smp maxcpus) leaves the
+// measured vCPU count, and so the launch digest, as it is.
+func TestLaunchMeasuresBootVCPUs(t *testing.T) {
+	for smp, want := range map[string]int{"2": 2, "2,maxcpus=4": 2, "cpus=3,maxcpus=8": 3, "maxcpus=8,cpus=1": 1} {
+		l, err := LaunchFromArgv([]string{"qemu", "-bios", "b", "-kernel", "k", "-smp", smp})
+		if err != nil || l.VCPUs != want {
+			t.Errorf("-smp %s: %d vCPUs, %v; want %d", smp, l.VCPUs, err, want)
+		}
+	}
+	for _, smp := range []string{"", "maxcpus=4", "0,maxcpus=4", "cpus=x"} {
+		if _, err := LaunchFromArgv([]string{"qemu", "-bios", "b", "-kernel", "k", "-smp", smp}); err == nil {
+			t.Errorf("-smp %q was accepted", smp)
+		}
+	}
+}
+
 func TestGetReportRejectsOversizedReportData(t *testing.T) {
 	sp, err := simsp.New(simsp.DefaultTCB)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
@@ -58,7 +57,8 @@ type Spec struct {
 	// namespace: Start records it with ID in statedir.IndexFile.
 	Namespace string
 	// Hypervisor is the resolved configuration (annotations applied). The
-	// VM gets DefaultVCPUs vCPUs and DefaultMemoryMiB MiB.
+	// VM gets DefaultVCPUs vCPUs and DefaultMemoryMiB MiB, and room to grow
+	// to VCPUCapacity and MemoryCapacityMiB by hot-plug (resize.go).
 	Hypervisor config.Hypervisor
 	// Accel is "kvm" or "tcg" (see launcher/accel).
 	Accel string
@@ -140,10 +140,7 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 	if spec.Accel == "kvm" {
 		argv = append(argv, "-cpu", "host")
 	}
-	argv = append(argv,
-		"-m", fmt.Sprintf("%dM", h.DefaultMemoryMiB),
-		"-smp", strconv.FormatUint(uint64(h.DefaultVCPUs), 10),
-	)
+	argv = append(argv, "-m", memoryOption(h), "-smp", smpOption(h))
 	if pieces.Firmware != "" {
 		argv = append(argv, "-bios", pieces.Firmware)
 	}
@@ -245,6 +242,9 @@ func checkSpec(spec Spec) error {
 	}
 	if h.DefaultVCPUs == 0 || h.DefaultMemoryMiB == 0 {
 		errs = append(errs, errors.New("vm: default_vcpus and default_memory must be positive"))
+	}
+	if why := h.HotplugRefusal(); why != "" && (h.VCPUCapacity() > h.DefaultVCPUs || h.MemoryCapacityMiB() > h.DefaultMemoryMiB) {
+		errs = append(errs, fmt.Errorf("vm: hypervisor.default_maxvcpus or default_maxmemory: %s", why))
 	}
 	if len(spec.Disks) > maxSCSITarget+1 {
 		errs = append(errs, fmt.Errorf("vm: %d disks, at most %d", len(spec.Disks), maxSCSITarget+1))

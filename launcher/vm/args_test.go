@@ -72,6 +72,12 @@ func TestArgsGolden(t *testing.T) {
 			return s
 		}()},
 		{"sim-sealed", sealed(goldenSpec("sim", "tcg"))},
+		// Room to grow: only -smp and -m change.
+		{"sim-hotplug", func() Spec {
+			s := sealed(goldenSpec("sim", "tcg"))
+			s.Hypervisor.DefaultMaxVCPUs, s.Hypervisor.DefaultMaxMemoryMiB = 4, 4096
+			return s
+		}()},
 		{"snp-sealed", sealed(goldenSpec("snp", "kvm"))},
 		{"tdx-sealed", sealed(goldenSpec("tdx", "kvm"))},
 		{"snp-igvm", func() Spec {
@@ -119,6 +125,9 @@ func TestArgsErrors(t *testing.T) {
 		{"nic-without-tap", func(s *Spec) { s.NICs = []NetDevice{{MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}} }, sim, "no open tap"},
 		{"fs-bad-tag", func(s *Spec) { s.SharedFS = &SharedFS{Socket: "/run/fs.sock", Tag: "a,b"} }, sim, "shared fs tag"},
 		{"fs-relative-socket", func(s *Spec) { s.SharedFS = &SharedFS{Socket: "fs.sock", Tag: "t"} }, sim, "shared fs socket"},
+		{"snp-hotplug", func(s *Spec) {
+			s.Hypervisor.TEE, s.Hypervisor.Firmware, s.Accel, s.Hypervisor.DefaultMaxVCPUs = "snp", "/fw", "kvm", 4
+		}, snp, "tee snp cannot grow"},
 		{"nic-bad-mac", func(s *Spec) { s.NICs = []NetDevice{{MAC: net.HardwareAddr{2, 0}, Tap: os.Stdin}} }, sim, "6-byte"},
 	}
 	for _, c := range cases {

@@ -142,6 +142,9 @@ func (v *VM) MigrationSpec() (Spec, error) {
 	if v.spec.SharedFS != nil {
 		return Spec{}, fmt.Errorf("vm: a VM with a virtio-fs share cannot migrate (QEMU 7.2 marks vhost-user-fs unmigratable)")
 	}
+	if h := v.spec.Hypervisor; h.VCPUCapacity() > h.DefaultVCPUs || h.MemoryCapacityMiB() > h.DefaultMemoryMiB {
+		return Spec{}, fmt.Errorf("vm: a VM with room for vCPU or memory hot-plug (hypervisor.default_maxvcpus, default_maxmemory) cannot migrate yet: the destination would need the same room and what was hot-plugged")
+	}
 	if len(v.spec.NICs) > 0 {
 		return Spec{}, fmt.Errorf("vm: a VM wired to a pod network cannot migrate yet: the destination needs its own taps in the pod's network namespace")
 	}

@@ -64,6 +64,8 @@ type VM struct {
 	disks    map[string]DiskAddress
 	targets  map[int]string
 	hotDisks map[string]Disk // hot-plugged disks, for MigrationSpec
+	resized  resizeState     // hot-plugged vCPUs and memory (resize.go)
+	resizeMu sync.Mutex      // serialises GrowVCPUs and GrowMemory
 }
 
 // Start starts QEMU for spec and returns once its QMP socket answers. On

@@ -67,6 +67,14 @@ func (m movingAgent) Stats(ctx context.Context, r *agent.StatsRequest) (*agent.S
 	return call(ctx, m.s, func(c *agentConn) (*agent.StatsResponse, error) { return c.agent.Stats(ctx, r) })
 }
 
+func (m movingAgent) UpdateContainer(ctx context.Context, r *agent.UpdateContainerRequest) (*agent.Empty, error) {
+	return call(ctx, m.s, func(c *agentConn) (*agent.Empty, error) { return c.agent.UpdateContainer(ctx, r) })
+}
+
+func (m movingAgent) OnlineCPUMem(ctx context.Context, r *agent.OnlineCPUMemRequest) (*agent.OnlineCPUMemResponse, error) {
+	return call(ctx, m.s, func(c *agentConn) (*agent.OnlineCPUMemResponse, error) { return c.agent.OnlineCPUMem(ctx, r) })
+}
+
 func (m movingAgent) Shutdown(ctx context.Context, r *agent.Empty) (*agent.Empty, error) {
 	return call(ctx, m.s, func(c *agentConn) (*agent.Empty, error) { return c.agent.Shutdown(ctx, r) })
 }

@@ -244,7 +244,11 @@ func (s *service) Checkpoint(context.Context, *taskAPI.CheckpointTaskRequest) (*
 	return nil, fmt.Errorf("checkpoint: %w", errdefs.ErrNotImplemented)
 }
 
-// Update is not supported yet: resources are fixed at pod start.
-func (s *service) Update(context.Context, *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
-	return nil, fmt.Errorf("update: %w", errdefs.ErrNotImplemented)
+// Update changes a container's CPU, memory and pids limits in the guest,
+// growing the pod VM by hot-plug where it must and can (update.go).
+func (s *service) Update(ctx context.Context, r *taskAPI.UpdateTaskRequest) (*emptypb.Empty, error) {
+	if err := s.update(ctx, r); err != nil {
+		return nil, err
+	}
+	return &emptypb.Empty{}, nil
 }

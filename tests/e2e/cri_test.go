@@ -76,6 +76,13 @@ func setupCRI(t *testing.T) *env {
 // setupCRIWith is setupCRI with more containerd configuration (tables).
 func setupCRIWith(t *testing.T, extraConfig string) *env {
 	t.Helper()
+	return setupCRIOptions(t, extraConfig, false)
+}
+
+// setupCRIOptions is setupCRIWith, with containerd's NRI enabled when nri
+// is set (its socket: e.d.NRISocket).
+func setupCRIOptions(t *testing.T, extraConfig string, nri bool) *env {
+	t.Helper()
 	root, err := containerdtest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -99,6 +106,7 @@ func setupCRIWith(t *testing.T, extraConfig string) *env {
 	e.d = containerdtest.Start(t, containerdtest.Options{
 		PathPrefix: []string{filepath.Join(root, "bin")},
 		CRI:        true,
+		NRI:        nri,
 		Namespace:  "k8s.io",
 		ExtraConfig: fmt.Sprintf(`
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.c8s]

@@ -15,6 +15,7 @@
 //
 //	[agent_policy]
 //	allow_exec = false   # refuse `ctr task exec` / `kubectl exec` from the host
+//	allow_devices = ["c 10:200"]   # devices the host may give containers (devices.go)
 //
 //	[kbs]                # optional: secrets from a KBS-protocol key broker (see KBS)
 //	url = "https://kbs.example:8080"
@@ -23,8 +24,16 @@
 //	resource = "kbs:///default/key/db-password"
 //	path = "/run/secrets/db-password"
 //
-// Empty init data means the default policy (everything allowed) and an
-// all-zero HOST_DATA. Both sides of the host-guest API use this package,
+// allow_devices lists the character devices beyond the standard ones
+// (/dev/null, zero, full, random, urandom, tty, console, ptmx, ptys) that
+// the host may have created in the pod's containers: "c MAJOR:MINOR" or
+// "c MAJOR:*" (DeviceRule). With any init data, absent means none. The
+// pod VM's own devices (block devices, memory and the kernel log, misc
+// with the TEE guest devices, the channels to the host; guest/spec) are
+// refused even when listed.
+//
+// Empty init data means the default policy (everything allowed but the
+// pod VM's own devices) and an all-zero HOST_DATA. Both sides of the host-guest API use this package,
 // so that they agree on the format and the digest.
 package initdata
 
@@ -62,6 +71,17 @@ type InitData struct {
 type AgentPolicy struct {
 	// AllowExec permits exec processes from the host (default true).
 	AllowExec *bool `toml:"allow_exec"`
+	// AllowDevices lists the character devices, beyond the standard ones,
+	// that the host may create in the pod's containers and let them open
+	// (linux.devices and the device cgroup of their OCI specs, as CRI
+	// device requests, device plugins and NRI plugins write them):
+	// "c MAJOR:MINOR" or "c MAJOR:*" (DeviceRule). Absent or empty in init
+	// data: none. The guest's own devices (TEE guest devices, its disks,
+	// memory, the channels to the host) are refused even when listed.
+	AllowDevices []string `toml:"allow_devices"`
+
+	// restrictDevices is set by Parse for any init data (DevicesRestricted).
+	restrictDevices bool
 }
 
 // ExecAllowed reports whether the host may exec into the pod's containers.
@@ -104,23 +124,31 @@ func Parse(data []byte) (*InitData, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return &InitData{Version: Version, Format: FormatC8s}, nil
 	}
+	var (
+		d   *InitData
+		err error
+	)
 	if IsCoCo(data) {
-		return parseCoCo(data)
+		d, err = parseCoCo(data)
+	} else if d, err = parseC8s(data); err == nil {
+		err = d.KBS.validate()
 	}
-	d, err := parseC8s(data)
 	if err != nil {
 		return nil, err
 	}
-	if err := d.KBS.validate(); err != nil {
-		return nil, err
-	}
+	// A pod with init data has stated what the host may ask of it: devices
+	// it does not list are refused.
+	d.Agent.restrictDevices = true
 	return d, nil
 }
 
 // parseC8s reads c8s's own format; the kbs section is not validated yet.
 func parseC8s(data []byte) (*InitData, error) {
 	d := &InitData{Version: Version, Format: FormatC8s}
-	if err := decodeStrict(data, d, "version, agent_policy.allow_exec, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path"); err != nil {
+	if err := decodeStrict(data, d, "version, agent_policy.allow_exec, agent_policy.allow_devices, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path"); err != nil {
+		return nil, fmt.Errorf("init data: %w", err)
+	}
+	if err := d.Agent.checkDevices(); err != nil {
 		return nil, fmt.Errorf("init data: %w", err)
 	}
 	if d.Version != Version {

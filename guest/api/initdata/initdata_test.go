@@ -121,3 +121,44 @@ func TestParseKBSSecretPaths(t *testing.T) {
 		}
 	}
 }
+
+func TestParseAllowDevices(t *testing.T) {
+	d, err := Parse(nil)
+	if err != nil || d.Agent.DevicesRestricted() {
+		t.Fatalf("no init data: %+v, %v; want devices unrestricted", d, err)
+	}
+	d, err = Parse([]byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n"))
+	if err != nil || !d.Agent.DevicesRestricted() || len(d.Agent.DeviceRules()) != 0 {
+		t.Fatalf("init data without allow_devices: %+v, %v; want restricted to none", d, err)
+	}
+	d, err = Parse([]byte("version = \"0.1\"\n[agent_policy]\nallow_devices = [\"c 10:200\", \"c 13:*\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := d.Agent.DeviceRules()
+	if len(rules) != 2 || !rules[0].Matches(10, 200) || rules[0].Matches(10, 201) || !rules[1].Matches(13, 99) || rules[1].String() != "c 13:*" {
+		t.Fatalf("rules = %+v", rules)
+	}
+	for doc, want := range map[string]string{
+		`allow_devices = ["b 8:0"]`:  "block devices",
+		`allow_devices = ["c 10"]`:   "MAJOR:MINOR",
+		`allow_devices = ["c *:*"]`:  "major",
+		`allow_devices = ["/dev/x"]`: "not a device type",
+		`allow_devices = ["c 1:x"]`:  "minor",
+		`allow_devices = "c 1:3"`:    "AllowDevices",
+	} {
+		_, err := Parse([]byte("version = \"0.1\"\n[agent_policy]\n" + doc + "\n"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err = %v, want one naming %q", doc, err, want)
+		}
+	}
+	// CoCo init data: c8s.toml's policy, restricted even without one.
+	d, err = Parse([]byte("version = \"0.1.0\"\nalgorithm = \"sha256\"\n[data]\n\"c8s.toml\" = '''\n[agent_policy]\nallow_devices = [\"c 10:229\"]\n'''\n"))
+	if err != nil || !d.Agent.DevicesRestricted() || len(d.Agent.DeviceRules()) != 1 {
+		t.Fatalf("CoCo init data: %+v, %v", d, err)
+	}
+	d, err = Parse([]byte("version = \"0.1.0\"\nalgorithm = \"sha256\"\n[data]\n\"aa.toml\" = ''\n"))
+	if err != nil || !d.Agent.DevicesRestricted() {
+		t.Fatalf("CoCo init data without c8s.toml: %+v, %v; want devices restricted", d, err)
+	}
+}

@@ -75,6 +75,11 @@ type Options struct {
 	CRI bool
 	// Namespace for ctr (NamespacePrefix and a unique suffix if empty).
 	Namespace string
+	// NRI enables containerd's NRI plugin (disabled by default), with its
+	// socket at Daemon.NRISocket and no plugin directories of the node's:
+	// plugins connect to the socket (github.com/containerd/nri's
+	// pkg/stub, stub.WithSocketPath).
+	NRI bool
 }
 
 // Daemon is a running private containerd.
@@ -86,6 +91,7 @@ type Daemon struct {
 	TTRPCAddress string
 	ConfigPath   string
 	LogPath      string
+	NRISocket    string // NRI's socket when Options.NRI is set
 	Namespace    string
 	ToolsBin     string
 
@@ -166,7 +172,14 @@ disabled_plugins = [{{range $i, $p := .Disabled}}{{if $i}}, {{end}}"{{$p}}"{{end
   path = "{{.Dir}}/opt"
 
 [plugins.'io.containerd.nri.v1.nri']
+{{- if .NRISocket}}
+  disable = false
+  socket_path = "{{.NRISocket}}"
+  plugin_path = "{{.Dir}}/nri/plugins"
+  plugin_config_path = "{{.Dir}}/nri/conf.d"
+{{- else}}
   disable = true
+{{- end}}
 
 {{.Extra}}
 `))
@@ -202,6 +215,9 @@ func Start(t testing.TB, opts Options) *Daemon {
 		ToolsBin:     opts.ToolsBin,
 		done:         make(chan error, 1),
 	}
+	if opts.NRI {
+		d.NRISocket = filepath.Join(dir, "nri.sock")
+	}
 	t.Cleanup(func() { d.stop(t) })
 
 	var disabled []string
@@ -211,7 +227,7 @@ func Start(t testing.TB, opts Options) *Daemon {
 	var cfg bytes.Buffer
 	if err := configTemplate.Execute(&cfg, map[string]any{
 		"Root": d.Root, "State": d.State, "Address": d.Address, "TTRPCAddress": d.TTRPCAddress,
-		"Dir": dir, "Disabled": disabled, "Extra": opts.ExtraConfig,
+		"Dir": dir, "Disabled": disabled, "Extra": opts.ExtraConfig, "NRISocket": d.NRISocket,
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -1383,6 +1383,192 @@ func (x *StatsResponse) GetStats() *anypb.Any {
 	return nil
 }
 
+type UpdateContainerRequest struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ContainerId string                 `protobuf:"bytes,1,opt,name=container_id,json=containerId,proto3" json:"container_id,omitempty"`
+	// resources is a JSON document in the form of the OCI runtime spec's
+	// linux.resources: {"cpu": {"shares", "quota", "period", "cpus",
+	// "mems"}, "memory": {"limit", "reservation", "swap"}, "pids":
+	// {"limit"}}. Members left out stay as they are; any other member is
+	// refused.
+	Resources     []byte `protobuf:"bytes,2,opt,name=resources,proto3" json:"resources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateContainerRequest) Reset() {
+	*x = UpdateContainerRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateContainerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateContainerRequest) ProtoMessage() {}
+
+func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
+func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *UpdateContainerRequest) GetContainerId() string {
+	if x != nil {
+		return x.ContainerId
+	}
+	return ""
+}
+
+func (x *UpdateContainerRequest) GetResources() []byte {
+	if x != nil {
+		return x.Resources
+	}
+	return nil
+}
+
+type OnlineCPUMemRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// vcpus and memory_mib are what the guest should have online once the
+	// host's hot-plug has arrived; zero waits for nothing.
+	Vcpus     uint32 `protobuf:"varint,1,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	MemoryMib uint64 `protobuf:"varint,2,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// timeout_ms bounds the wait (the agent caps it at one minute).
+	TimeoutMs     uint32 `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OnlineCPUMemRequest) Reset() {
+	*x = OnlineCPUMemRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OnlineCPUMemRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OnlineCPUMemRequest) ProtoMessage() {}
+
+func (x *OnlineCPUMemRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OnlineCPUMemRequest.ProtoReflect.Descriptor instead.
+func (*OnlineCPUMemRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *OnlineCPUMemRequest) GetVcpus() uint32 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+func (x *OnlineCPUMemRequest) GetMemoryMib() uint64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *OnlineCPUMemRequest) GetTimeoutMs() uint32 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type OnlineCPUMemResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// vcpus is the number of online vCPUs; memory_mib the memory in online
+	// memory blocks (what the guest kernel manages, boot memory included).
+	Vcpus     uint32 `protobuf:"varint,1,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	MemoryMib uint64 `protobuf:"varint,2,opt,name=memory_mib,json=memoryMib,proto3" json:"memory_mib,omitempty"`
+	// possible_vcpus is how many vCPUs the guest kernel can ever use
+	// (/sys/devices/system/cpu/possible): hot-plugged vCPUs beyond it stay
+	// unused. Linux counts the VM's hot-pluggable vCPUs as possible only
+	// when it detects a hypervisor (KVM does; TCG does not).
+	PossibleVcpus uint32 `protobuf:"varint,3,opt,name=possible_vcpus,json=possibleVcpus,proto3" json:"possible_vcpus,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OnlineCPUMemResponse) Reset() {
+	*x = OnlineCPUMemResponse{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OnlineCPUMemResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OnlineCPUMemResponse) ProtoMessage() {}
+
+func (x *OnlineCPUMemResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OnlineCPUMemResponse.ProtoReflect.Descriptor instead.
+func (*OnlineCPUMemResponse) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *OnlineCPUMemResponse) GetVcpus() uint32 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+func (x *OnlineCPUMemResponse) GetMemoryMib() uint64 {
+	if x != nil {
+		return x.MemoryMib
+	}
+	return 0
+}
+
+func (x *OnlineCPUMemResponse) GetPossibleVcpus() uint32 {
+	if x != nil {
+		return x.PossibleVcpus
+	}
+	return 0
+}
+
 type GetEvidenceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// report_data (at most 64 bytes) is bound into the evidence: the
@@ -1394,7 +1580,7 @@ type GetEvidenceRequest struct {
 
 func (x *GetEvidenceRequest) Reset() {
 	*x = GetEvidenceRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1592,7 @@ func (x *GetEvidenceRequest) String() string {
 func (*GetEvidenceRequest) ProtoMessage() {}
 
 func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1605,7 @@ func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEvidenceRequest.ProtoReflect.Descriptor instead.
 func (*GetEvidenceRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetEvidenceRequest) GetReportData() []byte {
@@ -1446,7 +1632,7 @@ type GetEvidenceResponse struct {
 
 func (x *GetEvidenceResponse) Reset() {
 	*x = GetEvidenceResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1644,7 @@ func (x *GetEvidenceResponse) String() string {
 func (*GetEvidenceResponse) ProtoMessage() {}
 
 func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1657,7 @@ func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEvidenceResponse.ProtoReflect.Descriptor instead.
 func (*GetEvidenceResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetEvidenceResponse) GetKind() string {
@@ -1511,7 +1697,7 @@ type SetInitDataRequest struct {
 
 func (x *SetInitDataRequest) Reset() {
 	*x = SetInitDataRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1709,7 @@ func (x *SetInitDataRequest) String() string {
 func (*SetInitDataRequest) ProtoMessage() {}
 
 func (x *SetInitDataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1722,7 @@ func (x *SetInitDataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetInitDataRequest.ProtoReflect.Descriptor instead.
 func (*SetInitDataRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetInitDataRequest) GetInitData() []byte {
@@ -1558,7 +1744,7 @@ type ReadStreamRequest struct {
 
 func (x *ReadStreamRequest) Reset() {
 	*x = ReadStreamRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1570,7 +1756,7 @@ func (x *ReadStreamRequest) String() string {
 func (*ReadStreamRequest) ProtoMessage() {}
 
 func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1583,7 +1769,7 @@ func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadStreamRequest) GetContainerId() string {
@@ -1617,7 +1803,7 @@ type ReadStreamResponse struct {
 
 func (x *ReadStreamResponse) Reset() {
 	*x = ReadStreamResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1815,7 @@ func (x *ReadStreamResponse) String() string {
 func (*ReadStreamResponse) ProtoMessage() {}
 
 func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1828,7 @@ func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
 func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadStreamResponse) GetData() []byte {
@@ -1670,7 +1856,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1868,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1881,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -1728,7 +1914,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +1926,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +1939,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1773,7 +1959,7 @@ type PodNetwork struct {
 
 func (x *PodNetwork) Reset() {
 	*x = PodNetwork{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1785,7 +1971,7 @@ func (x *PodNetwork) String() string {
 func (*PodNetwork) ProtoMessage() {}
 
 func (x *PodNetwork) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1798,7 +1984,7 @@ func (x *PodNetwork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodNetwork.ProtoReflect.Descriptor instead.
 func (*PodNetwork) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PodNetwork) GetInterfaces() []*NetInterface {
@@ -1831,7 +2017,7 @@ type NetInterface struct {
 
 func (x *NetInterface) Reset() {
 	*x = NetInterface{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +2029,7 @@ func (x *NetInterface) String() string {
 func (*NetInterface) ProtoMessage() {}
 
 func (x *NetInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +2042,7 @@ func (x *NetInterface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
 func (*NetInterface) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *NetInterface) GetName() string {
@@ -1906,7 +2092,7 @@ type NetRoute struct {
 
 func (x *NetRoute) Reset() {
 	*x = NetRoute{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2104,7 @@ func (x *NetRoute) String() string {
 func (*NetRoute) ProtoMessage() {}
 
 func (x *NetRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2117,7 @@ func (x *NetRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
 func (*NetRoute) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NetRoute) GetInterface() string {
@@ -2055,7 +2241,21 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\fStatsRequest\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\";\n" +
 	"\rStatsResponse\x12*\n" +
-	"\x05stats\x18\x01 \x01(\v2\x14.google.protobuf.AnyR\x05stats\"5\n" +
+	"\x05stats\x18\x01 \x01(\v2\x14.google.protobuf.AnyR\x05stats\"Y\n" +
+	"\x16UpdateContainerRequest\x12!\n" +
+	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x1c\n" +
+	"\tresources\x18\x02 \x01(\fR\tresources\"i\n" +
+	"\x13OnlineCPUMemRequest\x12\x14\n" +
+	"\x05vcpus\x18\x01 \x01(\rR\x05vcpus\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x03 \x01(\rR\ttimeoutMs\"r\n" +
+	"\x14OnlineCPUMemResponse\x12\x14\n" +
+	"\x05vcpus\x18\x01 \x01(\rR\x05vcpus\x12\x1d\n" +
+	"\n" +
+	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\x12%\n" +
+	"\x0epossible_vcpus\x18\x03 \x01(\rR\rpossibleVcpus\"5\n" +
 	"\x12GetEvidenceRequest\x12\x1f\n" +
 	"\vreport_data\x18\x01 \x01(\fR\n" +
 	"reportData\"|\n" +
@@ -2096,7 +2296,8 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x18\n" +
 	"\agateway\x18\x03 \x01(\tR\agateway\x12\x16\n" +
 	"\x06source\x18\x04 \x01(\tR\x06source\x12\x14\n" +
-	"\x05scope\x18\x05 \x01(\rR\x05scope2\xec\b\n" +
+	"\x05scope\x18\x05 \x01(\rR\x05scope2\x91\n" +
+	"\n" +
 	"\x05Agent\x12F\n" +
 	"\aGetInfo\x12\x1c.c8s.agent.v1.GetInfoRequest\x1a\x1d.c8s.agent.v1.GetInfoResponse\x12^\n" +
 	"\x0fCreateContainer\x12$.c8s.agent.v1.CreateContainerRequest\x1a%.c8s.agent.v1.CreateContainerResponse\x12[\n" +
@@ -2110,7 +2311,9 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"CloseStdin\x12\x1c.c8s.agent.v1.ProcessRequest\x1a\x13.c8s.agent.v1.Empty\x12I\n" +
 	"\bListPids\x12\x1d.c8s.agent.v1.ListPidsRequest\x1a\x1e.c8s.agent.v1.ListPidsResponse\x12@\n" +
-	"\x05Stats\x12\x1a.c8s.agent.v1.StatsRequest\x1a\x1b.c8s.agent.v1.StatsResponse\x124\n" +
+	"\x05Stats\x12\x1a.c8s.agent.v1.StatsRequest\x1a\x1b.c8s.agent.v1.StatsResponse\x12L\n" +
+	"\x0fUpdateContainer\x12$.c8s.agent.v1.UpdateContainerRequest\x1a\x13.c8s.agent.v1.Empty\x12U\n" +
+	"\fOnlineCPUMem\x12!.c8s.agent.v1.OnlineCPUMemRequest\x1a\".c8s.agent.v1.OnlineCPUMemResponse\x124\n" +
 	"\bShutdown\x12\x13.c8s.agent.v1.Empty\x1a\x13.c8s.agent.v1.Empty\x12R\n" +
 	"\vGetEvidence\x12 .c8s.agent.v1.GetEvidenceRequest\x1a!.c8s.agent.v1.GetEvidenceResponse\x12D\n" +
 	"\vSetInitData\x12 .c8s.agent.v1.SetInitDataRequest\x1a\x13.c8s.agent.v1.Empty2\xf7\x01\n" +
@@ -2134,7 +2337,7 @@ func file_guest_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_guest_api_agent_v1_agent_proto_rawDescData
 }
 
-var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: c8s.agent.v1.Empty
 	(*GetInfoRequest)(nil),          // 1: c8s.agent.v1.GetInfoRequest
@@ -2160,33 +2363,36 @@ var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*ListPidsResponse)(nil),        // 21: c8s.agent.v1.ListPidsResponse
 	(*StatsRequest)(nil),            // 22: c8s.agent.v1.StatsRequest
 	(*StatsResponse)(nil),           // 23: c8s.agent.v1.StatsResponse
-	(*GetEvidenceRequest)(nil),      // 24: c8s.agent.v1.GetEvidenceRequest
-	(*GetEvidenceResponse)(nil),     // 25: c8s.agent.v1.GetEvidenceResponse
-	(*SetInitDataRequest)(nil),      // 26: c8s.agent.v1.SetInitDataRequest
-	(*ReadStreamRequest)(nil),       // 27: c8s.agent.v1.ReadStreamRequest
-	(*ReadStreamResponse)(nil),      // 28: c8s.agent.v1.ReadStreamResponse
-	(*WriteStdinRequest)(nil),       // 29: c8s.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 30: c8s.agent.v1.WriteStdinResponse
-	(*PodNetwork)(nil),              // 31: c8s.agent.v1.PodNetwork
-	(*NetInterface)(nil),            // 32: c8s.agent.v1.NetInterface
-	(*NetRoute)(nil),                // 33: c8s.agent.v1.NetRoute
-	(*timestamppb.Timestamp)(nil),   // 34: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 35: google.protobuf.Any
+	(*UpdateContainerRequest)(nil),  // 24: c8s.agent.v1.UpdateContainerRequest
+	(*OnlineCPUMemRequest)(nil),     // 25: c8s.agent.v1.OnlineCPUMemRequest
+	(*OnlineCPUMemResponse)(nil),    // 26: c8s.agent.v1.OnlineCPUMemResponse
+	(*GetEvidenceRequest)(nil),      // 27: c8s.agent.v1.GetEvidenceRequest
+	(*GetEvidenceResponse)(nil),     // 28: c8s.agent.v1.GetEvidenceResponse
+	(*SetInitDataRequest)(nil),      // 29: c8s.agent.v1.SetInitDataRequest
+	(*ReadStreamRequest)(nil),       // 30: c8s.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),      // 31: c8s.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),       // 32: c8s.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 33: c8s.agent.v1.WriteStdinResponse
+	(*PodNetwork)(nil),              // 34: c8s.agent.v1.PodNetwork
+	(*NetInterface)(nil),            // 35: c8s.agent.v1.NetInterface
+	(*NetRoute)(nil),                // 36: c8s.agent.v1.NetRoute
+	(*timestamppb.Timestamp)(nil),   // 37: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 38: google.protobuf.Any
 }
 var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
-	34, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
+	37, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: c8s.agent.v1.Rootfs.scsi:type_name -> c8s.agent.v1.ScsiDisk
 	5,  // 2: c8s.agent.v1.CreateContainerRequest.rootfs:type_name -> c8s.agent.v1.Rootfs
 	3,  // 3: c8s.agent.v1.CreateContainerRequest.stdio:type_name -> c8s.agent.v1.Stdio
 	6,  // 4: c8s.agent.v1.CreateContainerRequest.files:type_name -> c8s.agent.v1.File
-	31, // 5: c8s.agent.v1.CreateContainerRequest.network:type_name -> c8s.agent.v1.PodNetwork
+	34, // 5: c8s.agent.v1.CreateContainerRequest.network:type_name -> c8s.agent.v1.PodNetwork
 	8,  // 6: c8s.agent.v1.CreateContainerRequest.shared_mounts:type_name -> c8s.agent.v1.SharedMount
 	3,  // 7: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
-	34, // 8: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	37, // 8: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
 	20, // 9: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
-	35, // 10: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
-	32, // 11: c8s.agent.v1.PodNetwork.interfaces:type_name -> c8s.agent.v1.NetInterface
-	33, // 12: c8s.agent.v1.PodNetwork.routes:type_name -> c8s.agent.v1.NetRoute
+	38, // 10: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	35, // 11: c8s.agent.v1.PodNetwork.interfaces:type_name -> c8s.agent.v1.NetInterface
+	36, // 12: c8s.agent.v1.PodNetwork.routes:type_name -> c8s.agent.v1.NetRoute
 	1,  // 13: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
 	7,  // 14: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
 	10, // 15: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
@@ -2199,32 +2405,36 @@ var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
 	15, // 22: c8s.agent.v1.Agent.CloseStdin:input_type -> c8s.agent.v1.ProcessRequest
 	19, // 23: c8s.agent.v1.Agent.ListPids:input_type -> c8s.agent.v1.ListPidsRequest
 	22, // 24: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
-	0,  // 25: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
-	24, // 26: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
-	26, // 27: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
-	27, // 28: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
-	27, // 29: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
-	29, // 30: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
-	2,  // 31: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
-	9,  // 32: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
-	11, // 33: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
-	0,  // 34: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
-	14, // 35: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
-	16, // 36: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
-	0,  // 37: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 38: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 39: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
-	0,  // 40: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
-	21, // 41: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
-	23, // 42: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
-	0,  // 43: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
-	25, // 44: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
-	0,  // 45: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
-	28, // 46: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
-	28, // 47: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
-	30, // 48: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
-	31, // [31:49] is the sub-list for method output_type
-	13, // [13:31] is the sub-list for method input_type
+	24, // 25: c8s.agent.v1.Agent.UpdateContainer:input_type -> c8s.agent.v1.UpdateContainerRequest
+	25, // 26: c8s.agent.v1.Agent.OnlineCPUMem:input_type -> c8s.agent.v1.OnlineCPUMemRequest
+	0,  // 27: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
+	27, // 28: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
+	29, // 29: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
+	30, // 30: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
+	30, // 31: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
+	32, // 32: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
+	2,  // 33: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
+	9,  // 34: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
+	11, // 35: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
+	0,  // 36: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
+	14, // 37: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
+	16, // 38: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
+	0,  // 39: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 40: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 41: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
+	0,  // 42: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
+	21, // 43: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
+	23, // 44: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
+	0,  // 45: c8s.agent.v1.Agent.UpdateContainer:output_type -> c8s.agent.v1.Empty
+	26, // 46: c8s.agent.v1.Agent.OnlineCPUMem:output_type -> c8s.agent.v1.OnlineCPUMemResponse
+	0,  // 47: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
+	28, // 48: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
+	0,  // 49: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
+	31, // 50: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
+	31, // 51: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
+	33, // 52: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
+	33, // [33:53] is the sub-list for method output_type
+	13, // [13:33] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -2244,7 +2454,7 @@ func file_guest_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_guest_api_agent_v1_agent_proto_rawDesc), len(file_guest_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   34,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -20,6 +20,8 @@ type AgentService interface {
 	CloseStdin(context.Context, *ProcessRequest) (*Empty, error)
 	ListPids(context.Context, *ListPidsRequest) (*ListPidsResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
+	UpdateContainer(context.Context, *UpdateContainerRequest) (*Empty, error)
+	OnlineCPUMem(context.Context, *OnlineCPUMemRequest) (*OnlineCPUMemResponse, error)
 	Shutdown(context.Context, *Empty) (*Empty, error)
 	GetEvidence(context.Context, *GetEvidenceRequest) (*GetEvidenceResponse, error)
 	SetInitData(context.Context, *SetInitDataRequest) (*Empty, error)
@@ -111,6 +113,20 @@ func RegisterAgentService(srv *ttrpc.Server, svc AgentService) {
 					return nil, err
 				}
 				return svc.Stats(ctx, &req)
+			},
+			"UpdateContainer": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req UpdateContainerRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.UpdateContainer(ctx, &req)
+			},
+			"OnlineCPUMem": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req OnlineCPUMemRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.OnlineCPUMem(ctx, &req)
 			},
 			"Shutdown": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req Empty
@@ -238,6 +254,22 @@ func (c *agentClient) ListPids(ctx context.Context, req *ListPidsRequest) (*List
 func (c *agentClient) Stats(ctx context.Context, req *StatsRequest) (*StatsResponse, error) {
 	var resp StatsResponse
 	if err := c.client.Call(ctx, "c8s.agent.v1.Agent", "Stats", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) UpdateContainer(ctx context.Context, req *UpdateContainerRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "c8s.agent.v1.Agent", "UpdateContainer", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *agentClient) OnlineCPUMem(ctx context.Context, req *OnlineCPUMemRequest) (*OnlineCPUMemResponse, error) {
+	var resp OnlineCPUMemResponse
+	if err := c.client.Call(ctx, "c8s.agent.v1.Agent", "OnlineCPUMem", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -108,6 +108,9 @@ while [[ $1 == --bind ]]; do
 	shift 4
 done
 shift # --
+# The root must be a mount point, as on a machine: runc makes / a slave
+# mount, which fails on a plain directory.
+mount --bind "$R" "$R"
 mount -t proc proc "$R/proc"
 mount --rbind /sys "$R/sys"
 mount --rbind /dev "$R/dev"

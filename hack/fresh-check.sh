@@ -101,6 +101,9 @@ inner=$(
 	cat <<'EOS'
 set -euo pipefail
 R=$1; shift
+# The root must be a mount point, as on a machine: runc makes / a slave
+# mount, which fails on a plain directory. First, so the binds land on it.
+mount --bind "$R" "$R"
 while [[ $1 == --bind ]]; do
 	mkdir -p "$R$3"
 	mount --bind "$2" "$R$3"
@@ -108,9 +111,6 @@ while [[ $1 == --bind ]]; do
 	shift 4
 done
 shift # --
-# The root must be a mount point, as on a machine: runc makes / a slave
-# mount, which fails on a plain directory.
-mount --bind "$R" "$R"
 mount -t proc proc "$R/proc"
 mount --rbind /sys "$R/sys"
 mount --rbind /dev "$R/dev"

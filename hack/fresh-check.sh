@@ -87,6 +87,13 @@ else
 	printf 'deb %s %s main\ndeb %s %s-updates main\n' "$mirror" "$SUITE" "$mirror" "$SUITE" >"$FRESH_ROOT/etc/apt/sources.list"
 fi
 cp /etc/resolv.conf /etc/hosts "$FRESH_ROOT/etc/" 2>/dev/null || true
+# The network's own certificate authorities (a TLS-inspecting egress, as
+# here), which the machine trusts: Debian's ca-certificates adds them to
+# the root's bundle when `make deps` installs it.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+	mkdir -p "$FRESH_ROOT/usr/local/share/ca-certificates"
+	cp /usr/local/share/ca-certificates/*.crt "$FRESH_ROOT/usr/local/share/ca-certificates/"
+fi
 # Debian's minbase root has no git: the clone is made from the host, as a
 # user's `git clone` would give it.
 phase "clone $commit"

@@ -86,7 +86,13 @@ func signalCgroup(cgroup string, sig unix.Signal) error {
 	if err != nil {
 		return err
 	}
+	self := os.Getpid()
 	for _, pid := range pids {
+		if pid == 1 || pid == self {
+			// Never the agent (PID 1 in the VM), even if the cgroup was
+			// made to hold it.
+			continue
+		}
 		if err := unix.Kill(pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("signal %d pid %d of cgroup %s: %w", sig, pid, cgroup, err)
 		}

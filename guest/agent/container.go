@@ -196,7 +196,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		return nil, err
 	}
 	p := newProcess(c.id, "", rp, stdio)
-	go killLeftovers(c, p)
+	go s.killLeftovers(c, p)
 	return p, nil
 }
 
@@ -210,8 +210,17 @@ const leftoverKillTimeout = 2 * time.Second
 // streams open, and containerd waits for them to close before it finishes
 // handling the exit. A container in its own PID namespace loses them to the
 // kernel anyway; one in the pod's (or the VM's) namespace does not.
-func killLeftovers(c *container, init *process) {
+func (s *Service) killLeftovers(c *container, init *process) {
 	<-init.done
+	// A container removed meanwhile was killed whole by the runtime's
+	// delete; its cgroup path may already name a new container of the same
+	// id, which must not be touched.
+	s.mu.Lock()
+	current := s.containers[c.id] == c
+	s.mu.Unlock()
+	if !current {
+		return
+	}
 	if err := killCgroup(c.cgroup, leftoverKillTimeout); err != nil {
 		log.L.WithError(err).WithField("container", c.id).Warn("kill the processes left after the container's init exited")
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/containerd/log"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/spec"
 )
 
 // Bounds of OnlineCPUMem's wait for the host's hot-plug to arrive.
@@ -101,7 +102,7 @@ func possibleCPUs(sys string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("possible CPUs: %w", err)
 	}
-	cpus, err := parseCPUList(strings.TrimSpace(string(data)))
+	cpus, err := spec.ParseList(string(data))
 	if err != nil {
 		return 0, fmt.Errorf("possible CPUs %q: %w", data, err)
 	}

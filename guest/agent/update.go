@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
@@ -79,7 +77,7 @@ func parseUpdate(raw []byte) (*specs.LinuxResources, error) {
 			errs = append(errs, fmt.Errorf("cpu.period %d is out of range 1000..1000000 µs", *c.Period))
 		}
 		for _, l := range []struct{ name, list string }{{"cpu.cpus", c.Cpus}, {"cpu.mems", c.Mems}} {
-			if _, err := parseCPUList(l.list); err != nil {
+			if _, err := spec.ParseList(l.list); err != nil {
 				errs = append(errs, fmt.Errorf("%s %q: %w", l.name, l.list, err))
 			}
 		}
@@ -104,34 +102,6 @@ func parseUpdate(raw []byte) (*specs.LinuxResources, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
-	}
-	return out, nil
-}
-
-// parseCPUList parses a cpuset list such as "0-3,6" (empty: none).
-func parseCPUList(s string) ([]int, error) {
-	if s == "" {
-		return nil, nil
-	}
-	if len(s) > 1024 {
-		return nil, errors.New("too long")
-	}
-	var out []int
-	for _, part := range strings.Split(s, ",") {
-		lo, hi, isRange := strings.Cut(part, "-")
-		a, err := strconv.ParseUint(lo, 10, 16)
-		if err != nil {
-			return nil, fmt.Errorf("%q is not a number or range", part)
-		}
-		b := a
-		if isRange {
-			if b, err = strconv.ParseUint(hi, 10, 16); err != nil || b < a {
-				return nil, fmt.Errorf("%q is not a number or range", part)
-			}
-		}
-		for i := a; i <= b; i++ {
-			out = append(out, int(i))
-		}
 	}
 	return out, nil
 }

@@ -45,8 +45,13 @@ func ReadOnline(sysDir string) (cpus, mems string, err error) {
 	return cpus, mems, nil
 }
 
+// maxListMember bounds a cpuset list's members: Linux's NR_CPUS is at most
+// 8192, and memory nodes are far fewer.
+const maxListMember = 8191
+
 // ParseList parses a cpuset list such as "0-3,6" (empty: none) into its
-// sorted members.
+// sorted members. Members above maxListMember are refused, so a hostile
+// list costs the agent (PID 1) at most a small bitmap, whatever its ranges.
 func ParseList(s string) ([]int, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -55,7 +60,7 @@ func ParseList(s string) ([]int, error) {
 	if len(s) > 4096 {
 		return nil, errors.New("the list is too long")
 	}
-	var out []int
+	var set [maxListMember/64 + 1]uint64
 	for _, part := range strings.Split(s, ",") {
 		lo, hi, isRange := strings.Cut(strings.TrimSpace(part), "-")
 		a, err := strconv.ParseUint(lo, 10, 16)
@@ -66,12 +71,20 @@ func ParseList(s string) ([]int, error) {
 		if err != nil || b < a {
 			return nil, fmt.Errorf("%q is not a number or a range", part)
 		}
+		if b > maxListMember {
+			return nil, fmt.Errorf("%q names CPU or node %d, beyond any Linux system's %d", part, b, maxListMember)
+		}
 		for i := a; i <= b; i++ {
-			out = append(out, int(i))
+			set[i/64] |= 1 << (i % 64)
 		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
+	var out []int
+	for i := range maxListMember + 1 {
+		if set[i/64]&(1<<(i%64)) != 0 {
+			out = append(out, i)
+		}
+	}
+	return out, nil
 }
 
 // CheckCPUSet checks that a cpuset (cpus, mems) asks only for CPUs and

@@ -120,6 +120,9 @@ var reservedDrivers = map[string]string{
 
 // standardMinors are the standard pseudo-devices (containerd's default
 // device cgroup): null, zero, full, random, urandom; tty, console, ptmx.
+// In the guest /dev/console (5:1) is the VM's console, a line to the host;
+// containerd's default rules (ctr run) allow it, and a container can write
+// to the host through its stdout anyway.
 var standardMinors = map[int64][]int64{1: {3, 5, 7, 8, 9}, 5: {0, 1, 2}}
 
 // standardMajor reports whether every minor of a char major is standard:
@@ -306,9 +309,24 @@ func adaptDeviceAccess(l *specs.Linux, o Options) error {
 		if err := d.checkNumber("device "+dev.Path, typ, dev.Major, dev.Minor); err != nil {
 			return err
 		}
+		// crun ORs fileMode into mknod's mode: file-type bits there would
+		// make the node another type than the one checked (0o60000 turns
+		// a char device into a block device).
+		if dev.FileMode != nil && *dev.FileMode&^os.FileMode(0o7777) != 0 {
+			return &ForbiddenError{fmt.Sprintf("device %s has fileMode %#o: only permission bits (0o7777) may be set", dev.Path, uint32(*dev.FileMode))}
+		}
 	}
 	if l.Resources == nil {
 		l.Resources = &specs.LinuxResources{}
+	}
+	// cgroup v2 files the runtime would write for the host: controller
+	// limits only. cgroup.procs, cgroup.threads or cgroup.kill would let
+	// the host move the agent or another container's processes into this
+	// cgroup, or kill them.
+	for key := range l.Resources.Unified {
+		if strings.HasPrefix(key, "cgroup.") || strings.ContainsAny(key, "/\x00") || key == "." || key == ".." {
+			return &ForbiddenError{fmt.Sprintf("the cgroup file %q in linux.resources.unified is refused: only controller files (cpu.*, memory.*, io.*, pids.*, ...) may be set", key)}
+		}
 	}
 	for _, r := range l.Resources.Devices {
 		if err := d.checkRule(r); err != nil {

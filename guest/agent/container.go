@@ -76,6 +76,9 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	if req.GetRootfs() == nil {
 		return nil, fmt.Errorf("container %q: no rootfs given: %w", id, errdefs.ErrInvalidArgument)
 	}
+	if err := s.requirePolicy(ctx, fmt.Sprintf("container %q", id)); err != nil {
+		return nil, err
+	}
 	c := &container{
 		id:        id,
 		bundle:    filepath.Join(s.cfg.StateDir, id),

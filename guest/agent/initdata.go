@@ -55,7 +55,7 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 		return nil, err
 	}
 	s.mu.Lock()
-	s.policy = doc.Agent
+	s.policy, s.policySet = doc.Agent, true
 	s.mu.Unlock()
 	log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("allow_devices", doc.Agent.AllowDevices).WithField("secrets", len(doc.KBS.Secrets)).Info("measured init data accepted")
 	return &agentapi.Empty{}, nil
@@ -68,36 +68,93 @@ func (s *Service) execAllowed() bool {
 	return s.policy.ExecAllowed()
 }
 
+// requirePolicy fails closed: a VM launched with measured init data (a
+// non-zero HOST_DATA or MRCONFIGID in its own evidence) takes no container,
+// exec or update until the host has handed it that init data, so that the
+// host cannot act under the allow-all policy of a pod without one by
+// skipping SetInitData or by calling ahead of it. The launch digest is read
+// from the guest's evidence once; a VM without a TEE, or launched without
+// init data, has the allow-all policy from the start.
+func (s *Service) requirePolicy(ctx context.Context, what string) error {
+	s.mu.Lock()
+	set, known, measured := s.policySet, s.launchKnown, s.launchMeasured
+	s.mu.Unlock()
+	if set {
+		return nil
+	}
+	if !known {
+		if s.cfg.Evidence == nil {
+			measured = false
+		} else {
+			var nonce [64]byte
+			if _, err := rand.Read(nonce[:32]); err != nil {
+				return err
+			}
+			ev, err := s.cfg.Evidence(ctx, nonce)
+			if err != nil {
+				return fmt.Errorf("%s: read whether this VM was launched with measured init data from its evidence: %w", what, err)
+			}
+			digest, _, err := launchDigest(ev)
+			if err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			measured = !bytes.Equal(digest, make([]byte, len(digest)))
+		}
+		s.mu.Lock()
+		s.launchKnown, s.launchMeasured = true, measured
+		set = s.policySet
+		s.mu.Unlock()
+	}
+	if measured && !set {
+		return fmt.Errorf("%s refused: this pod VM was launched with measured init data and its policy is not in force yet: the host must hand the agent that init data first (SetInitData): %w", what, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}
+
 // checkLaunchDigest compares the init data's digest with the one the VM
 // was launched with, as its evidence carries it: SNP HOST_DATA or TDX
 // MRCONFIGID.
 func checkLaunchDigest(ev *agentapi.GetEvidenceResponse, data []byte) error {
-	var want, got []byte
-	var field string
-	switch ev.Kind {
-	case "snp":
-		if len(ev.Report) < snpHostDataOffset+32 {
-			return fmt.Errorf("the SNP report is %d bytes, too short to hold HOST_DATA", len(ev.Report))
-		}
-		d := initdata.Digest(data)
-		want, got, field = d[:], ev.Report[snpHostDataOffset:snpHostDataOffset+32], "HOST_DATA"
-	case "tdx":
-		q, err := tdxabi.QuoteToProto(ev.Report)
-		if err != nil {
-			return fmt.Errorf("parse the TDX quote: %w", err)
-		}
-		body, ok := q.(interface{ GetTdQuoteBody() *tdxpb.TDQuoteBody })
-		if !ok {
-			return fmt.Errorf("TDX quote of type %T: reading MRCONFIGID from it is not supported: %w", q, errdefs.ErrNotImplemented)
-		}
+	got, field, err := launchDigest(ev)
+	if err != nil {
+		return err
+	}
+	var want []byte
+	if ev.Kind == "tdx" {
 		d := initdata.DigestTDX(data)
-		want, got, field = d[:], body.GetTdQuoteBody().GetMrConfigId(), "MRCONFIGID"
-	default:
-		return fmt.Errorf("checking init data against %q evidence is not supported: %w", ev.Kind, errdefs.ErrNotImplemented)
+		want = d[:]
+	} else {
+		d := initdata.Digest(data)
+		want = d[:]
 	}
 	if !bytes.Equal(got, want) {
 		return fmt.Errorf("init data digest %s does not match the %s %s this VM was launched with: %w",
 			hex.EncodeToString(want), field, hex.EncodeToString(got), errdefs.ErrPermissionDenied)
 	}
 	return nil
+}
+
+// launchDigest returns the init data digest the VM was launched with, as
+// its evidence carries it, and the field's name: SNP HOST_DATA or TDX
+// MRCONFIGID.
+func launchDigest(ev *agentapi.GetEvidenceResponse) ([]byte, string, error) {
+	switch ev.Kind {
+	case "snp":
+		if len(ev.Report) < snpHostDataOffset+32 {
+			return nil, "", fmt.Errorf("the SNP report is %d bytes, too short to hold HOST_DATA", len(ev.Report))
+		}
+		return ev.Report[snpHostDataOffset : snpHostDataOffset+32], "HOST_DATA", nil
+	case "tdx":
+		q, err := tdxabi.QuoteToProto(ev.Report)
+		if err != nil {
+			return nil, "", fmt.Errorf("parse the TDX quote: %w", err)
+		}
+		body, ok := q.(interface{ GetTdQuoteBody() *tdxpb.TDQuoteBody })
+		if !ok {
+			return nil, "", fmt.Errorf("TDX quote of type %T: reading MRCONFIGID from it is not supported: %w", q, errdefs.ErrNotImplemented)
+		}
+		return body.GetTdQuoteBody().GetMrConfigId(), "MRCONFIGID", nil
+	default:
+		return nil, "", fmt.Errorf("reading the launch digest of %q evidence is not supported: %w", ev.Kind, errdefs.ErrNotImplemented)
+	}
 }

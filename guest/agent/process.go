@@ -102,6 +102,9 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 	if err := validID("exec id", execID); err != nil {
 		return nil, err
 	}
+	if err := s.requirePolicy(ctx, fmt.Sprintf("exec %q", execID)); err != nil {
+		return nil, err
+	}
 	if !s.execAllowed() {
 		return nil, fmt.Errorf("exec %q refused: the pod's measured policy forbids exec (agent_policy.allow_exec = false): %w", execID, errdefs.ErrPermissionDenied)
 	}

@@ -83,8 +83,14 @@ type Service struct {
 
 	mu         sync.Mutex
 	containers map[string]*container
-	// policy is the agent policy of the pod's measured init data.
-	policy initdata.AgentPolicy
+	// policy is the agent policy of the pod's measured init data;
+	// policySet once SetInitData accepted it.
+	policy    initdata.AgentPolicy
+	policySet bool
+	// launchKnown once requirePolicy has read the launch digest from the
+	// guest's evidence; launchMeasured if it is not zero (the VM was
+	// launched with init data).
+	launchKnown, launchMeasured bool
 	// secrets are the pod's secrets, once fetched from its key broker.
 	secrets []secretMount
 	// share is the pod's virtio-fs share, once mounted (sharedfs.go).

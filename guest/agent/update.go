@@ -113,6 +113,9 @@ func (s *Service) UpdateContainer(ctx context.Context, req *agentapi.UpdateConta
 	if err != nil {
 		return nil, err
 	}
+	if err := s.requirePolicy(ctx, fmt.Sprintf("update of container %q", c.id)); err != nil {
+		return nil, err
+	}
 	res, err := parseUpdate(req.GetResources())
 	if err != nil {
 		return nil, fmt.Errorf("update of container %q refused: %w: %w", c.id, err, errdefs.ErrInvalidArgument)

@@ -45,7 +45,7 @@ func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, err
 	if err != nil {
 		return nil, err
 	}
-	if err := s.handInitData(ctx); err != nil {
+	if err := s.HandInitData(ctx); err != nil {
 		return nil, err
 	}
 	return verified, nil
@@ -133,10 +133,11 @@ func expectedPolicy(m *manifest.Manifest, tee string, vcpus int, initData []byte
 	return p, nil
 }
 
-// handInitData gives the agent the pod's init data once the VM's HOST_DATA
-// has verified; the agent checks it against its own evidence again and
-// enforces its policy.
-func (s *Sandbox) handInitData(ctx context.Context) error {
+// HandInitData gives the agent the pod's init data, once the VM's
+// HOST_DATA has verified unless attestation is off; the agent checks it
+// against its own evidence again and enforces its policy. A VM launched
+// with init data takes no container before.
+func (s *Sandbox) HandInitData(ctx context.Context) error {
 	if len(s.initData) == 0 {
 		return nil
 	}

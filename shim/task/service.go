@@ -324,7 +324,12 @@ func attestSandbox(ctx context.Context, sb *sandbox.Sandbox, pod *podState) erro
 			return fmt.Errorf("pod %s asks for secrets from a key broker, which releases them only to an attested pod: attestation.mode is off: %w", pod.id, errdefs.ErrFailedPrecondition)
 		}
 		log.G(ctx).WithField("sandbox", pod.id).Warn("attestation is off (attestation.mode): the pod VM is not verified")
-		return nil
+		// The agent takes no container until it has the init data the VM
+		// was launched with, verified or not.
+		if len(pod.initData) == 0 {
+			return nil
+		}
+		return sb.HandInitData(ctx)
 	}
 	t0 := time.Now()
 	v, err := sb.Attest(ctx, pod.cfg)

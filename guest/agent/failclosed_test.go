@@ -1,0 +1,75 @@
+package agent
+
+import (
+	"context"
+	"testing"
+
+	"github.com/containerd/errdefs"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
+)
+
+// snpEvidence is an evidence provider whose SNP reports carry hostData.
+func snpEvidence(hostData [32]byte, calls *int) func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+	return func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		*calls++
+		r := make([]byte, 1184)
+		copy(r[snpHostDataOffset:], hostData[:])
+		return &agentapi.GetEvidenceResponse{Kind: "snp", Provider: "sim", Report: r}, nil
+	}
+}
+
+// A malicious host that never hands the agent the pod's init data (or
+// calls ahead of it) must not get the allow-all policy of a pod without
+// one: a VM launched with init data takes no container, exec or update
+// until SetInitData has put its policy in force.
+func TestMaliciousHostSkipsInitData(t *testing.T) {
+	ctx := context.Background()
+	doc := []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")
+	calls := 0
+	svc := &Service{cfg: Config{Evidence: snpEvidence(initdata.Digest(doc), &calls)}, containers: map[string]*container{}}
+	_, err := svc.CreateContainer(ctx, &agentapi.CreateContainerRequest{ContainerId: "c1", Rootfs: rootfsReq()})
+	if !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("CreateContainer before SetInitData in a VM launched with init data: %v, want failed precondition", err)
+	}
+	svc.containers["c0"] = &container{id: "c0", init: &process{done: make(chan struct{})}, execs: map[string]*process{}}
+	if _, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "c0", ExecId: "e1", Process: []byte(`{"args":["sh"]}`)}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("ExecProcess before SetInitData: %v, want failed precondition", err)
+	}
+	if _, err := svc.UpdateContainer(ctx, &agentapi.UpdateContainerRequest{ContainerId: "c0", Resources: []byte(`{}`)}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("UpdateContainer before SetInitData: %v, want failed precondition", err)
+	}
+	if calls != 1 {
+		t.Errorf("the launch digest was read %d times, want once", calls)
+	}
+	if _, err := svc.SetInitData(ctx, &agentapi.SetInitDataRequest{InitData: doc}); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.requirePolicy(ctx, "create"); err != nil {
+		t.Fatalf("after SetInitData: %v", err)
+	}
+	// Its policy then holds: exec is refused by allow_exec = false.
+	if _, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "c0", ExecId: "e1", Process: []byte(`{"args":["sh"]}`)}); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("exec under the policy: %v, want permission denied", err)
+	}
+}
+
+// A VM launched without init data (HOST_DATA zero) or without a TEE has
+// the allow-all policy from the start.
+func TestNoInitDataAllowsAll(t *testing.T) {
+	ctx := context.Background()
+	calls := 0
+	zero := &Service{cfg: Config{Evidence: snpEvidence([32]byte{}, &calls)}}
+	for range 2 {
+		if err := zero.requirePolicy(ctx, "create"); err != nil {
+			t.Fatalf("HOST_DATA zero: %v", err)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("the launch digest was read %d times, want once", calls)
+	}
+	if err := (&Service{}).requirePolicy(ctx, "create"); err != nil {
+		t.Fatalf("no TEE: %v", err)
+	}
+}

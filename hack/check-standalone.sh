@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dots='\.\.'
-hits=$(git grep -nE "(${dots}/shared|/work/shared)(/|\$|[^a-zA-Z_-])" -- . || true)
+work=work
+hits=$(git grep -nE "(${dots}/shared|/${work}/shared)(/|\$|[^a-zA-Z_-])" -- . || true)
 if [[ -n $hits ]]; then
 	echo "check-standalone: these tracked files read a shared folder outside the repository;" >&2
 	echo "copy what they need into testdata/ (with its source and license) and point them there:" >&2

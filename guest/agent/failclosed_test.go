@@ -2,12 +2,15 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/containerd/errdefs"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	"github.com/c8s-dev/c8s/guest/attest"
 )
 
 // snpEvidence is an evidence provider whose SNP reports carry hostData.
@@ -70,6 +73,19 @@ func TestNoInitDataAllowsAll(t *testing.T) {
 		t.Errorf("the launch digest was read %d times, want once", calls)
 	}
 	if err := (&Service{}).requirePolicy(ctx, "create"); err != nil {
-		t.Fatalf("no TEE: %v", err)
+		t.Fatalf("no evidence source: %v", err)
+	}
+	noTEE := &Service{cfg: Config{Evidence: func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		return nil, fmt.Errorf("%w: looked everywhere", attest.ErrNoProvider)
+	}}}
+	if err := noTEE.requirePolicy(ctx, "create"); err != nil {
+		t.Fatalf("a guest without a TEE: %v", err)
+	}
+	// Any other failure to read the launch digest refuses: fail closed.
+	broken := &Service{cfg: Config{Evidence: func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		return nil, errors.New("the TEE device timed out")
+	}}}
+	if err := broken.requirePolicy(ctx, "create"); err == nil {
+		t.Fatal("a failed evidence read let a container through")
 	}
 }

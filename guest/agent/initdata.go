@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/containerd/errdefs"
@@ -15,6 +16,7 @@ import (
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	"github.com/c8s-dev/c8s/guest/attest"
 )
 
 // snpHostDataOffset is where HOST_DATA sits in an SNP ATTESTATION_REPORT
@@ -91,14 +93,20 @@ func (s *Service) requirePolicy(ctx context.Context, what string) error {
 				return err
 			}
 			ev, err := s.cfg.Evidence(ctx, nonce)
-			if err != nil {
+			switch {
+			case errors.Is(err, attest.ErrNoProvider):
+				// Not a confidential VM and no sim TEE: nothing was
+				// measured at launch, so no init data can be bound.
+				measured = false
+			case err != nil:
 				return fmt.Errorf("%s: read whether this VM was launched with measured init data from its evidence: %w", what, err)
+			default:
+				digest, _, err := launchDigest(ev)
+				if err != nil {
+					return fmt.Errorf("%s: %w", what, err)
+				}
+				measured = !bytes.Equal(digest, make([]byte, len(digest)))
 			}
-			digest, _, err := launchDigest(ev)
-			if err != nil {
-				return fmt.Errorf("%s: %w", what, err)
-			}
-			measured = !bytes.Equal(digest, make([]byte, len(digest)))
 		}
 		s.mu.Lock()
 		s.launchKnown, s.launchMeasured = true, measured

@@ -12,6 +12,10 @@ import (
 	"github.com/c8s-dev/c8s/guest/channel"
 )
 
+// ErrNoProvider is Detect's error when the guest has no TEE to produce
+// evidence: not a confidential VM, and no sim TEE port.
+var ErrNoProvider = errors.New("no attestation provider in this guest")
+
 // configfsDir is where configfs is mounted.
 const configfsDir = "/sys/kernel/config"
 
@@ -54,9 +58,9 @@ func Detect(ctx context.Context, root string, loadModules func()) (Provider, err
 	if port, ok := channel.FindPort(root, SimPortName); ok {
 		return NewSim(port), nil
 	}
-	err := fmt.Errorf("no attestation provider in this guest: looked for configfs-tsm (%s with a TEE guest driver), %s, %s and the sim TEE's virtio-serial port %s; "+
+	err := fmt.Errorf("%w: looked for configfs-tsm (%s with a TEE guest driver), %s, %s and the sim TEE's virtio-serial port %s; "+
 		"on SNP or TDX, check that the VM is confidential and the sev-guest, tdx-guest and tsm modules loaded; with tee = \"sim\", that the launcher added the %s port",
-		filepath.Join(root, TSMReportDir), sev, tdx, SimPortName, SimPortName)
+		ErrNoProvider, filepath.Join(root, TSMReportDir), sev, tdx, SimPortName, SimPortName)
 	if mountErr != nil {
 		err = fmt.Errorf("%w (and %v)", err, mountErr)
 	}

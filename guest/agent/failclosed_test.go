@@ -89,3 +89,25 @@ func TestNoInitDataAllowsAll(t *testing.T) {
 		t.Fatal("a failed evidence read let a container through")
 	}
 }
+
+// A malicious host asking an SNP or TDX guest to bring hot-plugged memory
+// online would have the guest use memory it never accepted: refused. The
+// sim TEE's guest is no confidential VM and may grow.
+func TestMaliciousHostOnlinesMemoryInACVM(t *testing.T) {
+	ctx := context.Background()
+	for provider, refused := range map[string]bool{"sev-guest": true, "configfs-tsm": true, "tdx-guest": true, attest.NameSim: false} {
+		calls := 0
+		ev := snpEvidence([32]byte{}, &calls)
+		svc := &Service{cfg: Config{SysDir: t.TempDir(), Evidence: func(ctx context.Context, rd [64]byte) (*agentapi.GetEvidenceResponse, error) {
+			r, err := ev(ctx, rd)
+			if r != nil {
+				r.Provider = provider
+			}
+			return r, err
+		}}}
+		_, err := svc.OnlineCPUMem(ctx, &agentapi.OnlineCPUMemRequest{TimeoutMs: 1})
+		if got := errdefs.IsFailedPrecondition(err); got != refused {
+			t.Errorf("provider %s: OnlineCPUMem = %v, want refused %v", provider, err, refused)
+		}
+	}
+}

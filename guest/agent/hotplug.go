@@ -32,6 +32,14 @@ const (
 // lists, so a host can make the guest use no more than the vCPUs and
 // memory it gave the VM anyway.
 func (s *Service) OnlineCPUMem(ctx context.Context, req *agentapi.OnlineCPUMemRequest) (*agentapi.OnlineCPUMemResponse, error) {
+	if err := s.requirePolicy(ctx, "bringing hot-plugged vCPUs and memory online"); err != nil {
+		return nil, err
+	}
+	// In an SNP or TDX guest the host cannot add vCPUs, and memory it adds
+	// was never validated or accepted by the guest: never online it.
+	if s.confidential() {
+		return nil, fmt.Errorf("bringing hot-plugged vCPUs and memory online is refused in a confidential VM: the guest has not accepted memory the host added: %w", errdefs.ErrFailedPrecondition)
+	}
 	timeout := time.Duration(req.GetTimeoutMs()) * time.Millisecond
 	if timeout <= 0 {
 		timeout = defaultOnlineTimeout

@@ -85,6 +85,7 @@ func (s *Service) requirePolicy(ctx context.Context, what string) error {
 		return nil
 	}
 	if !known {
+		provider := ""
 		if s.cfg.Evidence == nil {
 			measured = false
 		} else {
@@ -106,10 +107,11 @@ func (s *Service) requirePolicy(ctx context.Context, what string) error {
 					return fmt.Errorf("%s: %w", what, err)
 				}
 				measured = !bytes.Equal(digest, make([]byte, len(digest)))
+				provider = ev.Provider
 			}
 		}
 		s.mu.Lock()
-		s.launchKnown, s.launchMeasured = true, measured
+		s.launchKnown, s.launchMeasured, s.launchProvider = true, measured, provider
 		set = s.policySet
 		s.mu.Unlock()
 	}
@@ -117,6 +119,14 @@ func (s *Service) requirePolicy(ctx context.Context, what string) error {
 		return fmt.Errorf("%s refused: this pod VM was launched with measured init data and its policy is not in force yet: the host must hand the agent that init data first (SetInitData): %w", what, errdefs.ErrFailedPrecondition)
 	}
 	return nil
+}
+
+// confidential reports whether this guest's evidence comes from TEE
+// hardware (not the sim TEE, not none), as requirePolicy read it.
+func (s *Service) confidential() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.launchProvider != "" && s.launchProvider != attest.NameSim
 }
 
 // checkLaunchDigest compares the init data's digest with the one the VM

@@ -91,6 +91,9 @@ type Service struct {
 	// guest's evidence; launchMeasured if it is not zero (the VM was
 	// launched with init data).
 	launchKnown, launchMeasured bool
+	// launchProvider names the evidence provider requirePolicy read it
+	// from ("" without one).
+	launchProvider string
 	// secrets are the pod's secrets, once fetched from its key broker.
 	secrets []secretMount
 	// share is the pod's virtio-fs share, once mounted (sharedfs.go).

@@ -48,7 +48,7 @@ tools-containerd: ## Build only containerd, ctr and the runc shim from their Go 
 	hack/build-tools.sh $(TOOLS_BIN) containerd
 
 .PHONY: protos
-protos: ## Regenerate the ttrpc APIs (guest/api, launcher/api).
+protos: ## Regenerate the ttrpc APIs (guest/api, shim/api).
 	hack/protos.sh generate
 
 .PHONY: check-protos
@@ -67,8 +67,12 @@ image-verify: build ## Build the guest image twice and prove the builds are iden
 unit: ## Run the Go tests as they are (no installs; end-to-end tests skip without their prerequisites).
 	$(GO) test ./...
 
+.PHONY: lint
+lint: ## Run staticcheck over the tree (built from its pinned module into _output/tools, cached).
+	hack/lint.sh
+
 .PHONY: test
-test: deps tools image ## Install what is needed, then run every test, end to end included.
+test: deps tools image ## Install what is needed, then run every test, end to end included (lint too).
 	hack/test.sh
 
 .PHONY: demo
@@ -91,7 +95,7 @@ fresh-check: ## Prove a clone builds and passes `make unit` in a fresh Debian 12
 	hack/fresh-check.sh
 
 .PHONY: fuzz
-fuzz: ## Run each parser fuzz target for a bounded time.
+fuzz: ## Run every fuzz target (found with go test -list) for a bounded time each.
 	hack/fuzz.sh
 
 .PHONY: install

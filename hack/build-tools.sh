@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Usage: hack/build-tools.sh OUTDIR [GROUP...]
 #
-# GROUP is containerd or kubernetes; without one, both are built. `make demo`
-# builds only containerd: it needs nothing else.
+# GROUP is containerd, kubernetes or staticcheck; without one, containerd
+# and kubernetes are built. `make demo` builds only containerd: it needs
+# nothing else; `make lint` (hack/lint.sh) builds only staticcheck.
 #
 # Builds containerd, ctr and containerd-shim-runc-v2 into OUTDIR from the tools
 # module in tests/tools, at the containerd version that the root go.mod
 # requires (the version the shim is built against), and etcd, kube-apiserver,
 # kube-scheduler and kubelet from the module in tests/tools/kubernetes, at the
-# k8s.io/kubernetes version it requires (for the real-Kubernetes e2e test).
-# Each group is cached: a stamp file in OUTDIR records what was built, and a
-# run that would build the same thing again does nothing.
+# k8s.io/kubernetes version it requires (for the real-Kubernetes e2e test),
+# and staticcheck from the module in tests/tools/staticcheck, at the
+# honnef.co/go/tools version it requires. Each group is cached: a stamp
+# file in OUTDIR records what was built, and a run that would build the
+# same thing again does nothing.
 #
 # tests/tools/go.mod must require the same containerd version as go.mod; when
 # it does not, the script fails and prints the command that brings it in line.
@@ -18,7 +21,7 @@
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then
-	echo "usage: $0 OUTDIR [containerd] [kubernetes]" >&2
+	echo "usage: $0 OUTDIR [containerd] [kubernetes] [staticcheck]" >&2
 	exit 2
 fi
 
@@ -29,9 +32,9 @@ shift
 GROUPS_WANTED=" ${*:-containerd kubernetes} "
 for g in $GROUPS_WANTED; do
 	case $g in
-	containerd | kubernetes) ;;
+	containerd | kubernetes | staticcheck) ;;
 	*)
-		echo "build-tools: unknown group $g (want containerd or kubernetes)" >&2
+		echo "build-tools: unknown group $g (want containerd, kubernetes or staticcheck)" >&2
 		exit 2
 		;;
 	esac
@@ -54,19 +57,21 @@ modversion() { # DIR MODULE
 	(cd "$1" && "$GO" list -m -f '{{.Version}}' "$2")
 }
 
-want=$(modversion "$ROOT" "$CONTAINERD_MOD")
-have=$(modversion "$TOOLS_MOD" "$CONTAINERD_MOD")
-if [[ -z "$want" ]]; then
-	echo "build-tools: cannot read the $CONTAINERD_MOD version from $ROOT/go.mod" >&2
-	exit 1
-fi
-if [[ "$want" != "$have" ]]; then
-	cat >&2 <<EOF
+if wanted containerd; then
+	want=$(modversion "$ROOT" "$CONTAINERD_MOD")
+	have=$(modversion "$TOOLS_MOD" "$CONTAINERD_MOD")
+	if [[ -z "$want" ]]; then
+		echo "build-tools: cannot read the $CONTAINERD_MOD version from $ROOT/go.mod" >&2
+		exit 1
+	fi
+	if [[ "$want" != "$have" ]]; then
+		cat >&2 <<EOF
 build-tools: tests/tools/go.mod requires $CONTAINERD_MOD $have,
 but the root go.mod requires $want. Bring the tools module in line with:
   (cd tests/tools && go get $CONTAINERD_MOD@$want && go mod tidy)
 EOF
-	exit 1
+		exit 1
+	fi
 fi
 
 # build_group NAME STAMP MODDIR "PKGS..." "BINS..." STAMP_CONTENT [GO BUILD FLAGS...]
@@ -110,6 +115,13 @@ goversion=$("$GO" env GOVERSION)
 # takes about 40 s off a cold `make demo` here.
 wanted containerd && CGO_ENABLED=0 build_group "containerd $want" "$STAMP" "$TOOLS_MOD" "${CONTAINERD_PKGS[*]}" "${CONTAINERD_BINS[*]}" \
 	"$(printf 'containerd=%s\ngo=%s\ncgo=0' "$want" "$goversion")" -tags no_btrfs
+
+if wanted staticcheck; then
+	SC_MOD="$TOOLS_MOD/staticcheck"
+	sc=$(modversion "$SC_MOD" honnef.co/go/tools)
+	CGO_ENABLED=0 build_group "staticcheck $sc" "$OUTDIR/.c8s-staticcheck.stamp" "$SC_MOD" honnef.co/go/tools/cmd/staticcheck staticcheck \
+		"$(printf 'staticcheck=%s\ngo=%s\ncgo=0' "$sc" "$goversion")"
+fi
 
 wanted kubernetes || exit 0
 KUBE_MOD="$TOOLS_MOD/kubernetes"

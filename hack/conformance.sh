@@ -46,7 +46,9 @@ WORK=$(mktemp -d /tmp/c8s-conf.XXXXXX)
 OUT=${C8S_CONFORMANCE_OUT:-$ROOT/_output/conformance}
 mkdir -p "$OUT"
 pids=()
+daemons=()
 cleanup() {
+	for d in "${daemons[@]}"; do "$WORK/c8s-containerd" stop --dir "$d" || true; done
 	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
 	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
 	# Shims and QEMUs of the daemons carry $WORK in their command lines.
@@ -100,24 +102,13 @@ initrd = "$WORK/image/initrd.img"
 state_dir = "$WORK/c8s"
 EOF
 
-# start_containerd NAME DEFAULT_RUNTIME: a private daemon in $WORK/NAME.
+# start_containerd NAME DEFAULT_RUNTIME: a private daemon in $WORK/NAME,
+# through the harness the Go tests use (tests/cmd/c8s-containerd); its
+# socket is $WORK/NAME/containerd.sock.
+(cd "$ROOT" && go build -o "$WORK/c8s-containerd" ./tests/cmd/c8s-containerd)
 start_containerd() {
 	local d=$WORK/$1
-	mkdir -p "$d"
-	cat >"$d/config.toml" <<EOF
-version = 3
-root = "$d/root"
-state = "$d/state"
-[grpc]
-  address = "$d/c.sock"
-[ttrpc]
-  address = "$d/c.sock.ttrpc"
-[debug]
-  level = "debug"
-[plugins.'io.containerd.internal.v1.opt']
-  path = "$d/opt"
-[plugins.'io.containerd.nri.v1.nri']
-  disable = true
+	cat >"$WORK/$1.toml" <<EOF
 [plugins.'io.containerd.cri.v1.runtime']
   # Without CAP_SYS_RESOURCE (as in this sandbox) runc cannot lower
   # oom_score_adj below containerd's: keep the sandbox's at containerd's.
@@ -139,15 +130,21 @@ state = "$d/state"
 [plugins.'io.containerd.cri.v1.images'.registry]
   config_path = '$WORK/certs.d'
 EOF
-	PATH=$ROOT/bin:$TOOLS:$PATH "$TOOLS/containerd" --config "$d/config.toml" >"$OUT/containerd-$1.log" 2>&1 &
-	pids+=($!)
-	for _ in $(seq 300); do "$TOOLS/ctr" --address "$d/c.sock" version >/dev/null 2>&1 && return 0; sleep 0.1; done
-	cat "$OUT/containerd-$1.log" >&2
-	echo "conformance: containerd $1 did not start" >&2
-	exit 1
+	"$WORK/c8s-containerd" start --dir "$d" --cri --extra-config "$WORK/$1.toml" --tools-bin "$TOOLS" \
+		--path-prefix "$ROOT/bin" --log "$OUT/containerd-$1.log" >/dev/null || {
+		echo "conformance: containerd $1 did not start" >&2
+		exit 1
+	}
+	daemons+=("$d")
+}
+stop_containerd() { # NAME
+	"$WORK/c8s-containerd" stop --dir "$WORK/$1" || true
+	local keep=() d
+	for d in "${daemons[@]}"; do [[ $d == "$WORK/$1" ]] || keep+=("$d"); done
+	daemons=("${keep[@]}")
 }
 # ctr warns about cgroup v1 on every call; keep its other messages.
-ctr_seed() { "$TOOLS/ctr" --address "$WORK/seed/c.sock" --namespace seed "$@" 2> >(grep -v DEPRECATION >&2); }
+ctr_seed() { "$TOOLS/ctr" --address "$WORK/seed/containerd.sock" --namespace seed "$@" 2> >(grep -v DEPRECATION >&2); }
 
 # --- images: the busybox test image under every name critest pulls --------
 echo "== images into the local registry $REG"
@@ -185,7 +182,7 @@ declare -A ran passed failed skipped secs
 for rt in $RUNTIMES; do
 	echo "== critest with $rt as the default runtime"
 	start_containerd "$rt" "$rt"
-	args=(--runtime-endpoint "unix://$WORK/$rt/c.sock" --image-endpoint "unix://$WORK/$rt/c.sock"
+	args=(--runtime-endpoint "unix://$WORK/$rt/containerd.sock" --image-endpoint "unix://$WORK/$rt/containerd.sock"
 		--ginkgo.no-color --ginkgo.junit-report "$OUT/$rt.xml" --ginkgo.timeout "$TIMEOUT")
 	[[ -n $FOCUS ]] && args+=(--ginkgo.focus "$FOCUS")
 	start=$SECONDS
@@ -203,8 +200,7 @@ for rt in $RUNTIMES; do
 			sed -E 's/<testcase name="\[It\] ([^"]*)".*/\1/' | sort >"$OUT/$rt.$st" || true
 	done
 	sort "$OUT/$rt.failed" "$OUT/$rt.passed" >"$OUT/$rt.ran"
-	kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
-	unset 'pids[-1]'
+	stop_containerd "$rt"
 done
 
 echo

@@ -33,7 +33,6 @@ DEMO_PACKAGES=(
 # What the rest of the build and every test need besides.
 TEST_PACKAGES=(
 	qemu-utils
-	cpio
 	squashfs-tools
 	e2fsprogs
 	protobuf-compiler

@@ -2,7 +2,7 @@
 # Installs c8s on this node with `c8s-launcher install`: binaries, guest image
 # (verified against its manifest), c8s config (an existing one is kept) and
 # the c8s runtime handlers in containerd's config (a drop-in where the config
-# imports one, else an edit after a timestamped backup; see launcher/install).
+# imports one, else an edit after a timestamped backup; see launcher/admin/install).
 # Idempotent; `c8s-launcher uninstall` undoes it. containerd is restarted only
 # with RESTART=1.
 #   PREFIX (default /usr/local), SYSCONFDIR (default /etc), DESTDIR (staging root)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Generates the ttrpc APIs (guest/api, launcher/api) from their .proto files, or,
+# Generates the ttrpc APIs (guest/api, shim/api) from their .proto files, or,
 # with "check", fails when the committed generated code is not current.
 # The plugins are built at the versions go.mod pins, so output is stable.
 set -euo pipefail
@@ -24,7 +24,7 @@ if [[ $mode == check ]]; then
 	out=$(mktemp -d)
 	trap 'rm -rf "$out"' EXIT
 fi
-protos=$(find guest/api launcher/api -name '*.proto' | sort)
+protos=$(find guest/api shim/api -name '*.proto' | sort)
 PATH=$plugins:$PATH protoc -I . -I /usr/include \
 	--go_out="$out" --go_opt=module=github.com/c8s-dev/c8s \
 	--go-ttrpc_out="$out" --go-ttrpc_opt=module=github.com/c8s-dev/c8s \
@@ -32,12 +32,12 @@ PATH=$plugins:$PATH protoc -I . -I /usr/include \
 
 if [[ $mode == check ]]; then
 	status=0
-	for f in $(cd "$out" && find guest/api launcher/api -name '*.go' | sort); do
+	for f in $(cd "$out" && find guest/api shim/api -name '*.go' | sort); do
 		if ! cmp -s "$out/$f" "$f"; then
 			echo "out of date: $f (run 'make protos' and commit the result)" >&2
 			status=1
 		fi
 	done
-	[[ $status == 0 ]] && echo "generated APIs in guest/api and launcher/api are current"
+	[[ $status == 0 ]] && echo "generated APIs in guest/api and shim/api are current"
 	exit $status
 fi

@@ -21,6 +21,9 @@ tail -1 /tmp/c8s-image-verify.log
 echo "== go vet"
 go vet ./...
 
+echo "== staticcheck"
+hack/lint.sh
+
 qemu_before=$(pgrep -f "qemu-system.*$PWD/" | sort || true)
 log=$(mktemp /tmp/c8s-test.XXXXXX.log)
 echo "== go test (full log: $log)"

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c8s-dev/c8s/images/internal/newc"
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/internal/newc"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // Environment variables that steer the image tests.

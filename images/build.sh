@@ -13,18 +13,22 @@
 #   initrd-plain.img  the unsealed initramfs of the same root tree (development,
 #                     and the baseline `make bench` compares sealed boots with)
 #   c8s.efi           a UKI: Debian's systemd-stub with kernel, initrd.img, the
-#                     command line (root hash included), os-release and uname
-#   snp.igvm          an IGVM of SNP_FIRMWARE + kernel + initrd.img + command line,
-#                     when SNP_FIRMWARE is given or the SNP fixture is found
+#                     common command line (root hash included, no TEE named: the
+#                     launcher does not boot the UKI), os-release and uname
+#   snp.igvm          an IGVM of SNP_FIRMWARE + kernel + initrd.img + the SNP
+#                     command line (c8s.tee=snp), when SNP_FIRMWARE is given or
+#                     the SNP fixture is found
 #   manifest.json     sizes and sha256 of every artefact, the verity parameters, the
-#                     command line, and the expected launch digests (schema:
-#                     images/manifest)
+#                     common command line, and each TEE's expected launch digests
+#                     over its own command line (schema: manifest)
 #
 # Environment:
 #   SOURCE_DATE_EPOCH  timestamp for every file in the initramfs (default 0,
 #                      so that equal inputs give equal images whatever the commit)
 #   C8S_AGENT          agent binary to use as /init (default bin/c8s-agent)
 #   C8S_INIT           first-stage init (default bin/c8s-init)
+#   C8S_LAUNCHER       c8s-launcher, which says the kernel parameters every pod
+#                      VM boots with, and each TEE's own (default bin/c8s-launcher)
 #   SNP_FIRMWARE       an AmdSevX64 OVMF (with SNP_KERNEL_HASHES) whose SNP launch
 #                      digests the manifest records (default: the published
 #                      sev-snp-measure fixture in testdata/snp; clearly
@@ -57,15 +61,12 @@ MODULES=(
 # Modules the first stage loads to reach the verified root.
 STAGE1_MODULES=(virtio_blk dm-verity erofs)
 
-# The launcher's built-in parameters (launcher/vm.BaseKernelParams); the
-# verity parameters of the root are appended (guest/api/verity).
-BASE_CMDLINE="console=ttyS0 quiet panic=-1"
 # Fixed, documented inputs of the hash tree and file system, so that equal
 # trees give equal bytes. Changing them changes the root hash.
 ROOTFS_UUID=c8c8c8c8-0000-4000-8000-726f6f746673
 VERITY_UUID=c8c8c8c8-0000-4000-8000-766572697479
 VERITY_SALT=$(printf 'c8s guest rootfs verity salt v1' | sha256sum | cut -d' ' -f1)
-# The sim TEE's firmware (launcher/tee.SimFirmware) and the pod shapes whose
+# The sim TEE's firmware (launcher/vm/tee/sim.Firmware) and the pod shapes whose
 # sim launch digests the manifest records.
 SIM_FIRMWARE=${SIM_FIRMWARE:-/usr/share/seabios/bios-256k.bin}
 SIM_VCPUS=${SIM_VCPUS:-1,2,4,8}
@@ -88,6 +89,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTDIR=$1
 AGENT=${C8S_AGENT:-$ROOT/bin/c8s-agent}
 STAGE1=${C8S_INIT:-$ROOT/bin/c8s-init}
+LAUNCHER=${C8S_LAUNCHER:-$ROOT/bin/c8s-launcher}
 CACHE=${C8S_CACHE:-$ROOT/_output/cache}
 SNP_FIXTURE=$ROOT/testdata/snp/ovmf_AmdSev_suffix.bin
 SNP_FIRMWARE_NOTE=""
@@ -108,6 +110,20 @@ for bin in "$AGENT" "$STAGE1"; do
 	if readelf -l "$bin" 2>/dev/null | grep -q 'Requesting program interpreter'; then
 		die "$bin is dynamically linked; it runs as init and must be static (CGO_ENABLED=0)"
 	fi
+done
+# The launcher's built-in parameters (launcher/vm.BaseKernelParams), from
+# the launcher itself; the verity parameters of the root are appended
+# (guest/api/verity).
+[[ -x "$LAUNCHER" ]] || die "$LAUNCHER not found; run 'make build' first"
+BASE_CMDLINE=$("$LAUNCHER" kernel-params) || die "$LAUNCHER kernel-params failed"
+[[ -n "$BASE_CMDLINE" ]] || die "$LAUNCHER kernel-params printed nothing"
+# Each TEE's own parameters (c8s.tee=<tee>, launcher/vm/tee), from the
+# launcher too: a pod VM of that TEE boots the common command line followed
+# by them, so its digests (and the SNP IGVM) are over that line.
+declare -A TEE_PARAMS=()
+for t in sim snp tdx; do
+	TEE_PARAMS[$t]=$("$LAUNCHER" kernel-params -tee "$t") || die "$LAUNCHER kernel-params -tee $t failed"
+	[[ -n "${TEE_PARAMS[$t]}" ]] || die "$LAUNCHER kernel-params -tee $t printed nothing"
 done
 RUNC=$(command -v runc) || die "runc not found; run 'make deps'"
 CRUN=$(command -v crun) || die "crun not found; run 'make deps'"
@@ -301,7 +317,9 @@ HASH_START=$((blocks + 1))
 veritysetup verify --hash-offset=$((blocks * 4096)) --data-blocks="$blocks" \
 	"$WORK/out/rootfs.img" "$WORK/out/rootfs.img" "$ROOT_HASH" || die "the fresh hash tree does not verify"
 VERITY_PARAMS="c8s.root=/dev/vda c8s.rootfstype=erofs c8s.verity.roothash=$ROOT_HASH c8s.verity.salt=$VERITY_SALT c8s.verity.blocks=$blocks c8s.verity.hashstart=$HASH_START"
+# CMDLINE is what every TEE shares; SNP_CMDLINE is the SNP VM's.
 CMDLINE="$BASE_CMDLINE $VERITY_PARAMS"
+SNP_CMDLINE="$CMDLINE ${TEE_PARAMS[snp]}"
 
 # --- initrd.img: the first stage ----------------------------------------------
 S="$WORK/stage1"
@@ -315,7 +333,9 @@ chmod 0644 "$WORK/out/"*
 
 # --- c8s.efi: the UKI ---------------------------------------------------------
 # Sections as ukify lays them out: each at its own address above the stub's
-# image, in the order systemd-stub measures them into PCR 11.
+# image, in the order systemd-stub measures them into PCR 11. Its .cmdline is
+# the common command line: the launcher boots the kernel directly, never the
+# UKI, so no TEE is named there.
 printf '%s' "$CMDLINE" >"$WORK/cmdline.txt"
 printf '%s' "$KREL" >"$WORK/uname.txt"
 uki_args=()
@@ -336,10 +356,10 @@ igvm_args=()
 if [[ -n "${SNP_FIRMWARE:-}" ]]; then
 	[[ -f "$SNP_FIRMWARE" ]] || die "SNP_FIRMWARE=$SNP_FIRMWARE does not exist"
 	"$WORK/bin/c8s-measure" igvm --from-ovmf --ovmf "$SNP_FIRMWARE" \
-		--kernel "$WORK/out/vmlinuz" --initrd "$WORK/out/initrd.img" --append "$CMDLINE" \
+		--kernel "$WORK/out/vmlinuz" --initrd "$WORK/out/initrd.img" --append "$SNP_CMDLINE" \
 		--vcpus 1 --vcpu-type "$SNP_VCPU_TYPE" --guest-features "$SNP_GUEST_FEATURES" \
 		-o "$WORK/out/snp.igvm" >/dev/null || die "cannot write the SNP IGVM"
-	igvm_args=(-igvm snp.igvm -snp-firmware "$SNP_FIRMWARE" -snp-firmware-note "$SNP_FIRMWARE_NOTE"
+	igvm_args=(-igvm snp.igvm -snp-firmware "$SNP_FIRMWARE" -snp-firmware-note "$SNP_FIRMWARE_NOTE" -snp-params "${TEE_PARAMS[snp]}"
 		-snp-vcpus "$SNP_VCPUS" -snp-vcpu-type "$SNP_VCPU_TYPE" -snp-guest-features "$SNP_GUEST_FEATURES")
 else
 	echo "images: no SNP_FIRMWARE and no SNP fixture: the manifest has no SNP digests and no IGVM"
@@ -358,8 +378,8 @@ fi
 	-cmdline "$CMDLINE" -agent-sha256 "$AGENT_SHA256" \
 	$(printf -- '-package %s ' "${PACKAGES[@]}") \
 	-source-date-epoch "$SOURCE_DATE_EPOCH" \
-	-sim-firmware "$SIM_FIRMWARE" -sim-vcpus "$SIM_VCPUS" \
-	-tdx-firmware "$TDX_FIRMWARE" \
+	-sim-firmware "$SIM_FIRMWARE" -sim-vcpus "$SIM_VCPUS" -sim-params "${TEE_PARAMS[sim]}" \
+	-tdx-firmware "$TDX_FIRMWARE" -tdx-params "${TEE_PARAMS[tdx]}" \
 	"${igvm_args[@]}"
 rm -f "$OUTDIR/manifest.json" "$OUTDIR/snp.igvm"
 for f in $(cd "$WORK/out" && ls | grep -vx manifest.json) manifest.json; do

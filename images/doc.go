@@ -1,4 +1,4 @@
 // Package images builds the c8s guest image (build.sh: kernel, initramfs,
 // manifest) and holds the test that boots it under QEMU. The manifest schema
-// is in package images/manifest.
+// is in package manifest.
 package images

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // sealedBoot boots the sealed image's kernel and first-stage initramfs with

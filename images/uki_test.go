@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // TestUKIMatchesSystemdMeasure checks the built UKI against systemd's own

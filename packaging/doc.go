@@ -2,7 +2,7 @@
 // drop-in that registers the runtime handler, the default c8s config, and
 // the Kubernetes manifest (kubernetes/c8s.yaml: the node-installer
 // DaemonSet and the RuntimeClass). Their rendered forms are golden-tested
-// here; launcher/install installs them. kubernetes/runtimeclasses.yaml
+// here; launcher/admin/install installs them. kubernetes/runtimeclasses.yaml
 // holds the per-TEE RuntimeClasses c8s-sim, c8s-snp and c8s-tdx, whose
 // handlers the drop-in registers, each with its own config (Configs).
 // kubernetes/node-agent.yaml runs `c8s-launcher node-agent` as a DaemonSet

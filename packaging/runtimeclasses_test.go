@@ -13,8 +13,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/discovery"
-	"github.com/c8s-dev/c8s/launcher/nodelabels"
+	"github.com/c8s-dev/c8s/launcher/node/discovery"
+	"github.com/c8s-dev/c8s/launcher/node/labels"
 )
 
 // runtimeClass mirrors node.k8s.io/v1 RuntimeClass field by field (JSON
@@ -51,16 +51,16 @@ var quantity = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$`)
 
 // keyResource is the extended resource one pod VM of each TEE holds.
 var keyResource = map[string]string{
-	"sim": nodelabels.ResourceSimSlot,
-	"snp": nodelabels.ResourceSNPASID,
-	"tdx": nodelabels.ResourceTDXKey,
+	"sim": labels.ResourceSimSlot,
+	"snp": labels.ResourceSNPASID,
+	"tdx": labels.ResourceTDXKey,
 }
 
 // teeLabel is the node label the node agent sets where the TEE is usable.
 var teeLabel = map[string]string{
-	"sim": nodelabels.LabelSim,
-	"snp": nodelabels.LabelSNP,
-	"tdx": nodelabels.LabelTDX,
+	"sim": labels.LabelSim,
+	"snp": labels.LabelSNP,
+	"tdx": labels.LabelTDX,
 }
 
 func TestRuntimeClasses(t *testing.T) {
@@ -71,7 +71,7 @@ func TestRuntimeClasses(t *testing.T) {
 	golden(t, "kubernetes/runtimeclasses.yaml", out)
 
 	handlers := dropInHandlers(t)
-	taint, err := nodelabels.ParseTaint(config.DefaultTaint)
+	taint, err := labels.ParseTaint(config.DefaultTaint)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,12 +21,13 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/ociruntime"
+	"github.com/c8s-dev/c8s/guest/policy"
 	"github.com/c8s-dev/c8s/guest/rootfs"
-	"github.com/c8s-dev/c8s/guest/runtime"
 	"github.com/c8s-dev/c8s/guest/spec"
 )
 
-// container is one runc container and its processes.
+// container is one container of the OCI runtime and its processes.
 type container struct {
 	id        string
 	bundle    string
@@ -37,6 +38,9 @@ type container struct {
 	mu    sync.Mutex
 	init  *process // nil while being created
 	execs map[string]*process
+	// grant is what the pod's policy decided at create: the rule later
+	// requests on the container are checked against (policy.go).
+	grant *policy.Container
 }
 
 func (c *container) process(execID string) (*process, error) {
@@ -67,7 +71,7 @@ func validID(kind, id string) error {
 }
 
 // CreateContainer mounts the rootfs, writes the adapted bundle and runs
-// `runc create`.
+// the OCI runtime's create.
 func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateContainerRequest) (*agentapi.CreateContainerResponse, error) {
 	id := req.GetContainerId()
 	if err := validID("container id", id); err != nil {
@@ -93,11 +97,12 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrAlreadyExists)
 	}
 	sandboxPid := 0
+	var joined *policy.Container // the sandbox, as the policy saw it
 	if sb := c.sandboxID; sb != "" && sb != id {
 		if sc, ok := s.containers[sb]; ok {
 			sc.mu.Lock()
 			if sc.init != nil {
-				sandboxPid = sc.init.pid
+				sandboxPid, joined = sc.init.pid, sc.grant
 			}
 			sc.mu.Unlock()
 		}
@@ -105,7 +110,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	s.containers[id] = c
 	s.mu.Unlock()
 
-	p, err := s.create(ctx, c, req, sandboxPid)
+	p, err := s.create(ctx, c, req, sandboxPid, joined)
 	if err != nil {
 		s.mu.Lock()
 		delete(s.containers, id)
@@ -122,15 +127,12 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	return &agentapi.CreateContainerResponse{Pid: uint32(p.pid)}, nil
 }
 
-func (s *Service) create(ctx context.Context, c *container, req *agentapi.CreateContainerRequest, sandboxPid int) (*process, error) {
+func (s *Service) create(ctx context.Context, c *container, req *agentapi.CreateContainerRequest, sandboxPid int, joined *policy.Container) (*process, error) {
 	if _, err := os.Stat(c.bundle); err == nil {
 		return nil, fmt.Errorf("bundle %s of container %q already exists (left over from an earlier container?): %w", c.bundle, c.id, errdefs.ErrAlreadyExists)
 	}
 	if err := os.MkdirAll(c.rootfs, 0o711); err != nil {
 		return nil, err
-	}
-	if err := s.cfg.MountRootfs(ctx, req.GetRootfs(), c.rootfs); err != nil {
-		return nil, fmt.Errorf("mount the rootfs of container %q: %w", c.id, err)
 	}
 
 	files := make([]spec.File, 0, len(req.GetFiles()))
@@ -169,6 +171,20 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}
+	// The pod's policy judges the spec the guest will run, before any of
+	// it is carried out (policy.go).
+	grant, err := s.evaluator().CreateContainer(&policy.CreateContainer{
+		ID: c.id, Spec: plan.Spec, MountKinds: mountKinds(plan.Spec.Mounts, plan.Origins), Joined: joined,
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.grant = grant
+	c.mu.Unlock()
+	if err := s.cfg.MountRootfs(ctx, req.GetRootfs(), c.rootfs); err != nil {
+		return nil, fmt.Errorf("mount the rootfs of container %q: %w", c.id, err)
+	}
 	for _, f := range plan.Files {
 		if err := os.MkdirAll(filepath.Dir(f.Path), 0o711); err != nil {
 			return nil, err
@@ -181,7 +197,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 			return nil, err
 		}
 	}
-	plan.Spec.Mounts = append(plan.Spec.Mounts, s.secretMounts()...)
+	plan.Spec.Mounts = append(plan.Spec.Mounts, s.secretMounts(grant)...)
 	c.cgroup = plan.Spec.Linux.CgroupsPath
 	config, err := json.Marshal(plan.Spec)
 	if err != nil {
@@ -198,7 +214,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err := s.configureNetwork(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
 		return nil, err
 	}
-	p := newProcess(c.id, "", rp, stdio)
+	p := newProcess(c.id, "", rp, stdio, grant.OutputAllowed())
 	go s.killLeftovers(c, p)
 	return p, nil
 }
@@ -229,8 +245,8 @@ func (s *Service) killLeftovers(c *container, init *process) {
 	}
 }
 
-func stdioOf(s *agentapi.Stdio) runtime.Stdio {
-	return runtime.Stdio{
+func stdioOf(s *agentapi.Stdio) ociruntime.Stdio {
+	return ociruntime.Stdio{
 		Terminal: s.GetTerminal(),
 		Stdin:    s.GetStdin(),
 		Stdout:   s.GetStdout(),
@@ -299,8 +315,8 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 	return &agentapi.Empty{}, nil
 }
 
-// cleanup deletes the runc container, unmounts the rootfs and removes the
-// bundle; each step tolerates what is already gone.
+// cleanup deletes the OCI runtime's container, unmounts the rootfs and
+// removes the bundle; each step tolerates what is already gone.
 func (s *Service) cleanup(ctx context.Context, id, bundle string) error {
 	if s.cfg.Runtime.Exists(ctx, id) {
 		if err := s.cfg.Runtime.Delete(ctx, id, bundle); err != nil {
@@ -353,6 +369,9 @@ func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (
 func (s *Service) Stats(ctx context.Context, req *agentapi.StatsRequest) (*agentapi.StatsResponse, error) {
 	c, err := s.lookup(req.GetContainerId())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.evaluator().Stats(c.policy()); err != nil {
 		return nil, err
 	}
 	var metrics proto.Message

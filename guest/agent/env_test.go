@@ -18,9 +18,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/ociruntime"
 	"github.com/c8s-dev/c8s/guest/reaper"
 	"github.com/c8s-dev/c8s/guest/rootfs"
-	"github.com/c8s-dev/c8s/guest/runtime"
 )
 
 // The service tests run the real agent against Debian's runc on the host:
@@ -43,16 +43,15 @@ func TestMain(m *testing.M) {
 
 // env is one agent serving over a unix socket, with its clients.
 type env struct {
-	svc       *Service
-	agent     agentapi.AgentService
-	io        agentapi.IOService
-	stateDir  string
-	runcRoot  string
-	cgParent  string
-	loopDev   string
-	baseSpec  []byte
-	baseProc  specs.Process
-	hostFiles string
+	svc      *Service
+	agent    agentapi.AgentService
+	io       agentapi.IOService
+	stateDir string
+	runcRoot string
+	cgParent string
+	loopDev  string
+	baseSpec []byte
+	baseProc specs.Process
 }
 
 func requireHost(t *testing.T) {
@@ -152,7 +151,7 @@ func newEnv(t *testing.T) *env {
 	svc, err := New(Config{
 		StateDir:      e.stateDir,
 		CgroupsParent: e.cgParent,
-		Runtime:       &runtime.Runtime{Root: e.runcRoot, Reaper: testReaper},
+		Runtime:       &ociruntime.Runtime{Root: e.runcRoot, Reaper: testReaper},
 		Channel:       "test",
 		MountRootfs: func(ctx context.Context, r *agentapi.Rootfs, target string) error {
 			// The image is read-only; the fstype and options come from the request.

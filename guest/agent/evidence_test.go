@@ -10,12 +10,14 @@ import (
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
+	"github.com/c8s-dev/c8s/guest/api/reportdata"
 )
 
 func TestGetEvidence(t *testing.T) {
 	ctx := context.Background()
 	none := &Service{}
-	if _, err := none.GetEvidence(ctx, &agentapi.GetEvidenceRequest{ReportData: []byte("n")}); !errdefs.IsFailedPrecondition(err) {
+	if _, err := none.GetEvidence(ctx, &agentapi.GetEvidenceRequest{Nonce: []byte("n")}); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("guest without a provider: %v, want failed precondition", err)
 	}
 	var got [64]byte
@@ -23,15 +25,42 @@ func TestGetEvidence(t *testing.T) {
 		got = rd
 		return &agentapi.GetEvidenceResponse{Kind: "snp", Provider: "sim", Report: []byte("report")}, nil
 	}}}
-	if _, err := svc.GetEvidence(ctx, &agentapi.GetEvidenceRequest{ReportData: make([]byte, 65)}); !errdefs.IsInvalidArgument(err) {
-		t.Fatalf("65 bytes of report data: %v, want invalid argument", err)
+	if _, err := svc.GetEvidence(ctx, &agentapi.GetEvidenceRequest{Nonce: make([]byte, 65)}); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("a 65-byte nonce: %v, want invalid argument", err)
 	}
-	resp, err := svc.GetEvidence(ctx, &agentapi.GetEvidenceRequest{ReportData: []byte("nonce")})
+	resp, err := svc.GetEvidence(ctx, &agentapi.GetEvidenceRequest{Nonce: []byte("nonce")})
 	if err != nil || resp.Provider != "sim" || string(resp.Report) != "report" {
 		t.Fatalf("GetEvidence = %+v, %v", resp, err)
 	}
-	if string(got[:5]) != "nonce" || got[5] != 0 {
-		t.Fatalf("provider got report data %q, want the nonce zero-padded", got[:8])
+	if got != reportdata.Host([]byte("nonce")) {
+		t.Fatalf("provider got report data %x, want the host-attestation binding of the nonce", got)
+	}
+}
+
+// A malicious host that runs a key broker's handshake itself asks the
+// agent for evidence over the broker's binding of the host's own key
+// (REPORT_DATA = SHA-384 of the runtime data, zero-padded). The agent must
+// never sign those bytes as they are, or the broker would release the
+// pod's secrets to the host.
+func TestMaliciousHostChoosesReportData(t *testing.T) {
+	ctx := context.Background()
+	var got [64]byte
+	svc := &Service{cfg: Config{Evidence: func(_ context.Context, rd [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		got = rd
+		return &agentapi.GetEvidenceResponse{Kind: "snp", Provider: "sim", Report: []byte("report")}, nil
+	}}}
+	chosen, err := kbsapi.ReportData([]byte(`{"nonce":"n","tee-pubkey":{"kty":"EC","crv":"P-256","x":"host","y":"key"}}`), "sha384")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.GetEvidence(ctx, &agentapi.GetEvidenceRequest{Nonce: chosen[:]}); err != nil {
+		t.Fatal(err)
+	}
+	if got == chosen {
+		t.Fatal("the agent signed the REPORT_DATA the host chose: a KBS handshake binding")
+	}
+	if got != reportdata.Host(chosen[:]) {
+		t.Fatalf("REPORT_DATA %x, want the host-attestation binding", got)
 	}
 }
 

@@ -36,6 +36,15 @@ func TestMaliciousHostSkipsInitData(t *testing.T) {
 	if !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("CreateContainer before SetInitData in a VM launched with init data: %v, want failed precondition", err)
 	}
+	// No container can exist yet, so exec and update are refused before
+	// the lookup: a host that skipped SetInitData must not get NotFound
+	// from a check that never ran.
+	if _, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "none", ExecId: "e0", Process: []byte(`{"args":["sh"]}`)}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("ExecProcess in an unknown container before SetInitData: %v, want failed precondition", err)
+	}
+	if _, err := svc.UpdateContainer(ctx, &agentapi.UpdateContainerRequest{ContainerId: "none", Resources: []byte(`{}`)}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("UpdateContainer of an unknown container before SetInitData: %v, want failed precondition", err)
+	}
 	svc.containers["c0"] = &container{id: "c0", init: &process{done: make(chan struct{})}, execs: map[string]*process{}}
 	if _, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "c0", ExecId: "e1", Process: []byte(`{"args":["sh"]}`)}); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("ExecProcess before SetInitData: %v, want failed precondition", err)

@@ -17,6 +17,7 @@ import (
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/guest/attest"
+	"github.com/c8s-dev/c8s/guest/policy"
 )
 
 // snpHostDataOffset is where HOST_DATA sits in an SNP ATTESTATION_REPORT
@@ -58,8 +59,13 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 	}
 	s.mu.Lock()
 	s.policy, s.policySet = doc.Agent, true
+	s.eval = policy.New(doc.Policy, logDenial)
 	s.mu.Unlock()
-	log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("allow_devices", doc.Agent.AllowDevices).WithField("secrets", len(doc.KBS.Secrets)).Info("measured init data accepted")
+	l := log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("allow_devices", doc.Agent.AllowDevices).WithField("secrets", len(doc.KBS.Secrets))
+	if doc.Policy != nil {
+		l = l.WithField("policy", len(doc.Policy.Containers)).WithField("audit", doc.Policy.Audit)
+	}
+	l.Info("measured init data accepted")
 	return &agentapi.Empty{}, nil
 }
 

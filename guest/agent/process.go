@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -14,7 +15,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
-	"github.com/c8s-dev/c8s/guest/runtime"
+	"github.com/c8s-dev/c8s/guest/ociruntime"
+	"github.com/c8s-dev/c8s/guest/policy"
 	"github.com/c8s-dev/c8s/guest/spec"
 )
 
@@ -22,7 +24,7 @@ import (
 type process struct {
 	execID  string
 	pid     int
-	io      *runtime.ProcessIO
+	io      *ociruntime.ProcessIO
 	console console.Console
 	stdin   *stdin
 	stdout  *stream
@@ -35,8 +37,10 @@ type process struct {
 }
 
 // newProcess starts buffering a created process's output and waiting for its
-// exit.
-func newProcess(containerID, execID string, rp *runtime.Process, stdio runtime.Stdio) *process {
+// exit. Without output (the pod's policy keeps a container's logs from the
+// host), the output is read and discarded: the process never blocks on it,
+// and nothing of it is kept for the host.
+func newProcess(containerID, execID string, rp *ociruntime.Process, stdio ociruntime.Stdio, output bool) *process {
 	p := &process{
 		execID:  execID,
 		pid:     rp.Pid,
@@ -47,13 +51,22 @@ func newProcess(containerID, execID string, rp *runtime.Process, stdio runtime.S
 		stderr:  closedStream(),
 		done:    make(chan struct{}),
 	}
-	if rp.IO.Stdout != nil && (stdio.Stdout || stdio.Terminal) {
-		p.stdout = newStream()
-		go p.stdout.fill(rp.IO.Stdout)
-	}
-	if rp.IO.Stderr != nil {
-		p.stderr = newStream()
-		go p.stderr.fill(rp.IO.Stderr)
+	switch {
+	case !output:
+		for _, r := range []io.Reader{rp.IO.Stdout, rp.IO.Stderr} {
+			if r != nil {
+				go discard(r)
+			}
+		}
+	default:
+		if rp.IO.Stdout != nil && (stdio.Stdout || stdio.Terminal) {
+			p.stdout = newStream()
+			go p.stdout.fill(rp.IO.Stdout)
+		}
+		if rp.IO.Stderr != nil {
+			p.stderr = newStream()
+			go p.stderr.fill(rp.IO.Stderr)
+		}
 	}
 	go func() {
 		e := <-rp.Exit
@@ -94,15 +107,17 @@ func (p *process) release() {
 
 // ExecProcess runs an additional process in a running container.
 func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequest) (*agentapi.ExecProcessResponse, error) {
-	c, err := s.lookup(req.GetContainerId())
-	if err != nil {
-		return nil, err
-	}
 	execID := req.GetExecId()
 	if err := validID("exec id", execID); err != nil {
 		return nil, err
 	}
+	// Before the lookup: until the policy is in force the host is refused
+	// whether or not the container exists.
 	if err := s.requirePolicy(ctx, fmt.Sprintf("exec %q", execID)); err != nil {
+		return nil, err
+	}
+	c, err := s.lookup(req.GetContainerId())
+	if err != nil {
 		return nil, err
 	}
 	if !s.execAllowed() {
@@ -111,6 +126,13 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 	proc, err := spec.AdaptProcess(req.GetProcess(), req.GetStdio().GetTerminal())
 	if err != nil {
 		return nil, fmt.Errorf("exec %q: %w: %w", execID, err, errdefs.ErrInvalidArgument)
+	}
+	// The process the guest will run, as adapted, is what the policy
+	// judges.
+	if err := s.evaluator().Exec(c.policy(), &policy.Exec{
+		ExecID: execID, Process: proc, Stdin: req.GetStdio().GetStdin(), Terminal: req.GetStdio().GetTerminal(),
+	}); err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	if c.init == nil || c.init.exited() {
@@ -121,7 +143,7 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 		c.mu.Unlock()
 		return nil, fmt.Errorf("exec %q in container %q: %w", execID, c.id, errdefs.ErrAlreadyExists)
 	}
-	c.execs[execID] = nil // reserved while runc runs
+	c.execs[execID] = nil // reserved while the OCI runtime runs
 	c.mu.Unlock()
 
 	stdio := stdioOf(req.GetStdio())
@@ -132,7 +154,8 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 		delete(c.execs, execID)
 		return nil, err
 	}
-	p := newProcess(c.id, execID, rp, stdio)
+	// An exec's output is what the host allowed it for.
+	p := newProcess(c.id, execID, rp, stdio, true)
 	c.execs[execID] = p
 	return &agentapi.ExecProcessResponse{Pid: uint32(p.pid)}, nil
 }
@@ -166,6 +189,9 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 	sig := int(req.GetSignal())
 	if sig <= 0 || sig > 64 {
 		return nil, fmt.Errorf("signal %d: %w", sig, errdefs.ErrInvalidArgument)
+	}
+	if err := s.evaluator().Signal(c.policy(), req.GetExecId(), sig, req.GetAll()); err != nil {
+		return nil, err
 	}
 	if req.GetAll() {
 		// The container's cgroup holds every process of it, created or
@@ -246,3 +272,7 @@ func (s *Service) CloseStdin(ctx context.Context, req *agentapi.ProcessRequest) 
 	}
 	return &agentapi.Empty{}, nil
 }
+
+// discard reads r to its end (EOF, or EIO of a pty) and drops what it
+// reads.
+func discard(r io.Reader) { _, _ = io.Copy(io.Discard, r) }

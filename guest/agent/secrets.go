@@ -18,6 +18,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	"github.com/c8s-dev/c8s/guest/kbs"
+	"github.com/c8s-dev/c8s/guest/policy"
 )
 
 // SecretsDir is where the guest keeps the pod's secrets: a tmpfs of its
@@ -28,9 +29,10 @@ const SecretsDir = "/run/c8s/secrets"
 // before the pod fails.
 var secretRetry = kbs.Retry{Attempts: 5, Backoff: time.Second}
 
-// secretMount is one fetched secret: its guest file and its container path.
+// secretMount is one fetched secret: its [[kbs.secrets]] resource, its
+// guest file and its container path.
 type secretMount struct {
-	source, destination string
+	resource, source, destination string
 }
 
 // MountSecretsTmpfs is the guest's MountSecrets: a tmpfs only root can
@@ -105,7 +107,7 @@ func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw 
 			return err
 		}
 		clear(v)
-		mounts = append(mounts, secretMount{source: file, destination: k.Secrets[i].Path})
+		mounts = append(mounts, secretMount{resource: k.Secrets[i].Resource, source: file, destination: k.Secrets[i].Path})
 	}
 	s.mu.Lock()
 	s.secrets = mounts
@@ -138,16 +140,37 @@ func (s *Service) kbsEvidence(ctx context.Context, reportData [64]byte) (string,
 	return "", nil, fmt.Errorf("key broker attestation with %q evidence is not supported (snp or tdx): %w", ev.Kind, errdefs.ErrNotImplemented)
 }
 
-// secretMounts are the read-only bind mounts of the pod's secrets.
-func (s *Service) secretMounts() []specs.Mount {
+// secretMounts are the read-only bind mounts of the pod's secrets into a
+// container: every secret at its [[kbs.secrets]] path when no policy
+// governs the container, else those its rule names, where it names them.
+func (s *Service) secretMounts(grant *policy.Container) []specs.Mount {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	named, all := grant.Secrets()
 	out := make([]specs.Mount, 0, len(s.secrets))
-	for _, m := range s.secrets {
+	bind := func(m secretMount, dest string) {
 		out = append(out, specs.Mount{
-			Destination: m.destination, Type: "bind", Source: m.source,
+			Destination: dest, Type: "bind", Source: m.source,
 			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
 		})
+	}
+	if all {
+		for _, m := range s.secrets {
+			bind(m, m.destination)
+		}
+		return out
+	}
+	for _, n := range named {
+		for _, m := range s.secrets {
+			if m.resource != n.Resource {
+				continue
+			}
+			dest := n.Path
+			if dest == "" {
+				dest = m.destination
+			}
+			bind(m, dest)
+		}
 	}
 	return out
 }

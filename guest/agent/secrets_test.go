@@ -69,7 +69,7 @@ func TestSetInitDataBrokerRefusal(t *testing.T) {
 	if n := requests.Load(); n != 1 {
 		t.Fatalf("the broker saw %d requests: a refusal must not be retried", n)
 	}
-	if !svc.execAllowed() || len(svc.secretMounts()) != 0 {
+	if !svc.execAllowed() || len(svc.secretMounts(nil)) != 0 {
 		t.Fatal("a pod refused by its broker got its policy or secret mounts")
 	}
 	if entries, _ := os.ReadDir(svc.cfg.SecretsDir); len(entries) != 0 {

@@ -1,6 +1,8 @@
 // Package agent implements the c8s guest agent's ttrpc services (Agent and
 // IO from guest/api/agent/v1): it creates containers from the host's OCI
-// specs with runc, tracks their processes and buffers their output.
+// specs with the guest's OCI runtime (crun by default, runc as the
+// alternative; guest/ociruntime), tracks their processes and buffers their
+// output.
 package agent
 
 import (
@@ -23,8 +25,10 @@ import (
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	"github.com/c8s-dev/c8s/guest/api/reportdata"
+	"github.com/c8s-dev/c8s/guest/ociruntime"
+	"github.com/c8s-dev/c8s/guest/policy"
 	"github.com/c8s-dev/c8s/guest/rootfs"
-	"github.com/c8s-dev/c8s/guest/runtime"
 )
 
 // Version is the agent's version, reported by GetInfo.
@@ -43,8 +47,8 @@ type Config struct {
 	StateDir string
 	// CgroupsParent is the cgroup containers are created under (guest: /c8s).
 	CgroupsParent string
-	// Runtime drives runc.
-	Runtime *runtime.Runtime
+	// Runtime drives the OCI runtime (crun, or runc).
+	Runtime *ociruntime.Runtime
 	// MountRootfs mounts a container's root filesystem on target. Nil means
 	// the guest's way: find the virtio-scsi disk and mount it.
 	MountRootfs func(ctx context.Context, r *agentapi.Rootfs, target string) error
@@ -74,6 +78,9 @@ type Config struct {
 	// SysDir is where sysfs is mounted (guest: /sys); OnlineCPUMem brings
 	// hot-plugged vCPUs and memory online below it.
 	SysDir string
+	// ProcDir is where procfs is mounted (guest: /proc); PortForward reads
+	// the listening sockets from it.
+	ProcDir string
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.
@@ -87,6 +94,9 @@ type Service struct {
 	// policySet once SetInitData accepted it.
 	policy    initdata.AgentPolicy
 	policySet bool
+	// eval decides host requests under the [policy] section of the
+	// pod's init data (policy.go); nil until SetInitData.
+	eval *policy.Evaluator
 	// launchKnown once requirePolicy has read the launch digest from the
 	// guest's evidence; launchMeasured if it is not zero (the VM was
 	// launched with init data).
@@ -98,6 +108,8 @@ type Service struct {
 	secrets []secretMount
 	// share is the pod's virtio-fs share, once mounted (sharedfs.go).
 	share shareState
+	// forward holds the port-forward connections (portforward.go).
+	forward *portForward
 }
 
 var (
@@ -128,7 +140,9 @@ func New(cfg Config) (*Service, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create the agent's state dir: %w", err)
 	}
-	return &Service{cfg: cfg, bootedAt: bootTime(), containers: map[string]*container{}}, nil
+	s := &Service{cfg: cfg, bootedAt: bootTime(), containers: map[string]*container{}}
+	s.forward = newPortForward(s)
+	return s, nil
 }
 
 // NewServer returns a ttrpc server with both services registered. Errors
@@ -156,6 +170,7 @@ func (s *Service) NewServer() (*ttrpc.Server, error) {
 	}
 	agentapi.RegisterAgentService(srv, s)
 	agentapi.RegisterIOService(srv, s)
+	agentapi.RegisterPortForwardService(srv, s.forward)
 	return srv, nil
 }
 
@@ -211,18 +226,19 @@ func (s *Service) Shutdown(ctx context.Context, _ *agentapi.Empty) (*agentapi.Em
 	return &agentapi.Empty{}, nil
 }
 
-// GetEvidence returns evidence from the guest's TEE with the caller's
-// report data bound into it.
+// GetEvidence returns evidence from the guest's TEE with the host's nonce
+// bound into it in the host-attestation domain: REPORT_DATA is
+// reportdata.Host(nonce), never bytes the host chose, so the host cannot
+// have the pod's TEE sign a key broker's handshake (or any other use's
+// binding) for it.
 func (s *Service) GetEvidence(ctx context.Context, r *agentapi.GetEvidenceRequest) (*agentapi.GetEvidenceResponse, error) {
-	if len(r.ReportData) > 64 {
-		return nil, fmt.Errorf("report_data has %d bytes, at most 64: %w", len(r.ReportData), errdefs.ErrInvalidArgument)
+	if len(r.Nonce) > reportdata.MaxNonce {
+		return nil, fmt.Errorf("nonce has %d bytes, at most %d: %w", len(r.Nonce), reportdata.MaxNonce, errdefs.ErrInvalidArgument)
 	}
 	if s.cfg.Evidence == nil {
 		return nil, fmt.Errorf("this guest has no TEE evidence provider: %w", errdefs.ErrFailedPrecondition)
 	}
-	var rd [64]byte
-	copy(rd[:], r.ReportData)
-	ev, err := s.cfg.Evidence(ctx, rd)
+	ev, err := s.cfg.Evidence(ctx, reportdata.Host(r.Nonce))
 	if err != nil {
 		return nil, fmt.Errorf("get TEE evidence: %w", err)
 	}
@@ -255,20 +271,27 @@ func (s *Service) process(containerID, execID string) (*container, *process, err
 
 // ReadStdout returns the next stdout bytes of a process.
 func (s *Service) ReadStdout(ctx context.Context, req *agentapi.ReadStreamRequest) (*agentapi.ReadStreamResponse, error) {
-	return s.readStream(ctx, req, func(p *process) *stream { return p.stdout })
+	return s.readStream(ctx, req, false)
 }
 
 // ReadStderr returns the next stderr bytes of a process.
 func (s *Service) ReadStderr(ctx context.Context, req *agentapi.ReadStreamRequest) (*agentapi.ReadStreamResponse, error) {
-	return s.readStream(ctx, req, func(p *process) *stream { return p.stderr })
+	return s.readStream(ctx, req, true)
 }
 
-func (s *Service) readStream(ctx context.Context, req *agentapi.ReadStreamRequest, which func(*process) *stream) (*agentapi.ReadStreamResponse, error) {
-	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
+func (s *Service) readStream(ctx context.Context, req *agentapi.ReadStreamRequest, stderr bool) (*agentapi.ReadStreamResponse, error) {
+	c, p, err := s.process(req.GetContainerId(), req.GetExecId())
 	if err != nil {
 		return nil, err
 	}
-	data, eof, err := which(p).read(ctx, int(req.GetMaxBytes()))
+	if err := s.checkRead(c, req.GetExecId(), stderr); err != nil {
+		return nil, err
+	}
+	out := p.stdout
+	if stderr {
+		out = p.stderr
+	}
+	data, eof, err := out.read(ctx, int(req.GetMaxBytes()))
 	if err != nil {
 		return nil, err
 	}
@@ -277,8 +300,11 @@ func (s *Service) readStream(ctx context.Context, req *agentapi.ReadStreamReques
 
 // WriteStdin writes all of data to a process's stdin.
 func (s *Service) WriteStdin(ctx context.Context, req *agentapi.WriteStdinRequest) (*agentapi.WriteStdinResponse, error) {
-	_, p, err := s.process(req.GetContainerId(), req.GetExecId())
+	c, p, err := s.process(req.GetContainerId(), req.GetExecId())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkStdin(c, req.GetExecId()); err != nil {
 		return nil, err
 	}
 	n, err := p.stdin.write(req.GetData())

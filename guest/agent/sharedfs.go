@@ -41,8 +41,19 @@ func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest) (map[string
 			return nil, fmt.Errorf("shared mount %q: bad name %q: %w", m.GetSource(), name, errdefs.ErrInvalidArgument)
 		}
 		p := filepath.Join(dir, name)
-		if _, err := os.Lstat(p); err != nil {
+		fi, err := os.Lstat(p)
+		if err != nil {
 			return nil, fmt.Errorf("shared mount of %s: %w", m.GetSource(), err)
+		}
+		// The host writes the share: a symlink there would make the bind
+		// one of whatever guest path it names (/run/c8s/secrets), past the
+		// pod's policy, which allows shared mounts by destination.
+		if !fi.IsDir() && !fi.Mode().IsRegular() {
+			what := "special file"
+			if fi.Mode()&os.ModeSymlink != 0 {
+				what = "symbolic link"
+			}
+			return nil, fmt.Errorf("shared mount of %s: entry %q of the share is a %s, not a directory or a regular file: %w", m.GetSource(), name, what, errdefs.ErrPermissionDenied)
 		}
 		paths[m.GetSource()] = p
 	}

@@ -109,11 +109,16 @@ func parseUpdate(raw []byte) (*specs.LinuxResources, error) {
 // UpdateContainer changes the container's cgroup resources with the OCI
 // runtime's update (cgroup v2 in the guest; v1 where the tests run).
 func (s *Service) UpdateContainer(ctx context.Context, req *agentapi.UpdateContainerRequest) (*agentapi.Empty, error) {
+	// Before the lookup: until the policy is in force the host is refused
+	// whether or not the container exists.
+	if err := s.requirePolicy(ctx, fmt.Sprintf("update of container %q", req.GetContainerId())); err != nil {
+		return nil, err
+	}
 	c, p, err := s.process(req.GetContainerId(), "")
 	if err != nil {
 		return nil, err
 	}
-	if err := s.requirePolicy(ctx, fmt.Sprintf("update of container %q", c.id)); err != nil {
+	if err := s.evaluator().Update(c.policy()); err != nil {
 		return nil, err
 	}
 	res, err := parseUpdate(req.GetResources())

@@ -3,8 +3,11 @@
 // the host supplies one) or a TDX quote, with the caller's 64 bytes bound
 // into REPORT_DATA.
 //
-// One small Provider per source, picked by Detect from what the guest
-// actually has, in this order:
+// One small Provider per source. Detect picks the one of the TEE the VM
+// was started as, which the launcher fixes on the measured kernel command
+// line (c8s.tee, guest/api/teeparam): never the host-served sim port in an
+// snp or tdx guest, and an error rather than no TEE when that TEE's device
+// is missing. The sources are:
 //
 //   - configfs-tsm: /sys/kernel/config/tsm/report, the kernel's
 //     TEE-neutral report interface (SNP and TDX guests on Linux 6.7+), through

@@ -30,6 +30,9 @@ var tsmProviderKinds = map[string]string{
 type ConfigfsTSM struct {
 	mu     sync.Mutex
 	client configfsi.Client
+	// kind, when set (by Detect, from the TEE the VM was started as), is
+	// the only evidence kind the provider returns.
+	kind string
 }
 
 // NewConfigfsTSM returns the provider over client; with a nil client it
@@ -79,6 +82,9 @@ func (p *ConfigfsTSM) get(r *report.OpenReport, reportData [64]byte) (*Evidence,
 	kind, ok := tsmProviderKinds[provider]
 	if !ok {
 		return nil, fmt.Errorf("configfs-tsm: unknown provider %q; c8s knows sev_guest (SNP) and tdx_guest (TDX)", provider)
+	}
+	if p.kind != "" && kind != p.kind {
+		return nil, fmt.Errorf("configfs-tsm: the report provider is %s (%s evidence), but this VM was started as %s", provider, kind, p.kind)
 	}
 	ev := &Evidence{Kind: kind, Provider: NameConfigfsTSM, Report: resp.OutBlob}
 	switch kind {

@@ -114,6 +114,27 @@ func TestConfigfsTSMUnknownProvider(t *testing.T) {
 	}
 }
 
+// A configfs-tsm provider that Detect made for the TEE the VM was started
+// as returns only that TEE's evidence: a TDX quote in a guest started as
+// snp is refused, and one in a guest started as tdx is returned.
+func TestConfigfsTSMOnlyTheNamedKind(t *testing.T) {
+	n := nonce(14)
+	f := fakeTSM("tdx_guest", nil, sampleQuoteFor(t, n))
+	snp := NewConfigfsTSM(f.client)
+	snp.kind = KindSNP
+	if _, err := snp.Evidence(context.Background(), n); err == nil || !strings.Contains(err.Error(), "started as snp") {
+		t.Fatalf("TDX quote in a guest started as snp: %v, want refused", err)
+	}
+	if len(f.sub.Entries) != 0 {
+		t.Errorf("%d report entries left in configfs after a refusal", len(f.sub.Entries))
+	}
+	tdx := NewConfigfsTSM(f.client)
+	tdx.kind = KindTDX
+	if ev, err := tdx.Evidence(context.Background(), n); err != nil || ev.Kind != KindTDX {
+		t.Fatalf("TDX quote in a guest started as tdx: %v, %v", ev, err)
+	}
+}
+
 // The kernel's paths map below another root, and come back unrooted, as
 // go-configfs-tsm's report package parses them.
 func TestRootedClient(t *testing.T) {

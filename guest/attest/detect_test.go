@@ -2,10 +2,13 @@ package attest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/c8s-dev/c8s/guest/api/teeparam"
 )
 
 // fixture builds a guest root from paths: a trailing slash makes a
@@ -40,6 +43,27 @@ var (
 	tsmDir = "sys/kernel/config/tsm/report/"
 )
 
+// providerPath is the device or port a provider uses; "" for configfs-tsm,
+// whose client must be rooted at root.
+func providerPath(t *testing.T, p Provider, root string) string {
+	t.Helper()
+	switch p := p.(type) {
+	case *SEVGuest:
+		return p.path
+	case *TDXGuest:
+		return p.path
+	case *Sim:
+		return p.path
+	case *ConfigfsTSM:
+		if c, ok := p.client.(rootedClient); !ok || c.root != root {
+			t.Errorf("configfs-tsm client %#v is not rooted at the fixture", p.client)
+		}
+	}
+	return ""
+}
+
+// A guest whose kernel command line names no TEE (an older launcher, a
+// plain VM) takes what it finds, sim included.
 func TestDetect(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -61,26 +85,14 @@ func TestDetect(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			fixture(t, root, tc.paths...)
-			p, err := Detect(context.Background(), root, nil)
+			p, err := Detect(context.Background(), root, "", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if p.Name() != tc.want {
 				t.Fatalf("Detect = %s, want %s", p.Name(), tc.want)
 			}
-			var path string
-			switch p := p.(type) {
-			case *SEVGuest:
-				path = p.path
-			case *TDXGuest:
-				path = p.path
-			case *Sim:
-				path = p.path
-			case *ConfigfsTSM:
-				if c, ok := p.client.(rootedClient); !ok || c.root != root {
-					t.Errorf("configfs-tsm client %#v is not rooted at the fixture", p.client)
-				}
-			}
+			path := providerPath(t, p, root)
 			if tc.path != "" && path != filepath.Join(root, tc.path) {
 				t.Errorf("provider uses %s, want %s", path, filepath.Join(root, tc.path))
 			}
@@ -94,7 +106,7 @@ func TestDetectLoadsModulesFirst(t *testing.T) {
 	root := t.TempDir()
 	fixture(t, root, simPort...)
 	calls := 0
-	p, err := Detect(context.Background(), root, func() {
+	p, err := Detect(context.Background(), root, "", func() {
 		calls++
 		fixture(t, root, "dev/sev-guest")
 	})
@@ -110,7 +122,7 @@ func TestDetectNothing(t *testing.T) {
 	root := t.TempDir()
 	// The agent's port alone is no attestation port.
 	fixture(t, root, simPort[:2]...)
-	_, err := Detect(context.Background(), root, nil)
+	_, err := Detect(context.Background(), root, "", nil)
 	if err == nil {
 		t.Fatal("Detect found a provider in an empty guest")
 	}
@@ -122,7 +134,105 @@ func TestDetectNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	fixture(t, root, "dev/sev-guest")
-	if _, err := Detect(ctx, root, nil); err == nil {
+	if _, err := Detect(ctx, root, "", nil); err == nil {
 		t.Error("Detect with a cancelled context returned a provider")
+	}
+}
+
+// A guest started as snp or tdx (c8s.tee on its measured command line)
+// takes only its own TEE's providers: never the sim port the host serves,
+// never the other hardware TEE's device.
+func TestDetectNamedTEE(t *testing.T) {
+	for _, tc := range []struct {
+		name, tee string
+		paths     []string
+		want      string
+		path      string
+	}{
+		{"snp: sev-guest", "snp", append([]string{"dev/sev-guest"}, simPort...), NameSEVGuest, "dev/sev-guest"},
+		{"snp: configfs-tsm with sev-guest", "snp", append([]string{tsmDir, "dev/sev-guest"}, simPort...), NameConfigfsTSM, ""},
+		{"snp: sev-guest, not tdx-guest", "snp", []string{"dev/tdx_guest", "dev/sev-guest"}, NameSEVGuest, "dev/sev-guest"},
+		{"tdx: tdx-guest", "tdx", append([]string{"dev/tdx_guest"}, simPort...), NameTDXGuest, "dev/tdx_guest"},
+		{"tdx: tdx-guest, not sev-guest", "tdx", []string{"dev/sev-guest", "dev/tdx_guest"}, NameTDXGuest, "dev/tdx_guest"},
+		{"tdx: configfs-tsm with tdx-guest", "tdx", []string{tsmDir, "dev/tdx_guest"}, NameConfigfsTSM, ""},
+		{"sim: the port", "sim", simPort, NameSim, "dev/vport1p2"},
+		// A sim guest takes the port even where a TEE device shows up:
+		// its measurement is the simulated secure processor's.
+		{"sim: the port, not sev-guest", "sim", append([]string{tsmDir, "dev/sev-guest"}, simPort...), NameSim, "dev/vport1p2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			fixture(t, root, tc.paths...)
+			p, err := Detect(context.Background(), root, tc.tee, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Name() != tc.want {
+				t.Fatalf("Detect = %s, want %s", p.Name(), tc.want)
+			}
+			if path := providerPath(t, p, root); tc.path != "" && path != filepath.Join(root, tc.path) {
+				t.Errorf("provider uses %s, want %s", path, filepath.Join(root, tc.path))
+			}
+			if c, ok := p.(*ConfigfsTSM); ok && c.kind != tc.tee {
+				t.Errorf("configfs-tsm accepts %q evidence, want only %q", c.kind, tc.tee)
+			}
+		})
+	}
+}
+
+// A host that breaks the SEV or TDX guest driver of a confidential VM (so
+// that its device is missing) gets neither its own sim evidence nor "no
+// TEE": Detect fails with ErrTEEUnavailable, naming the TEE and the device.
+func TestDetectNamedTEEMissingFailsClosed(t *testing.T) {
+	for _, tc := range []struct {
+		tee   string
+		paths []string
+		want  []string
+	}{
+		// The sim port (and the tsm directory, which any VM has) is there:
+		// the host serves it, so it proves nothing.
+		{"snp", append([]string{tsmDir}, simPort...), []string{"snp", "c8s.tee=snp", SEVGuestDevice, "sev-guest"}},
+		// The other hardware TEE's device does not stand in either.
+		{"snp", []string{"dev/tdx_guest"}, []string{"snp", SEVGuestDevice}},
+		{"tdx", append([]string{tsmDir}, simPort...), []string{"tdx", "c8s.tee=tdx", TDXGuestDevice, "tdx-guest"}},
+		{"tdx", []string{"dev/sev-guest"}, []string{"tdx", TDXGuestDevice}},
+		{"sim", []string{tsmDir, "dev/sev-guest"}, []string{"sim", "c8s.tee=sim", SimPortName}},
+	} {
+		root := t.TempDir()
+		fixture(t, root, tc.paths...)
+		p, err := Detect(context.Background(), root, tc.tee, nil)
+		if err == nil {
+			t.Errorf("%s guest with %v: Detect = %s, want ErrTEEUnavailable", tc.tee, tc.paths, p.Name())
+			continue
+		}
+		if !errors.Is(err, ErrTEEUnavailable) || errors.Is(err, ErrNoProvider) {
+			t.Errorf("%s guest with %v: %v; want ErrTEEUnavailable and not ErrNoProvider (the agent's allow-all)", tc.tee, tc.paths, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s guest: error %q does not name %s", tc.tee, err, w)
+			}
+		}
+	}
+}
+
+func TestDetectUnknownTEE(t *testing.T) {
+	root := t.TempDir()
+	fixture(t, root, append([]string{"dev/sev-guest"}, simPort...)...)
+	loaded := false
+	_, err := Detect(context.Background(), root, "sgx", func() { loaded = true })
+	if err == nil || !strings.Contains(err.Error(), `sgx`) || errors.Is(err, ErrNoProvider) {
+		t.Fatalf("Detect(tee sgx) = %v, want an error naming it", err)
+	}
+	if loaded {
+		t.Error("modules loaded for an unknown TEE")
+	}
+}
+
+// The TEE names of the command line are the evidence kinds: Detect and
+// configfs-tsm compare them.
+func TestTEENamesAreKinds(t *testing.T) {
+	if teeparam.SNP != KindSNP || teeparam.TDX != KindTDX {
+		t.Fatalf("teeparam names %s, %s differ from evidence kinds %s, %s", teeparam.SNP, teeparam.TDX, KindSNP, KindTDX)
 	}
 }

@@ -18,6 +18,9 @@ type device[D interface{ Close() error }] struct {
 // Name is the provider's name.
 func (d *device[D]) Name() string { return d.name }
 
+// Path is the device the provider opens.
+func (d *device[D]) Path() string { return d.path }
+
 // use opens the device and runs f on it.
 func (d *device[D]) use(ctx context.Context, f func(D) (*Evidence, error)) (*Evidence, error) {
 	if err := ctx.Err(); err != nil {

@@ -19,7 +19,14 @@ type TDXGuest struct {
 // NewTDXGuest returns the provider for the device at path (normally
 // TDXGuestDevice).
 func NewTDXGuest(path string) *TDXGuest {
-	return &TDXGuest{device[tdxclient.Device]{name: NameTDXGuest, path: path, open: openTDXDevice}}
+	return NewTDXGuestWith(path, openTDXDevice)
+}
+
+// NewTDXGuestWith returns the provider for the device at path, opened
+// with open instead of the kernel's driver (tests pass go-tdx-guest's fake
+// device).
+func NewTDXGuestWith(path string, open func(path string) (tdxclient.Device, error)) *TDXGuest {
+	return &TDXGuest{device[tdxclient.Device]{name: NameTDXGuest, path: path, open: open}}
 }
 
 func openTDXDevice(path string) (tdxclient.Device, error) {

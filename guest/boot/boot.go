@@ -19,12 +19,13 @@ import (
 
 	"github.com/c8s-dev/c8s/guest/agent"
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/teeparam"
 	"github.com/c8s-dev/c8s/guest/attest"
 	"github.com/c8s-dev/c8s/guest/channel"
 	"github.com/c8s-dev/c8s/guest/initsys"
 	"github.com/c8s-dev/c8s/guest/kbs"
+	"github.com/c8s-dev/c8s/guest/ociruntime"
 	"github.com/c8s-dev/c8s/guest/reaper"
-	"github.com/c8s-dev/c8s/guest/runtime"
 )
 
 // PowerOffEnv, set through the kernel command line (c8s_poweroff=1; the
@@ -65,7 +66,8 @@ func Main() {
 	if pid1 {
 		// The Go runtime would exit on SIGTERM, SIGINT or SIGHUP, and PID 1
 		// exiting panics the kernel. Catch them (rather than ignore them:
-		// an ignored signal stays ignored in runc and the containers).
+		// an ignored signal stays ignored in the OCI runtime and the
+		// containers).
 		sigs := make(chan os.Signal, 8)
 		signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 		go func() {
@@ -155,17 +157,22 @@ func Main() {
 // binary that re-executes itself), else runc. Debian 12's crun accepts
 // ociVersion 1.0 and 1.1 only, so bundles for it say 1.1.0; the fields
 // runtime-spec 1.2 added that it does not know it ignores.
-func ociRuntime(r *reaper.Reaper) *runtime.Runtime {
+func ociRuntime(r *reaper.Reaper) *ociruntime.Runtime {
 	if _, err := os.Stat("/usr/bin/crun"); err == nil {
-		return &runtime.Runtime{Command: "/usr/bin/crun", SpecVersion: "1.1.0", Root: RuncRoot, Reaper: r}
+		return &ociruntime.Runtime{Command: "/usr/bin/crun", SpecVersion: "1.1.0", Root: RuncRoot, Reaper: r}
 	}
-	return &runtime.Runtime{Command: "/usr/bin/runc", Root: RuncRoot, Reaper: r}
+	return &ociruntime.Runtime{Command: "/usr/bin/runc", Root: RuncRoot, Reaper: r}
 }
 
-// evidence returns the agent's evidence source: the TEE provider the guest
-// has, detected on first use (loading the deferred TEE guest modules then,
-// so that pods that never attest do not pay for them). A failed detection
-// is retried on the next request.
+// cmdlinePath is the kernel command line the guest was booted with.
+const cmdlinePath = "/proc/cmdline"
+
+// evidence returns the agent's evidence source: the provider of the TEE the
+// VM was started as (c8s.tee on the measured kernel command line; see
+// attest.Detect), detected on first use (loading the deferred TEE guest
+// modules then, so that pods that never attest do not pay for them). A
+// failed detection is retried on the next request; a VM started as snp or
+// tdx without its TEE device keeps failing, and the agent fails closed.
 func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
 	var (
 		mu       sync.Mutex
@@ -177,7 +184,11 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		if provider != nil {
 			return provider, nil
 		}
-		p, err := attest.Detect(ctx, "/", func() {
+		tee, err := startedAs(cmdlinePath)
+		if err != nil {
+			return nil, err
+		}
+		p, err := attest.Detect(ctx, "/", tee, func() {
 			if pid1 {
 				initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/fs/configfs/", "/drivers/virt/coco/") })
 			}
@@ -185,7 +196,7 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		if err != nil {
 			return nil, err
 		}
-		log.L.WithField("provider", p.Name()).Info("attestation provider")
+		log.L.WithField("provider", p.Name()).WithField("tee", tee).Info("attestation provider")
 		provider = p
 		return p, nil
 	}
@@ -200,6 +211,19 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		}
 		return &agentapi.GetEvidenceResponse{Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable}, nil
 	}
+}
+
+// startedAs returns the TEE the kernel command line in the file at path
+// names (teeparam.Key), or "" when it names none (a launcher that predates
+// the parameter). An unreadable command line or a bad value is an error,
+// not "none": the guest must not guess that it runs without a TEE.
+func startedAs(path string) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read the kernel command line for %s: %w", teeparam.Key, err)
+	}
+	tee, _, err := teeparam.FromCmdline(string(raw))
+	return tee, err
 }
 
 // kbsDial returns the dialer for the pod's key broker: streams over the

@@ -19,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/internal/newc"
 )
 
 // TestAgentInVM boots the guest image under QEMU (TCG) with the agent built
@@ -29,68 +30,21 @@ import (
 // under `make test` (C8S_E2E_REQUIRED=1); C8S_IMAGE_DIR overrides the image
 // (default _output/image).
 func TestAgentInVM(t *testing.T) {
-	if os.Getenv("C8S_AGENT_VM_TEST") != "1" && os.Getenv("C8S_E2E_REQUIRED") != "1" {
-		t.Skip("set C8S_AGENT_VM_TEST=1 to boot the guest image (needs make image, qemu-system-x86_64)")
-	}
-	imgDir := os.Getenv("C8S_IMAGE_DIR")
-	if imgDir == "" {
-		imgDir = filepath.Join("..", "..", "_output", "image")
-	}
-	imgDir, err := filepath.Abs(imgDir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	imgDir := needVM(t)
 	dir := t.TempDir()
-	initrd := agentInitrd(t, imgDir, dir)
 	disk := busyboxDisk(t, dir)
-
-	sock := filepath.Join(dir, "agent.sock")
-	consoleLog := filepath.Join(dir, "console.log")
-	qemu := exec.Command("qemu-system-x86_64", "-accel", "tcg", "-m", "1024",
-		"-kernel", filepath.Join(imgDir, "vmlinuz"), "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 c8s.log_level=debug",
-		"-nographic", "-no-reboot", "-nodefaults",
-		"-serial", "file:"+consoleLog,
-		"-chardev", "socket,id=agent,path="+sock+",server=on,wait=off",
-		"-device", "virtio-serial", "-device", "virtserialport,chardev=agent,name=c8s.agent",
+	vm := bootVM(t, imgDir, dir, "", "1024",
 		"-device", "virtio-scsi-pci,id=scsi0",
 		"-drive", "file="+disk+",format=raw,if=none,id=d0,readonly=on",
 		"-device", "scsi-hd,drive=d0,bus=scsi0.0,channel=0,scsi-id=2,lun=1",
 	)
-	if err := qemu.Start(); err != nil {
-		t.Fatal(err)
-	}
-	qemuDone := make(chan error, 1)
-	go func() { qemuDone <- qemu.Wait() }()
-	t.Cleanup(func() {
-		_ = qemu.Process.Kill()
-		<-qemuDone
-		if t.Failed() {
-			out, _ := os.ReadFile(consoleLog)
-			t.Logf("guest console:\n%s", out)
-		}
-	})
-
-	booted := time.Now()
-	agent, io, closeConn := dialAgent(t, sock)
+	sock, agent, io, closeConn := vm.sock, vm.agent, vm.io, vm.close
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var info *agentapi.GetInfoResponse
-	for {
-		cctx, ccancel := context.WithTimeout(ctx, 2*time.Second)
-		var err error
-		info, err = agent.GetInfo(cctx, &agentapi.GetInfoRequest{})
-		ccancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("agent never answered GetInfo: %v", err)
-		}
-		closeConn()
-		agent, io, closeConn = dialAgent(t, sock)
+	info, err := agent.GetInfo(ctx, &agentapi.GetInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("GetInfo after %s: %+v", time.Since(booted).Round(time.Millisecond), info)
 	if info.GetAgentVersion() != testVersion {
 		t.Fatalf("the VM runs agent %q, not the one built by this test (%q)", info.GetAgentVersion(), testVersion)
 	}
@@ -226,8 +180,8 @@ func TestAgentInVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	select {
-	case <-qemuDone:
-		qemuDone <- nil
+	case <-vm.done:
+		vm.done <- nil
 	case <-time.After(time.Minute):
 		t.Error("VM did not power off after Shutdown")
 	}
@@ -301,8 +255,26 @@ func agentInitrd(t *testing.T, imgDir, dir string) string {
 	}
 	// The kernel ignores an archive appended to a zstd-compressed one, so
 	// decompress the image's first.
-	sh(t, stage, fmt.Sprintf("zstd -q -dc %s > %s && echo init | cpio -o -H newc --quiet >> %s",
-		base, initrd, initrd))
+	sh(t, stage, fmt.Sprintf("zstd -q -dc %s > %s", base, initrd))
+	agent, err := os.ReadFile(filepath.Join(stage, "init"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(initrd, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w := newc.NewWriter(f)
+	if err := w.Write(newc.Entry{Name: "init", Mode: newc.ModeRegular | 0o755, Body: agent}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
 	return initrd
 }
 

@@ -15,10 +15,11 @@ import (
 const SwitchedEnv = "C8S_SWITCHED_ROOT"
 
 // SwitchRoot moves PID 1 off the kernel's initial rootfs and re-executes
-// it. The initial rootfs cannot be pivot_root'ed away from, and runc jails
-// every container with pivot_root, so containers can only run once / is an
-// ordinary mount. A recursive bind mount of the initramfs, moved onto / and
-// chrooted into, is one, and costs no copy of the files.
+// it. The initial rootfs cannot be pivot_root'ed away from, and the OCI
+// runtime (crun, or runc) jails every container with pivot_root, so
+// containers can only run once / is an ordinary mount. A recursive bind
+// mount of the initramfs, moved onto / and chrooted into, is one, and
+// costs no copy of the files.
 //
 // On success it does not return; after the re-exec it returns nil at once.
 func SwitchRoot() error {

@@ -12,7 +12,7 @@ import (
 )
 
 // PortName is the virtio-serial port over which the host relays streams
-// to the pod's key broker (launcher/kbs Relay on the host end).
+// to the pod's key broker (launcher/broker Relay on the host end).
 const PortName = "c8s.kbs"
 
 // PortDialer opens streams to the key broker over the relay port: one

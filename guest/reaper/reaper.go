@@ -6,9 +6,10 @@
 // wait4(-1, WNOHANG) on SIGCHLD and routes each exit to whoever wants it:
 //
 //   - commands started through the Reaper's runc.ProcessMonitor methods
-//     (go-runc's own runc invocations, once runc.Monitor is set to it);
+//     (go-runc's own invocations of the OCI runtime, crun or runc, once
+//     runc.Monitor is set to it);
 //   - processes claimed by pid with Claim (container and exec processes,
-//     whose pid is only known after runc has written its pid file).
+//     whose pid is only known after the runtime has written its pid file).
 //
 // Exits nobody has claimed yet are kept, so a process that exits before its
 // pid is claimed is never missed.
@@ -53,7 +54,7 @@ type Reaper struct {
 
 // New installs the SIGCHLD handler and starts reaping. When the process is
 // not PID 1 it becomes a child subreaper so that orphaned descendants (such as
-// container processes after runc exits) are reparented to it.
+// container processes after the OCI runtime exits) are reparented to it.
 func New() (*Reaper, error) {
 	if os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {

@@ -81,7 +81,28 @@ type Options struct {
 type Plan struct {
 	Spec  *specs.Spec
 	Files []GuestFile
+	// Origins says where the source of each of Spec.Mounts comes from,
+	// for the pod's policy (guest/policy).
+	Origins []MountOrigin
 }
+
+// MountOrigin is where an adapted mount's source comes from.
+type MountOrigin int
+
+const (
+	// OriginFS: not a bind mount; a filesystem of the type the spec
+	// names (proc, tmpfs, ...), created by the runtime.
+	OriginFS MountOrigin = iota
+	// OriginHostFile: a bind of the guest copy of a host file passed by
+	// value (Options.Files).
+	OriginHostFile
+	// OriginShared: a bind of a host path shared over virtio-fs
+	// (Options.Shared).
+	OriginShared
+	// OriginGuest: a bind of a path of the guest's own filesystem, as the
+	// host's spec names it.
+	OriginGuest
+)
 
 // sandboxShared are the namespaces a pod's containers join from the sandbox
 // container when the host spec joins them by path.
@@ -136,9 +157,9 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 		return nil, fmt.Errorf("container %q: %w", o.ContainerID, err)
 	}
 
-	mounts, files := adaptMounts(s.Mounts, o, warn)
+	mounts, origins, files := adaptMounts(s.Mounts, o, warn)
 	s.Mounts = mounts
-	return &Plan{Spec: &s, Files: files}, nil
+	return &Plan{Spec: &s, Files: files, Origins: origins}, nil
 }
 
 // AdaptProcess parses an exec's process spec and adapts it to the guest.
@@ -197,19 +218,20 @@ func isBind(m specs.Mount) bool {
 	return slices.ContainsFunc(m.Options, func(o string) bool { return o == "bind" || o == "rbind" })
 }
 
-func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount, []GuestFile) {
+func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount, []MountOrigin, []GuestFile) {
 	byPath := map[string]File{}
 	for _, f := range o.Files {
 		byPath[f.Source] = f
 	}
 	var (
-		out   []specs.Mount
-		files []GuestFile
-		made  = map[string]string{}
+		out     []specs.Mount
+		origins []MountOrigin
+		files   []GuestFile
+		made    = map[string]string{}
 	)
 	for _, m := range in {
 		if !isBind(m) {
-			out = append(out, m)
+			out, origins = append(out, m), append(origins, OriginFS)
 			continue
 		}
 		if f, ok := byPath[m.Source]; ok {
@@ -220,21 +242,21 @@ func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount,
 				files = append(files, GuestFile{Path: guest, Content: f.Content, Mode: f.Mode})
 			}
 			m.Source = guest
-			out = append(out, m)
+			out, origins = append(out, m), append(origins, OriginHostFile)
 			continue
 		}
 		if guest, ok := o.Shared[m.Source]; ok {
 			m.Source = guest
-			out = append(out, m)
+			out, origins = append(out, m), append(origins, OriginShared)
 			continue
 		}
 		if !o.Exists(m.Source) {
 			warn(fmt.Sprintf("dropping bind mount of %s on %s: the source does not exist in the guest", m.Source, m.Destination))
 			continue
 		}
-		out = append(out, m)
+		out, origins = append(out, m), append(origins, OriginGuest)
 	}
-	return out, files
+	return out, origins, files
 }
 
 // safeName turns a host path into one file name component.

@@ -132,6 +132,25 @@ func TestAdaptStandaloneContainer(t *testing.T) {
 		t.Errorf("/etc/resolv.conf mount %+v, file %+v", rc, plan.Files[1])
 	}
 
+	// The pod's policy judges each mount by where its source comes from.
+	if len(plan.Origins) != len(s.Mounts) {
+		t.Fatalf("%d origins for %d mounts", len(plan.Origins), len(s.Mounts))
+	}
+	wantOrigin := map[string]MountOrigin{"/proc": OriginFS, "/etc/hosts": OriginHostFile, "/etc/resolv.conf": OriginHostFile, "/guest-present": OriginGuest}
+	for i, m := range s.Mounts {
+		if plan.Origins[i] != wantOrigin[m.Destination] {
+			t.Errorf("mount on %s: origin %d, want %d", m.Destination, plan.Origins[i], wantOrigin[m.Destination])
+		}
+	}
+	shared, err := Adapt(hostSpec(t), Options{ContainerID: "abc", Rootfs: "/r", FilesDir: "/f", Exists: guestHas(),
+		Shared: map[string]string{"/srv/volume": "/run/c8s/shared/abc-3"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(shared.Spec.Mounts, func(m specs.Mount) bool { return m.Destination == "/data" }); i < 0 || shared.Origins[i] != OriginShared || shared.Spec.Mounts[i].Source != "/run/c8s/shared/abc-3" {
+		t.Errorf("a shared host path: mounts %+v, origins %v", shared.Spec.Mounts, shared.Origins)
+	}
+
 	joined := strings.Join(warnings, "\n")
 	for _, want := range []string{"/srv/volume"} {
 		if !strings.Contains(joined, want) {

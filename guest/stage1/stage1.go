@@ -41,13 +41,14 @@ const (
 	deviceWait = 10 * time.Second
 )
 
-// Main runs the first stage. It does not return.
+// Main runs the first stage. It does not return: it executes Init in the
+// verified root, or reports why it could not and powers the VM off.
 func Main() {
-	if err := run(); err != nil {
-		fail(err)
-	}
+	fail(run())
 }
 
+// run mounts the verified root and switches to it. It returns only when
+// that fails, and then always with the error.
 func run() error {
 	for _, m := range []struct{ src, dst, fstype string }{
 		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},

@@ -12,10 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/google/go-sev-guest/kds"
 	"github.com/google/go-sev-guest/verify/trust"
 	"github.com/google/go-tdx-guest/testing/testdata"
+
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // Real SNP launch digests, from testdata/snp/VECTORS.md: the
@@ -35,18 +36,18 @@ const (
 // so they are made once per test binary).
 var sims struct {
 	once        sync.Once
-	this, other *simsp.SP
+	this, other *sim.SP
 	err         error
 }
 
-func nodes(tb testing.TB) (this, other *simsp.SP) {
+func nodes(tb testing.TB) (this, other *sim.SP) {
 	tb.Helper()
 	sims.once.Do(func() {
 		var wg sync.WaitGroup
 		var errs [2]error
 		wg.Add(2)
-		go func() { defer wg.Done(); sims.this, errs[0] = simsp.New(simsp.DefaultTCB) }()
-		go func() { defer wg.Done(); sims.other, errs[1] = simsp.New(simsp.DefaultTCB) }()
+		go func() { defer wg.Done(); sims.this, errs[0] = sim.New(sim.DefaultTCB) }()
+		go func() { defer wg.Done(); sims.other, errs[1] = sim.New(sim.DefaultTCB) }()
 		wg.Wait()
 		sims.err = errors.Join(errs[:]...)
 	})
@@ -68,8 +69,8 @@ func mustHex(tb testing.TB, s string) Hex {
 // fixture is one sim-mode verification: a request the simulated secure
 // processor signs and the policy the verifier checks it against.
 type fixture struct {
-	sp     *simsp.SP
-	req    simsp.Request
+	sp     *sim.SP
+	req    sim.Request
 	policy Policy
 }
 
@@ -81,7 +82,7 @@ func newFixture(tb testing.TB) *fixture {
 	copy(f.req.Measurement[:], mustHex(tb, measurement1))
 	f.req.HostData = hostData
 	copy(f.req.ReportData[:], nonce[:])
-	minTCB, err := kds.ComposeTCBParts(simsp.DefaultTCB)
+	minTCB, err := kds.ComposeTCBParts(sim.DefaultTCB)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -104,7 +105,7 @@ func (f *fixture) report(tb testing.TB) []byte {
 	return raw
 }
 
-func simVerifier(tb testing.TB, sp *simsp.SP) *Verifier {
+func simVerifier(tb testing.TB, sp *sim.SP) *Verifier {
 	tb.Helper()
 	v, err := NewVerifier(Trust{Mode: ModeSim, SimCertChain: sp.CertChainPEM()})
 	if err != nil {
@@ -142,7 +143,7 @@ func TestSimReportVerifies(t *testing.T) {
 		}
 		id := f.sp.ChipID()
 		if c.VCPUs != 1 || c.Measurement.String() != measurement1 || !c.Simulated || c.Mode != ModeSim ||
-			string(c.HostData) != string(f.policy.HostData) || string(c.ChipID) != string(id[:]) || c.ReportVersion != simsp.ReportVersion {
+			string(c.HostData) != string(f.policy.HostData) || string(c.ChipID) != string(id[:]) || c.ReportVersion != sim.ReportVersion {
 			t.Errorf("round %d: claims %+v", i, c)
 		}
 	}
@@ -230,7 +231,7 @@ func TestTrustConfig(t *testing.T) {
 func TestSimTrustFromStateDir(t *testing.T) {
 	dir := t.TempDir()
 	this, _ := nodes(t)
-	if err := os.WriteFile(filepath.Join(dir, simsp.CertChainFile), this.CertChainPEM(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, sim.CertChainFile), this.CertChainPEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	tr, err := SimTrust(dir)

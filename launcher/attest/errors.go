@@ -3,7 +3,7 @@
 // verify (certificate chain and signature) and validate packages, TDX
 // quotes with go-tdx-guest's. A Verifier holds the node's trust anchors
 // (Trust): AMD's or Intel's embedded roots on hardware, the node's
-// simulated secure processor (launcher/attest/simsp) in `sim` mode, never
+// simulated secure processor (launcher/vm/tee/sim) in `sim` mode, never
 // both. A Policy holds what one VM's evidence must show: the expected
 // measurement per vCPU shape, the minimum TCB, no debug, HOST_DATA or
 // MRCONFIGID, and the nonce that makes the evidence fresh.

@@ -5,14 +5,14 @@ import (
 	"fmt"
 
 	"github.com/c8s-dev/c8s/launcher/attest"
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // Gating a sim pod: the node's simulated secure processor signs a report
 // for the VM's launch measurement, init data digest and the verifier's
 // nonce; the verifier checks it against the pod's policy.
 func ExampleVerifier_VerifySNP() {
-	sp, err := simsp.New(simsp.DefaultTCB) // on a node: simsp.Open(stateDir)
+	sp, err := sim.New(sim.DefaultTCB) // on a node: sim.Open(stateDir)
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -29,7 +29,7 @@ func ExampleVerifier_VerifySNP() {
 	}
 	// The launch digest of a 2-vCPU VM (from measurements/ on a node).
 	launched := sha512.Sum384([]byte("firmware, kernel, initrd, cmdline, 2 vCPUs"))
-	req := simsp.Request{Measurement: launched}
+	req := sim.Request{Measurement: launched}
 	copy(req.ReportData[:], nonce) // the guest puts the nonce into REPORT_DATA
 	report, err := sp.Report(req)
 	if err != nil {

@@ -6,12 +6,12 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // TrustFor returns the trust configuration of a node running TEE tee
 // ("sim", "snp" or "tdx"); simSPDir is where a sim node keeps its
-// simulated secure processor (simsp.Open).
+// simulated secure processor (launcher/vm/tee/sim.Open).
 func TrustFor(tee, simSPDir string) (Trust, error) {
 	switch tee {
 	case "sim":

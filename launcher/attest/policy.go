@@ -44,7 +44,7 @@ func (h *Hex) UnmarshalText(b []byte) error {
 // optional field means "not checked"; the nonce and, for SNP, at least one
 // measurement (for TDX an MRTD) are required. The Hex fields are the
 // caller's slices, not copies: a slice of an array the caller reuses (a
-// simsp.Request's Measurement, say) changes the policy with it.
+// sim.Request's Measurement, say) changes the policy with it.
 type Policy struct {
 	// Measurements are the accepted SNP launch digests (48 bytes) by vCPU
 	// count: one per vCPU shape the image may run with (image manifest or

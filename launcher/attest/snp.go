@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/kds"
 	spb "github.com/google/go-sev-guest/proto/sevsnp"
 	"github.com/google/go-sev-guest/validate"
 	"github.com/google/go-sev-guest/verify"
 	"github.com/google/go-sev-guest/verify/trust"
+
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // snpPolicyDebug is SNP guest policy bit 19: debugging allowed.
@@ -175,7 +176,7 @@ func (v *Verifier) verifySNPSignature(raw []byte, att *spb.Attestation) error {
 	if err != nil {
 		return failure(KindFormat, "VCEK certificate", err, "")
 	}
-	switch sim := simsp.IsSimulated(vcek); {
+	switch sim := sim.IsSimulated(vcek); {
 	case sim && v.trust.Mode != ModeSim:
 		return failure(KindRoot, "report signing key", errors.New("the VCEK is issued by a c8s SIMULATED secure processor (test only)"),
 			"this verifier is configured for hardware ("+string(v.trust.Mode)+") and trusts AMD's roots only")

@@ -6,7 +6,7 @@ import (
 
 	sevtest "github.com/google/go-sev-guest/testing"
 
-	"github.com/c8s-dev/c8s/launcher/internal/fakecvm"
+	"github.com/c8s-dev/c8s/launcher/attest/fakecvm"
 )
 
 // Trust.SNPRoots replaces AMD's roots in ModeSNP only, and only with an

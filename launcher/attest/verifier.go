@@ -13,8 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/google/go-sev-guest/verify/trust"
+
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // Mode is the TEE whose evidence a Verifier accepts.
@@ -34,7 +35,7 @@ const (
 type Trust struct {
 	Mode Mode
 	// SimCertChain is the PEM ASK and ARK of the node's simulated secure
-	// processor (simsp.CertChainFile); required in ModeSim, refused otherwise.
+	// processor (sim.CertChainFile); required in ModeSim, refused otherwise.
 	SimCertChain []byte
 	// FetchCertificates lets hardware modes fetch what the evidence lacks
 	// over the network: a VCEK from AMD's KDS, collateral and revocation
@@ -51,9 +52,9 @@ type Trust struct {
 }
 
 // SimTrust returns the Trust of a sim-mode verifier for the simulated
-// secure processor whose state lives in dir (simsp.Open).
+// secure processor whose state lives in dir (sim.Open).
 func SimTrust(dir string) (Trust, error) {
-	b, err := os.ReadFile(filepath.Join(dir, simsp.CertChainFile))
+	b, err := os.ReadFile(filepath.Join(dir, sim.CertChainFile))
 	if err != nil {
 		return Trust{}, fmt.Errorf("attest: the node's simulated root: %w", err)
 	}
@@ -131,16 +132,16 @@ func NewVerifier(t Trust) (*Verifier, error) {
 		}
 	case ModeSim:
 		if len(t.SimCertChain) == 0 {
-			return nil, failure(KindConfig, "trust", errors.New("mode sim needs the node's simulated root (simsp cert_chain.pem)"), "")
+			return nil, failure(KindConfig, "trust", errors.New("mode sim needs the node's simulated root (the sim TEE's cert_chain.pem)"), "")
 		}
-		root := trust.AMDRootCertsProduct(simsp.ProductLine)
+		root := trust.AMDRootCertsProduct(sim.ProductLine)
 		if err := root.FromKDSCertBytes(t.SimCertChain); err != nil {
 			return nil, failure(KindConfig, "trust", fmt.Errorf("simulated root: %w", err), "")
 		}
-		if root.ProductCerts.Ark == nil || !simsp.IsSimulated(root.ProductCerts.Ark) || !simsp.IsSimulated(root.ProductCerts.Ask) {
+		if root.ProductCerts.Ark == nil || !sim.IsSimulated(root.ProductCerts.Ark) || !sim.IsSimulated(root.ProductCerts.Ask) {
 			return nil, failure(KindConfig, "trust", errors.New("the sim root is not a c8s simulated chain; sim mode never trusts real vendor roots"), "")
 		}
-		v.snpRoots = map[string][]*trust.AMDRootCerts{simsp.ProductLine: {root}}
+		v.snpRoots = map[string][]*trust.AMDRootCerts{sim.ProductLine: {root}}
 	default:
 		return nil, failure(KindConfig, "trust", fmt.Errorf("unknown mode %q: want snp, tdx or sim", t.Mode), "")
 	}

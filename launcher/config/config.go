@@ -67,7 +67,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
-	"github.com/c8s-dev/c8s/launcher/statedir"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
 // Defaults.
@@ -93,7 +93,7 @@ const (
 var AccelNames = []string{"auto", "kvm", "tcg"}
 
 // TEENames lists the TEE names accepted in hypervisor.tee. It must match the
-// backends registered in launcher/tee (a test there checks it).
+// backends registered in launcher/vm/tee (a test there checks it).
 var TEENames = []string{"sim", "snp", "tdx"}
 
 // Config is the whole configuration file.
@@ -195,7 +195,7 @@ type TDXConfig struct {
 // Runtime holds node-side settings that are not about the VM itself.
 type Runtime struct {
 	// StateDir holds one directory per pod VM (sockets, console log), laid
-	// out by launcher/statedir; at most statedir.MaxRoot (40) bytes, so
+	// out by launcher/config/statedir; at most statedir.MaxRoot (40) bytes, so
 	// that every unix socket below it fits.
 	StateDir string `toml:"state_dir"`
 	// Debug enables debug logging.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/kata-containers/kata-containers/src/runtime/virtcontainers/pkg/annotations"
 
-	"github.com/c8s-dev/c8s/launcher/statedir"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
 func writeFile(t *testing.T, dir, name, content string) string {

@@ -19,8 +19,8 @@ import (
 	"time"
 
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/internal/testguest"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/launcher/vm/testguest"
 )
 
 // guestInit counts on the serial console (the counter lives in guest

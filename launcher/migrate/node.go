@@ -42,7 +42,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -50,10 +49,10 @@ import (
 
 	"github.com/google/go-sev-guest/kds"
 
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // NodeInfo is what a node tells a migration peer about itself.
@@ -79,20 +78,6 @@ type NodeInfo struct {
 	CPUs int `json:"cpus"`
 	// Accel is the accelerator the node's pod VMs run with.
 	Accel string `json:"accel,omitempty"`
-}
-
-// SimSPDir is where a node keeps its simulated secure processor (the same
-// directory shim/sandbox uses).
-func SimSPDir(cfg config.Config) string {
-	return filepath.Join(cfg.Runtime.StateDir, "node", "sim-sp")
-}
-
-// PoolRootsDir holds the PEM cert chains (ASK, ARK) of the other nodes of
-// the node's trust pool, one *.pem file each, as the administrator
-// installs them: a destination's evidence must chain to one of them or to
-// the node's own root.
-func PoolRootsDir(cfg config.Config) string {
-	return filepath.Join(cfg.Runtime.StateDir, "node", "pool-roots")
 }
 
 // TrustPool returns the node's trust pool name.
@@ -126,7 +111,7 @@ func LocalNode(cfg config.Config, name string) (NodeInfo, error) {
 	n.Images = imgs
 	n.MemoryAvailableMiB = memAvailableMiB()
 	if h.TEE == "sim" {
-		sp, err := simsp.Open(SimSPDir(cfg))
+		sp, err := sim.Open(statedir.SimSP(cfg.Runtime.StateDir))
 		if err != nil {
 			return n, err
 		}
@@ -146,7 +131,7 @@ func ImageDigests(h config.Hypervisor) (map[string]string, error) {
 	files := map[string]string{"kernel": h.Kernel, "initrd": h.Initrd}
 	fw := h.Firmware
 	if fw == "" && h.TEE == "sim" {
-		fw = tee.SimFirmware
+		fw = sim.Firmware
 	}
 	if fw != "" {
 		files["firmware"] = fw

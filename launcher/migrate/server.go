@@ -15,12 +15,10 @@ import (
 
 	"github.com/containerd/log"
 
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/simtee"
-	"github.com/c8s-dev/c8s/launcher/statedir"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // Server is the destination side (`c8s-launcher serve`): it accepts
@@ -186,9 +184,9 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 		VsockCID:   req.VsockCID,
 		Incoming:   true,
 	}
-	var svc *simtee.Service
+	var simHost *sim.Host
 	if h.TEE == "sim" {
-		if svc, err = s.simService(spec, req.HostData); err != nil {
+		if simHost, err = s.simHost(spec, req.HostData); err != nil {
 			return IncomingResponse{}, http.StatusInternalServerError, err
 		}
 	}
@@ -203,16 +201,10 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 			hv.stop(context.WithoutCancel(ctx))
 		}
 	}()
-	if svc != nil {
-		conn, err := v.DialPort(ctx, tee.SimAttestPort)
-		if err != nil {
+	if simHost != nil {
+		if err := simHost.Attach(log.WithLogger(hostCtx, log.G(hostCtx).WithField("vm", req.ID)), v); err != nil {
 			return IncomingResponse{}, http.StatusInternalServerError, err
 		}
-		go func() {
-			if err := simtee.Serve(hostCtx, conn, svc); err != nil {
-				log.G(hostCtx).WithError(err).Warn("simulated secure processor of a migrated VM stopped")
-			}
-		}()
 	}
 	host := s.MigrationHost
 	if host == "" {
@@ -251,36 +243,20 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 	}, http.StatusOK, nil
 }
 
-// simService measures what the destination QEMU is handed and signs
-// reports with this node's simulated secure processor; HOST_DATA comes
-// with the guest.
-func (s *Server) simService(spec vm.Spec, hostData []byte) (*simtee.Service, error) {
-	backend, err := tee.Lookup("sim")
+// simHost measures what the destination QEMU is handed and signs reports
+// with this node's simulated secure processor; HOST_DATA comes with the
+// guest.
+func (s *Server) simHost(spec vm.Spec, hostData []byte) (*sim.Host, error) {
+	var hd [32]byte
+	if len(hostData) != 0 && len(hostData) != len(hd) {
+		return nil, fmt.Errorf("host_data has %d bytes, want %d", len(hostData), len(hd))
+	}
+	copy(hd[:], hostData)
+	argv, err := vm.Args(spec, sim.Backend{})
 	if err != nil {
 		return nil, err
 	}
-	argv, err := vm.Args(spec, backend)
-	if err != nil {
-		return nil, err
-	}
-	launch, err := simtee.LaunchFromArgv(argv)
-	if err != nil {
-		return nil, err
-	}
-	m, err := simtee.Measure(launch)
-	if err != nil {
-		return nil, err
-	}
-	sp, err := simsp.Open(SimSPDir(s.Config))
-	if err != nil {
-		return nil, err
-	}
-	svc := &simtee.Service{SP: sp, Measurement: m}
-	if len(hostData) != 0 && len(hostData) != len(svc.HostData) {
-		return nil, fmt.Errorf("host_data has %d bytes, want %d", len(hostData), len(svc.HostData))
-	}
-	copy(svc.HostData[:], hostData)
-	return svc, nil
+	return sim.NewHost(argv, statedir.SimSP(s.Config.Runtime.StateDir), hd)
 }
 
 // lookup returns the VM the request's path names, or answers 404.

@@ -12,9 +12,10 @@ import (
 	"strings"
 
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
-// Files of a node's migration TLS identity, in TLSDir: the node's
+// Files of a node's migration TLS identity, in statedir.MigrateTLS: the node's
 // certificate and key (used as server and as client certificate) and the
 // CA of its trust pool, which signs every member's certificate.
 const (
@@ -22,11 +23,6 @@ const (
 	TLSKeyFile  = "key.pem"
 	TLSCAFile   = "ca.pem"
 )
-
-// TLSDir holds the node's migration TLS identity.
-func TLSDir(cfg config.Config) string {
-	return filepath.Join(cfg.Runtime.StateDir, "node", "migrate-tls")
-}
 
 // LoadTLS reads the identity in dir and returns the server's config
 // (client certificates required and verified against the pool CA) and the
@@ -78,11 +74,11 @@ func NewTLSClient(addr string, cfg *tls.Config) (*Client, error) {
 
 // Dial returns a client for a destination given as a unix socket path
 // (optionally unix://PATH) or as tls://HOST:PORT, which uses the node's
-// TLS identity (TLSDir).
+// TLS identity (statedir.MigrateTLS).
 func Dial(dest string, cfg config.Config) (*Client, error) {
 	switch {
 	case strings.HasPrefix(dest, "tls://"):
-		_, client, err := LoadTLS(TLSDir(cfg))
+		_, client, err := LoadTLS(statedir.MigrateTLS(cfg.Runtime.StateDir))
 		if err != nil {
 			return nil, err
 		}

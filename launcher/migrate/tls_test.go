@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
 // testCA issues node certificates for 127.0.0.1.
@@ -95,8 +96,8 @@ func TestAPIOverMutualTLS(t *testing.T) {
 	cfg.Runtime.StateDir = filepath.Join(root, "b")
 	cfg.Node.TrustPool = "p1"
 	pool := newTestCA(t, "pool p1")
-	pool.node(t, TLSDir(cfg), "node-b")
-	serverTLS, _, err := LoadTLS(TLSDir(cfg))
+	pool.node(t, statedir.MigrateTLS(cfg.Runtime.StateDir), "node-b")
+	serverTLS, _, err := LoadTLS(statedir.MigrateTLS(cfg.Runtime.StateDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +113,7 @@ func TestAPIOverMutualTLS(t *testing.T) {
 
 	a := cfg
 	a.Runtime.StateDir = filepath.Join(root, "a")
-	pool.node(t, TLSDir(a), "node-a")
+	pool.node(t, statedir.MigrateTLS(a.Runtime.StateDir), "node-a")
 	c, err := Dial(addr, a)
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +137,7 @@ func TestAPIOverMutualTLS(t *testing.T) {
 	}
 	other := cfg
 	other.Runtime.StateDir = filepath.Join(root, "c")
-	newTestCA(t, "pool p2").node(t, TLSDir(other), "node-c")
+	newTestCA(t, "pool p2").node(t, statedir.MigrateTLS(other.Runtime.StateDir), "node-c")
 	stranger, err := Dial(addr, other)
 	if err != nil {
 		t.Fatal(err)

@@ -34,7 +34,7 @@ func (v *VM) AgentTransport() string {
 func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
 	select {
 	case <-v.done:
-		return nil, fmt.Errorf("vm: agent: qemu has exited: %v", v.exitErr)
+		return nil, fmt.Errorf("vm: agent: qemu has exited: %w", v.exitErr)
 	default:
 	}
 	if v.spec.VsockCID == 0 {
@@ -54,7 +54,7 @@ func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("vm: agent vsock %d:%d: %w (last error: %v)", v.spec.VsockCID, AgentVsockPort, ctx.Err(), err)
 		case <-v.done:
-			return nil, fmt.Errorf("vm: agent: qemu has exited: %v", v.exitErr)
+			return nil, fmt.Errorf("vm: agent: qemu has exited: %w", v.exitErr)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -66,7 +66,7 @@ func (v *VM) DialAgent(ctx context.Context) (net.Conn, error) {
 func (v *VM) DialPort(ctx context.Context, name string) (net.Conn, error) {
 	select {
 	case <-v.done:
-		return nil, fmt.Errorf("vm: port %s: qemu has exited: %v", name, v.exitErr)
+		return nil, fmt.Errorf("vm: port %s: qemu has exited: %w", name, v.exitErr)
 	default:
 	}
 	var d net.Dialer

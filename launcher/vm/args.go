@@ -9,9 +9,10 @@ import (
 
 	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
 
+	"github.com/c8s-dev/c8s/guest/api/teeparam"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/statedir"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/tee"
 )
 
 // Names of the files Start creates in Spec.StateDir.
@@ -50,7 +51,7 @@ type Spec struct {
 	// ID names the VM (QEMU -name c8s-<ID>); usually the sandbox ID.
 	ID string
 	// StateDir holds the QMP and agent sockets and the console log (see
-	// launcher/statedir for its name). Start creates it (0700) and writes
+	// launcher/config/statedir for its name). Start creates it (0700) and writes
 	// statedir.IndexFile into it; Stop removes it.
 	StateDir string
 	// Namespace, when the VM is a containerd pod's, is the pod's
@@ -60,7 +61,7 @@ type Spec struct {
 	// VM gets DefaultVCPUs vCPUs and DefaultMemoryMiB MiB, and room to grow
 	// to VCPUCapacity and MemoryCapacityMiB by hot-plug (resize.go).
 	Hypervisor config.Hypervisor
-	// Accel is "kvm" or "tcg" (see launcher/accel).
+	// Accel is "kvm" or "tcg" (see launcher/vm/accel).
 	Accel string
 	// Root, when not nil, is a sealed image's verity-protected root disk
 	// (see RootFor).
@@ -150,6 +151,8 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		// prefix (images/build.sh, manifest cmdline).
 		params = append(params, spec.Root.KernelParams...)
 	}
+	// The TEE's own (c8s.tee=<name>): the image build measures each TEE's
+	// command line as the prefix above followed by these.
 	params = append(params, pieces.KernelParams...)
 	if p := strings.TrimSpace(h.KernelParams); p != "" {
 		params = append(params, p)
@@ -232,13 +235,18 @@ func checkSpec(spec Spec) error {
 		errs = append(errs, err) // the agent's is longer than the QMP socket
 	}
 	if spec.Accel != "kvm" && spec.Accel != "tcg" {
-		errs = append(errs, fmt.Errorf("vm: accelerator %q must be kvm or tcg (resolve \"auto\" with launcher/accel first)", spec.Accel))
+		errs = append(errs, fmt.Errorf("vm: accelerator %q must be kvm or tcg (resolve \"auto\" with launcher/vm/accel first)", spec.Accel))
 	}
 	if h.Path == "" {
 		errs = append(errs, errors.New("vm: hypervisor.path is empty"))
 	}
 	if h.Kernel == "" || h.Initrd == "" {
 		errs = append(errs, errors.New("vm: hypervisor.kernel and hypervisor.initrd must be set (run `make image`)"))
+	}
+	if _, ok, _ := teeparam.FromCmdline(h.KernelParams); ok {
+		// Given twice, the guest refuses to guess its TEE; given once, it
+		// would contradict hypervisor.tee.
+		errs = append(errs, fmt.Errorf("vm: hypervisor.kernel_params %q sets %s: the TEE backend sets it from hypervisor.tee", h.KernelParams, teeparam.Key))
 	}
 	if h.DefaultVCPUs == 0 || h.DefaultMemoryMiB == 0 {
 		errs = append(errs, errors.New("vm: default_vcpus and default_memory must be positive"))

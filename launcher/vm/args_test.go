@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/vm/tee"
 
 	"github.com/c8s-dev/c8s/guest/api/verity"
 	"github.com/c8s-dev/c8s/internal/golden"
@@ -121,6 +121,7 @@ func TestArgsErrors(t *testing.T) {
 		{"duplicate-disk", func(s *Spec) { s.Disks = append(s.Disks, s.Disks[0]) }, sim, "used twice"},
 		{"relative-disk", func(s *Spec) { s.Disks[0].Path = "disk.img" }, sim, "must be absolute"},
 		{"no-kernel", func(s *Spec) { s.Hypervisor.Kernel = "" }, sim, "make image"},
+		{"kernel-params-set-tee", func(s *Spec) { s.Hypervisor.KernelParams = "debug c8s.tee=snp" }, sim, "sets c8s.tee"},
 		{"no-backend", func(*Spec) {}, nil, "no TEE backend"},
 		{"nic-without-tap", func(s *Spec) { s.NICs = []NetDevice{{MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}} }, sim, "no open tap"},
 		{"fs-bad-tag", func(s *Spec) { s.SharedFS = &SharedFS{Socket: "/run/fs.sock", Tag: "a,b"} }, sim, "shared fs tag"},

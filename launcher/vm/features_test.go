@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/c8s-dev/c8s/launcher/internal/testguest"
+	"github.com/c8s-dev/c8s/launcher/vm/testguest"
 )
 
 func TestCheckQEMUFeatures(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/vm/tee"
 )
 
 // A destination is the same machine plus -incoming defer; nothing else

@@ -6,8 +6,8 @@ import (
 	"io/fs"
 	"path/filepath"
 
-	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // RootDisk is a sealed image's root: a file system followed by its

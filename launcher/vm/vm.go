@@ -18,15 +18,18 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/containerd/log"
 
-	"github.com/c8s-dev/c8s/launcher/statedir"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/tee"
+
+	// The sim TEE's backend lives with the rest of its host side and
+	// registers itself; every user of vm can start a sim VM.
+	_ "github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // Timeouts. Start's QMP wait is bounded by its context only.
@@ -104,7 +107,7 @@ func Start(ctx context.Context, spec Spec) (*VM, error) {
 			s.VsockCID = 3 + rand.Uint32N(1<<31)
 		}
 		v, err := start(ctx, qemu, s, backend)
-		if err == nil || i+1 >= attempts || !strings.Contains(err.Error(), "guest cid") {
+		if err == nil || i+1 >= attempts || !errors.Is(err, ErrVsockCIDInUse) {
 			return v, err
 		}
 		log.G(ctx).WithError(err).Debug("vsock CID in use, retrying with another")
@@ -187,7 +190,7 @@ func (v *VM) connectQMP(ctx context.Context) error {
 	for {
 		select {
 		case <-v.done:
-			return fmt.Errorf("vm: qemu exited before QMP was ready: %v", v.exitErr)
+			return fmt.Errorf("vm: qemu exited before QMP was ready: %w", v.exitErr)
 		case <-ctx.Done():
 			return fmt.Errorf("vm: waiting for QMP: %w; qemu output:\n%s", ctx.Err(), v.output.Tail(stderrLines))
 		case <-tick.C:
@@ -216,7 +219,7 @@ func (v *VM) supervise() {
 	close(v.done)
 }
 
-func (v *VM) describeExit(err error) error {
+func (v *VM) describeExit(err error) *ExitError {
 	how := "exited with status 0 (the guest shut down, rebooted or panicked)"
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
@@ -228,14 +231,12 @@ func (v *VM) describeExit(err error) error {
 	} else if err != nil {
 		how = err.Error()
 	}
-	msg := fmt.Sprintf("qemu (pid %d) %s", v.cmd.Process.Pid, how)
-	if tail := v.output.Tail(stderrLines); tail != "" {
-		msg += "; qemu stderr:\n" + tail
+	return &ExitError{
+		Pid:     v.cmd.Process.Pid,
+		How:     how,
+		Stderr:  v.output.Tail(stderrLines),
+		Console: fileTail(filepath.Join(v.spec.StateDir, ConsoleLogName), stderrLines),
 	}
-	if console := fileTail(filepath.Join(v.spec.StateDir, ConsoleLogName), stderrLines); console != "" {
-		msg += "\nguest console:\n" + console
-	}
-	return errors.New(msg)
 }
 
 // Pid is QEMU's process ID (also its process group ID).

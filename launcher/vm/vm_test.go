@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/internal/testguest"
-	"github.com/c8s-dev/c8s/launcher/statedir"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/testguest"
 )
 
 // guestInit is the test guest's /init: it loads the SCSI modules, names the
@@ -321,6 +321,9 @@ func TestVMKilledFromOutside(t *testing.T) {
 	t.Logf("Err: %v", err)
 	if err == nil || !strings.Contains(err.Error(), "killed by signal killed") || !strings.Contains(err.Error(), fmt.Sprint(v.Pid())) {
 		t.Fatalf("Err = %v, want it to say qemu (with its pid) was killed", err)
+	}
+	if ee, ok := errors.AsType[*ExitError](err); !ok || ee.Pid != v.Pid() {
+		t.Fatalf("Err = %#v, want an *ExitError for pid %d", err, v.Pid())
 	}
 	if err := v.Stop(ctx); err != nil {
 		t.Fatalf("Stop after qemu died: %v", err)

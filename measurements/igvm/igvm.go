@@ -241,8 +241,6 @@ const (
 	PageUnmeasured PageDataFlags = 1 << 1
 	// PageShared imports the page host-visible; it is not measured.
 	PageShared PageDataFlags = 1 << 2
-
-	pageFlagsKnown = PageIs2MB | PageUnmeasured | PageShared
 )
 
 // Size returns the page size these flags select.

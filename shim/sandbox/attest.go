@@ -7,9 +7,10 @@ import (
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/guest/api/reportdata"
 	"github.com/c8s-dev/c8s/launcher/attest"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // Verified is what a successful attestation of a pod VM established.
@@ -65,10 +66,15 @@ func verifyGuest(ctx context.Context, cfg config.Config, ag agent.AgentService, 
 		return nil, err
 	}
 	policy.MinTCB, policy.AllowDebug, policy.ChipID = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug, chipID
-	if policy.Nonce, err = attest.NewNonce(); err != nil {
+	nonce, err := attest.NewNonce()
+	if err != nil {
 		return nil, err
 	}
-	ev, err := ag.GetEvidence(ctx, &agent.GetEvidenceRequest{ReportData: policy.Nonce})
+	// The agent binds the nonce in the host-attestation domain, never as
+	// it is (guest/api/reportdata).
+	rd := reportdata.Host(nonce)
+	policy.Nonce = rd[:]
+	ev, err := ag.GetEvidence(ctx, &agent.GetEvidenceRequest{Nonce: nonce})
 	if err != nil {
 		return nil, fmt.Errorf("get evidence from the guest: %w", err)
 	}

@@ -12,9 +12,11 @@ import (
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
-	"github.com/c8s-dev/c8s/images/manifest"
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+	"github.com/c8s-dev/c8s/guest/api/reportdata"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // fakeGuest answers GetEvidence the way a guest in the sim TEE does, with
@@ -23,10 +25,17 @@ type fakeGuest struct {
 	agent.AgentService
 	evidence func(reportData []byte) *agent.GetEvidenceResponse
 	initData []byte
+	// rawNonce makes it bind the host's nonce as it is, as c8s agents
+	// before the host-attestation domain did.
+	rawNonce bool
 }
 
 func (g *fakeGuest) GetEvidence(_ context.Context, r *agent.GetEvidenceRequest) (*agent.GetEvidenceResponse, error) {
-	return g.evidence(r.ReportData), nil
+	if g.rawNonce {
+		return g.evidence(r.Nonce), nil
+	}
+	rd := reportdata.Host(r.Nonce)
+	return g.evidence(rd[:]), nil
 }
 
 func (g *fakeGuest) SetInitData(_ context.Context, r *agent.SetInitDataRequest) (*agent.Empty, error) {
@@ -34,7 +43,7 @@ func (g *fakeGuest) SetInitData(_ context.Context, r *agent.SetInitDataRequest) 
 	return &agent.Empty{}, nil
 }
 
-func setup(t *testing.T, digests map[string]string) (config.Config, *simsp.SP) {
+func setup(t *testing.T, digests map[string]string) (config.Config, *sim.SP) {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := config.Default()
@@ -63,16 +72,16 @@ func setup(t *testing.T, digests map[string]string) (config.Config, *simsp.SP) {
 	if err := os.WriteFile(cfg.Attestation.Manifest, data, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sp, err := simsp.Open(SimSPDir(cfg))
+	sp, err := sim.Open(statedir.SimSP(cfg.Runtime.StateDir))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return cfg, sp
 }
 
-func simReport(t *testing.T, sp *simsp.SP, measurement string, hostData [32]byte) func([]byte) *agent.GetEvidenceResponse {
+func simReport(t *testing.T, sp *sim.SP, measurement string, hostData [32]byte) func([]byte) *agent.GetEvidenceResponse {
 	return func(reportData []byte) *agent.GetEvidenceResponse {
-		req := simsp.Request{HostData: hostData}
+		req := sim.Request{HostData: hostData}
 		copy(req.Measurement[:], mustHex(t, measurement))
 		copy(req.ReportData[:], reportData)
 		r, err := sp.Report(req)
@@ -134,6 +143,14 @@ func TestAttestGatesOnTheManifestDigestAndInitData(t *testing.T) {
 		if g.initData != nil {
 			t.Errorf("%s: the agent got the init data of a VM that did not attest", name)
 		}
+	}
+
+	// REPORT_DATA must be the host-attestation binding of the shim's nonce
+	// (guest/api/reportdata): evidence over the bare nonce, which an agent
+	// that signs whatever the host asks would give, does not verify.
+	raw := &fakeGuest{evidence: simReport(t, sp, good, initdata.Digest(doc)), rawNonce: true}
+	if _, err := (&Sandbox{Agent: raw, initData: doc}).Attest(ctx, cfg); err == nil || !strings.Contains(strings.ToLower(err.Error()), "report_data") {
+		t.Errorf("evidence binding the bare nonce: err = %v, want a REPORT_DATA mismatch", err)
 	}
 }
 

@@ -11,9 +11,10 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/migrate"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // BenchmarkMigrate live-migrates a pod VM booted from the guest image
@@ -73,14 +74,14 @@ func benchMigrate(b *testing.B, image string, mem uint32) {
 	served := make(chan struct{})
 	go func() { srv.Serve(sctx, l); close(served) }()
 	b.Cleanup(func() { stop(); <-served })
-	spB, err := simsp.Open(migrate.SimSPDir(bn))
+	spB, err := sim.Open(statedir.SimSP(bn.Runtime.StateDir))
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := os.MkdirAll(migrate.PoolRootsDir(a), 0o700); err != nil {
+	if err := os.MkdirAll(statedir.PoolRoots(a.Runtime.StateDir), 0o700); err != nil {
 		b.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(migrate.PoolRootsDir(a), "node-b.pem"), spB.CertChainPEM(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(statedir.PoolRoots(a.Runtime.StateDir), "node-b.pem"), spB.CertChainPEM(), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	dst := migrate.NewClient(sock)

@@ -7,9 +7,9 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/c8s-dev/c8s/guest/api/initdata"
-	"github.com/c8s-dev/c8s/launcher/kbs"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/broker"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/launcher/vm/tee"
 )
 
 // startKBSRelay relays the guest's streams on the c8s.kbs port to the key
@@ -35,7 +35,7 @@ func startKBSRelay(ctx context.Context, v *vm.VM, data []byte) error {
 	}
 	l := log.G(ctx).WithField("broker", addr)
 	go func() {
-		if err := kbs.Relay(ctx, port, addr, l.Warnf); err != nil {
+		if err := broker.Relay(log.WithLogger(ctx, l), port, addr); err != nil {
 			l.WithError(err).Warn("key broker relay stopped")
 		}
 	}()

@@ -19,6 +19,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/launcher/attest"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/migrate"
 	"github.com/c8s-dev/c8s/launcher/vm"
 )
@@ -44,14 +45,15 @@ var (
 
 // agentConn is one ttrpc connection to the agent.
 type agentConn struct {
-	client *ttrpc.Client
-	agent  agent.AgentService
-	io     agent.IOService
+	client  *ttrpc.Client
+	agent   agent.AgentService
+	io      agent.IOService
+	forward agent.PortForwardService
 }
 
 func newAgentConn(c net.Conn) *agentConn {
 	client := ttrpc.NewClient(c)
-	return &agentConn{client: client, agent: agent.NewAgentClient(client), io: agent.NewIOClient(client)}
+	return &agentConn{client: client, agent: agent.NewAgentClient(client), io: agent.NewIOClient(client), forward: agent.NewPortForwardClient(client)}
 }
 
 func (s *Sandbox) machine() machine {
@@ -245,7 +247,7 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 	remote := migrate.NewRemote(dst, res.Incoming, mustSpecDisks(src))
 	s.cutOver(ctx, src, remote, newConn, verified)
 	// `shim delete` after a dead shim finds the moved VM through this.
-	if err := migrate.WriteHandoff(src.StateDir(), dst, res.Incoming.ID, migrate.TLSDir(cfg)); err != nil {
+	if err := migrate.WriteHandoff(src.StateDir(), dst, res.Incoming.ID, statedir.MigrateTLS(cfg.Runtime.StateDir)); err != nil {
 		log.G(ctx).WithError(err).Warn("recording where the pod VM moved")
 	}
 	s.mu.Lock()
@@ -301,7 +303,7 @@ func (s *Sandbox) trust(cfg config.Config) ([]attest.Trust, []byte, error) {
 	chip := s.movedChip
 	s.mu.Unlock()
 	if chip == nil {
-		t, err := attest.TrustFor(cfg.Hypervisor.TEE, SimSPDir(cfg))
+		t, err := attest.TrustFor(cfg.Hypervisor.TEE, statedir.SimSP(cfg.Runtime.StateDir))
 		return []attest.Trust{t}, nil, err
 	}
 	trusts, err := poolTrust(cfg)
@@ -310,9 +312,9 @@ func (s *Sandbox) trust(cfg config.Config) ([]attest.Trust, []byte, error) {
 
 // poolTrust returns the roots a destination's evidence may chain to: the
 // node's own and, in sim, those of the trust pool's other nodes
-// (migrate.PoolRootsDir). Hardware TEEs trust their vendor's roots.
+// (statedir.PoolRoots). Hardware TEEs trust their vendor's roots.
 func poolTrust(cfg config.Config) ([]attest.Trust, error) {
-	own, err := attest.TrustFor(cfg.Hypervisor.TEE, SimSPDir(cfg))
+	own, err := attest.TrustFor(cfg.Hypervisor.TEE, statedir.SimSP(cfg.Runtime.StateDir))
 	if err != nil {
 		return nil, err
 	}
@@ -320,7 +322,7 @@ func poolTrust(cfg config.Config) ([]attest.Trust, error) {
 	if own.Mode != attest.ModeSim {
 		return trusts, nil
 	}
-	files, _ := filepath.Glob(filepath.Join(migrate.PoolRootsDir(cfg), "*.pem"))
+	files, _ := filepath.Glob(filepath.Join(statedir.PoolRoots(cfg.Runtime.StateDir), "*.pem"))
 	sort.Strings(files)
 	for _, f := range files {
 		b, err := os.ReadFile(f)

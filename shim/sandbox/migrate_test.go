@@ -14,8 +14,8 @@ import (
 	"github.com/containerd/ttrpc"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
-	"github.com/c8s-dev/c8s/launcher/migrate"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // waitAgent answers WaitProcess with status, after block is closed.
@@ -127,22 +127,22 @@ func TestAttestAfterMigrationTrustsThePoolAndPinsTheChip(t *testing.T) {
 	good := strings.Repeat("11", 48)
 	cfg, _ := setup(t, map[string]string{"1": good})
 	ctx := context.Background()
-	poolNode, err := simsp.New(simsp.DefaultTCB)
+	poolNode, err := sim.New(sim.DefaultTCB)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stranger, err := simsp.New(simsp.DefaultTCB)
+	stranger, err := sim.New(sim.DefaultTCB)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(migrate.PoolRootsDir(cfg), 0o700); err != nil {
+	if err := os.MkdirAll(statedir.PoolRoots(cfg.Runtime.StateDir), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(migrate.PoolRootsDir(cfg), "b.pem"), poolNode.CertChainPEM(), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(statedir.PoolRoots(cfg.Runtime.StateDir), "b.pem"), poolNode.CertChainPEM(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	chip := poolNode.ChipID()
-	moved := func(sp *simsp.SP, pin []byte) *Sandbox {
+	moved := func(sp *sim.SP, pin []byte) *Sandbox {
 		return &Sandbox{Agent: &fakeGuest{evidence: simReport(t, sp, good, [32]byte{})}, movedChip: pin}
 	}
 	v, err := moved(poolNode, chip[:]).Attest(ctx, cfg)

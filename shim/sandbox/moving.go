@@ -10,13 +10,15 @@ import (
 // to the current agent connection and is retried on the destination when
 // a migration cut it off.
 type (
-	movingAgent struct{ s *Sandbox }
-	movingIO    struct{ s *Sandbox }
+	movingAgent       struct{ s *Sandbox }
+	movingIO          struct{ s *Sandbox }
+	movingPortForward struct{ s *Sandbox }
 )
 
 var (
-	_ agent.AgentService = movingAgent{}
-	_ agent.IOService    = movingIO{}
+	_ agent.AgentService       = movingAgent{}
+	_ agent.IOService          = movingIO{}
+	_ agent.PortForwardService = movingPortForward{}
 )
 
 func (m movingAgent) GetInfo(ctx context.Context, r *agent.GetInfoRequest) (*agent.GetInfoResponse, error) {
@@ -97,4 +99,24 @@ func (m movingIO) ReadStderr(ctx context.Context, r *agent.ReadStreamRequest) (*
 
 func (m movingIO) WriteStdin(ctx context.Context, r *agent.WriteStdinRequest) (*agent.WriteStdinResponse, error) {
 	return call(ctx, m.s, func(c *agentConn) (*agent.WriteStdinResponse, error) { return c.io.WriteStdin(ctx, r) })
+}
+
+func (m movingPortForward) ListenPorts(ctx context.Context, r *agent.ListenPortsRequest) (*agent.ListenPortsResponse, error) {
+	return call(ctx, m.s, func(c *agentConn) (*agent.ListenPortsResponse, error) { return c.forward.ListenPorts(ctx, r) })
+}
+
+func (m movingPortForward) Dial(ctx context.Context, r *agent.DialRequest) (*agent.DialResponse, error) {
+	return call(ctx, m.s, func(c *agentConn) (*agent.DialResponse, error) { return c.forward.Dial(ctx, r) })
+}
+
+func (m movingPortForward) Read(ctx context.Context, r *agent.ConnReadRequest) (*agent.ConnReadResponse, error) {
+	return call(ctx, m.s, func(c *agentConn) (*agent.ConnReadResponse, error) { return c.forward.Read(ctx, r) })
+}
+
+func (m movingPortForward) Write(ctx context.Context, r *agent.ConnWriteRequest) (*agent.ConnWriteResponse, error) {
+	return call(ctx, m.s, func(c *agentConn) (*agent.ConnWriteResponse, error) { return c.forward.Write(ctx, r) })
+}
+
+func (m movingPortForward) Close(ctx context.Context, r *agent.ConnCloseRequest) (*agent.Empty, error) {
+	return call(ctx, m.s, func(c *agentConn) (*agent.Empty, error) { return c.forward.Close(ctx, r) })
 }

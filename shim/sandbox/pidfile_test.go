@@ -3,7 +3,7 @@ package sandbox
 import (
 	"testing"
 
-	"github.com/c8s-dev/c8s/launcher/deviceplugin"
+	"github.com/c8s-dev/c8s/launcher/node/deviceplugin"
 )
 
 // The node agent finds live pod VMs by the pid file the shim writes: the

@@ -21,10 +21,12 @@ import (
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
-	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/launcher/vm/accel"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
+	"github.com/c8s-dev/c8s/shim/portfwd"
 )
 
 // DefaultAgentTimeout bounds how long Start waits for the agent to answer
@@ -41,7 +43,7 @@ type Options struct {
 	// container that has none.
 	ID string
 	// StateDir is the VM's own directory (sockets, console log, pid file),
-	// named with launcher/statedir; Start creates it and Stop removes it.
+	// named with launcher/config/statedir; Start creates it and Stop removes it.
 	StateDir string
 	// Config is the node configuration with the pod's annotations applied.
 	Config config.Config
@@ -56,6 +58,12 @@ type Options struct {
 	NICs []vm.NetDevice
 	// SharedFS is the pod's virtio-fs share (shim/sharedfs), if any.
 	SharedFS *vm.SharedFS
+	// PortForward mirrors the ports the pod listens on for CRI
+	// port-forward (shim/portfwd) into NetNS, the pod's network namespace
+	// on the host, or with NetNS "" onto the loopback of the shim's own
+	// (a host-network pod's: the node's).
+	PortForward bool
+	NetNS       string
 }
 
 // Sandbox is a running pod VM and its agent connection.
@@ -87,6 +95,10 @@ type Sandbox struct {
 	// handoffDir is the source state dir holding migrate.HandoffFile.
 	handoffDir string
 	progress   progressState
+
+	// forward mirrors the pod's ports for CRI port-forward (nil without
+	// a pod network namespace).
+	forward *portfwd.Forwarder
 
 	stopOnce sync.Once
 	stopErr  error
@@ -124,18 +136,17 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		NICs:       opts.NICs,
 		SharedFS:   opts.SharedFS,
 	}
-	var host hostTEE
-	if newHost := hostTEEs[h.TEE]; newHost != nil {
-		host = newHost(cfg, initdata.Digest(opts.InitData))
-		backend, err := tee.Lookup(h.TEE)
+	// The sim TEE's secure processor is simulated on the host: it
+	// measures the files QEMU is handed and serves the VM's reports.
+	// Hardware TEEs need no host part (the guest talks to the real one).
+	var simHost *sim.Host
+	if h.TEE == "sim" {
+		argv, err := vm.Args(spec, sim.Backend{})
 		if err != nil {
 			return nil, err
 		}
-		argv, err := vm.Args(spec, backend)
+		simHost, err = sim.NewHost(argv, statedir.SimSP(cfg.Runtime.StateDir), initdata.Digest(opts.InitData))
 		if err != nil {
-			return nil, err
-		}
-		if err := host.prepare(argv); err != nil {
 			return nil, err
 		}
 	}
@@ -152,8 +163,8 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 			s.Stop(context.WithoutCancel(ctx))
 		}
 	}()
-	if host != nil {
-		if err := host.attach(hostCtx, v); err != nil {
+	if simHost != nil {
+		if err := simHost.Attach(hostCtx, v); err != nil {
 			return nil, fmt.Errorf("start the host side of TEE %s: %w", h.TEE, err)
 		}
 	}
@@ -171,6 +182,9 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 	}
 	if err := s.connect(ctx, timeout); err != nil {
 		return nil, err
+	}
+	if opts.PortForward {
+		s.forward = portfwd.Start(hostCtx, opts.NetNS, movingPortForward{s})
 	}
 	log.G(ctx).WithFields(log.Fields{
 		"sandbox": opts.ID, "accel": choice.Accel, "qemu_pid": v.Pid(),
@@ -321,6 +335,9 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 		s.mu.Unlock()
 		if stopHost != nil {
 			stopHost()
+		}
+		if s.forward != nil {
+			s.forward.Close()
 		}
 		if cur != nil {
 			if err := cur.client.Close(); err != nil && !errors.Is(err, ttrpc.ErrClosed) {

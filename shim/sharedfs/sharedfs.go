@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
-	"github.com/c8s-dev/c8s/launcher/statedir"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
 // Tag is the virtio-fs tag the guest mounts.

@@ -6,21 +6,19 @@ import (
 	"fmt"
 
 	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
 
-	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
+	adminapi "github.com/c8s-dev/c8s/shim/api/admin/v1"
 )
 
-// admin serves the shim's management API (shim/api/admin) at the ttrpc
-// edge.
+// admin serves the shim's management API (shim/api/admin). Its errors
+// become gRPC status at the ttrpc edge, as the task API's (edge.go).
 type admin struct{ s *service }
 
 var _ adminapi.AdminService = admin{}
 
 // Attest re-attests the running pod VM with a fresh nonce.
 func (a admin) Attest(ctx context.Context, _ *adminapi.AttestRequest) (*adminapi.AttestResponse, error) {
-	resp, err := a.s.attest(ctx)
-	return resp, errgrpc.ToGRPC(err)
+	return a.s.attest(ctx)
 }
 
 func (s *service) attest(ctx context.Context) (*adminapi.AttestResponse, error) {

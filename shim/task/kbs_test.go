@@ -9,14 +9,14 @@ import (
 
 	"github.com/containerd/errdefs"
 
+	"github.com/c8s-dev/c8s/launcher/broker"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/kbs"
 )
 
 // A pod whose init data asks for broker secrets never starts unattested:
 // with attestation off nothing would fetch them.
 func TestSecretsNeedAttestation(t *testing.T) {
-	cert, _, err := kbs.SelfSigned([]string{"127.0.0.1"}, time.Hour)
+	cert, _, err := broker.SelfSigned([]string{"127.0.0.1"}, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}

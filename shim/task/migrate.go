@@ -7,25 +7,23 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
-	"github.com/containerd/errdefs/pkg/errgrpc"
 
-	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
 	"github.com/c8s-dev/c8s/launcher/migrate"
+	adminapi "github.com/c8s-dev/c8s/shim/api/admin/v1"
 	"github.com/c8s-dev/c8s/shim/sandbox"
 )
 
 // Migrate live-migrates the pod VM to another node (shim/sandbox Migrate):
 // containerd keeps managing its tasks through this shim.
 func (a admin) Migrate(ctx context.Context, r *adminapi.MigrateRequest) (*adminapi.MigrateResponse, error) {
-	resp, err := a.s.migrate(ctx, r)
-	return resp, errgrpc.ToGRPC(err)
+	return a.s.migrate(ctx, r)
 }
 
 // MigrationProgress reports the running migration.
 func (a admin) MigrationProgress(_ context.Context, _ *adminapi.MigrationProgressRequest) (*adminapi.MigrationProgressResponse, error) {
 	sb, _, err := a.s.runningPod()
 	if err != nil {
-		return nil, errgrpc.ToGRPC(err)
+		return nil, err
 	}
 	info, active := sb.MigrationProgress()
 	resp := &adminapi.MigrationProgressResponse{Active: active, Status: info.Status}
@@ -36,7 +34,7 @@ func (a admin) MigrationProgress(_ context.Context, _ *adminapi.MigrationProgres
 	return resp, nil
 }
 
-func (s *service) runningPod() (*sandbox.Sandbox, *podState, error) {
+func (s *service) runningPod() (Sandbox, *podState, error) {
 	s.mu.Lock()
 	sb, pod := s.sb, s.pod
 	s.mu.Unlock()

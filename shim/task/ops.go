@@ -91,7 +91,7 @@ func (s *service) Kill(ctx context.Context, r *taskAPI.KillRequest) (*emptypb.Em
 	if err != nil {
 		return nil, err
 	}
-	if _, err := sb.Agent.SignalProcess(ctx, &agent.SignalProcessRequest{
+	if _, err := sb.Agent().SignalProcess(ctx, &agent.SignalProcessRequest{
 		ContainerId: r.ID, ExecId: r.ExecID, Signal: r.Signal, All: r.All,
 	}); err != nil {
 		if p.hasExited() || vmGone(sb) {
@@ -126,7 +126,7 @@ func (s *service) Pids(ctx context.Context, r *taskAPI.PidsRequest) (*taskAPI.Pi
 	if err != nil {
 		return nil, err
 	}
-	resp, err := sb.Agent.ListPids(ctx, &agent.ListPidsRequest{ContainerId: r.ID})
+	resp, err := sb.Agent().ListPids(ctx, &agent.ListPidsRequest{ContainerId: r.ID})
 	if err != nil {
 		return nil, fmt.Errorf("list processes of %q: %w", r.ID, fromAgent(err))
 	}
@@ -159,7 +159,7 @@ func (s *service) CloseIO(ctx context.Context, r *taskAPI.CloseIORequest) (*empt
 	if err != nil {
 		return nil, err
 	}
-	if err := p.closeStdin(ctx, sb.Agent); err != nil && !p.hasExited() {
+	if err := p.closeStdin(ctx, sb.Agent()); err != nil && !p.hasExited() {
 		return nil, fmt.Errorf("close stdin of %q: %w", r.ID, fromAgent(err))
 	}
 	return &emptypb.Empty{}, nil
@@ -178,7 +178,7 @@ func (s *service) ResizePty(ctx context.Context, r *taskAPI.ResizePtyRequest) (*
 	if err != nil {
 		return nil, err
 	}
-	if _, err := sb.Agent.ResizePty(ctx, &agent.ResizePtyRequest{
+	if _, err := sb.Agent().ResizePty(ctx, &agent.ResizePtyRequest{
 		ContainerId: r.ID, ExecId: r.ExecID, Width: r.Width, Height: r.Height,
 	}); err != nil {
 		return nil, fmt.Errorf("resize terminal of %q: %w", r.ID, fromAgent(err))
@@ -195,7 +195,7 @@ func (s *service) Stats(ctx context.Context, r *taskAPI.StatsRequest) (*taskAPI.
 	if err != nil {
 		return nil, err
 	}
-	resp, err := sb.Agent.Stats(ctx, &agent.StatsRequest{ContainerId: r.ID})
+	resp, err := sb.Agent().Stats(ctx, &agent.StatsRequest{ContainerId: r.ID})
 	if err != nil {
 		return nil, fmt.Errorf("stats of %q: %w", r.ID, fromAgent(err))
 	}

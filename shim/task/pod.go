@@ -22,7 +22,7 @@ import (
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/statedir"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/shim/podnet"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
@@ -54,6 +54,10 @@ type podState struct {
 	// the shim set up in it while the VM runs.
 	netns   string
 	network *podnet.Network
+	// portForward mirrors the pod's ports for CRI port-forward
+	// (shim/portfwd): into netns, or with netns "" onto the node's
+	// loopback.
+	portForward bool
 	// fsDir holds the pod's virtio-fs share (sharedfs.go); shared lists
 	// the names shared per container.
 	fsDir  string
@@ -114,8 +118,12 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 		diskDir:  dirs.Disks,
 		initData: initData,
 		netns:    netnsPath(spec),
-		fsDir:    dirs.FS,
-		shared:   map[string][]string{},
+		// CRI pods get port-forward: into their network namespace, or, for
+		// a host-network pod, onto the node's loopback, where containerd
+		// dials it for them.
+		portForward: netnsPath(spec) != "" || spec.Annotations[ContainerTypeAnnotation] == "sandbox",
+		fsDir:       dirs.FS,
+		shared:      map[string][]string{},
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
 	s.mu.Lock()

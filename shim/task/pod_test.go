@@ -18,9 +18,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/statedir"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/launcher/vm/tee"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
 

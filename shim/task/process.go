@@ -104,8 +104,6 @@ func newProcess(containerID, execID string, io stdio.Stdio, spec []byte) *proces
 	}
 }
 
-func (p *process) ref() (string, string) { return p.containerID, p.execID }
-
 func (p *process) agentStdio() *agent.Stdio {
 	return &agent.Stdio{
 		Terminal: p.stdio.Terminal,

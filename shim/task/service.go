@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -30,12 +29,9 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
-	"github.com/c8s-dev/c8s/guest/api/initdata"
-	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
-	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	adminapi "github.com/c8s-dev/c8s/shim/api/admin/v1"
 	"github.com/c8s-dev/c8s/shim/rootfs"
-	"github.com/c8s-dev/c8s/shim/sandbox"
 )
 
 var _ shim.TTRPCService = (*service)(nil)
@@ -48,10 +44,18 @@ type service struct {
 	forwarded chan struct{} // closed once events is drained
 	sd        shutdown.Service
 
+	// eventsMu orders send against the close of events at shutdown;
+	// eventsClosed says events is closed.
+	eventsMu     sync.Mutex
+	eventsClosed bool
+
+	// host builds root disks and starts the pod VM (sandbox.go).
+	host Host
+
 	// startMu serializes pod VM start-up.
 	startMu sync.Mutex
 	mu      sync.Mutex
-	sb      *sandbox.Sandbox
+	sb      Sandbox
 	pod     *podState
 	conts   map[string]*container
 }
@@ -59,10 +63,16 @@ type service struct {
 // New returns the task service. It is registered as the shim's "task"
 // ttrpc plugin.
 func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (taskAPI.TTRPCTaskService, error) {
+	return newService(ctx, publisher, sd, hostVMs{}), nil
+}
+
+// newService returns the task service running its pod VM on host.
+func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Service, host Host) *service {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &service{
 		ctx:       ctx,
 		cancel:    cancel,
+		host:      host,
 		publisher: publisher,
 		events:    make(chan interface{}, 128),
 		forwarded: make(chan struct{}),
@@ -72,7 +82,10 @@ func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (ta
 	go s.forward()
 	sd.RegisterCallback(func(ctx context.Context) error {
 		s.stopSandbox(ctx)
+		s.eventsMu.Lock()
+		s.eventsClosed = true
 		close(s.events)
+		s.eventsMu.Unlock()
 		// Publish what is queued (TaskDelete of the last container) before
 		// the shim exits.
 		select {
@@ -83,12 +96,12 @@ func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (ta
 		s.cancel()
 		return nil
 	})
-	return s, nil
+	return s
 }
 
 // RegisterTTRPC registers the task service on the shim's server.
 func (s *service) RegisterTTRPC(server *ttrpc.Server) error {
-	taskAPI.RegisterTTRPCTaskService(server, &edge{s})
+	taskAPI.RegisterTTRPCTaskService(server, s)
 	adminapi.RegisterAdminService(server, admin{s})
 	return nil
 }
@@ -105,8 +118,15 @@ func (s *service) forward() {
 	s.publisher.Close()
 }
 
+// send queues e for publishing. Once shutdown has closed events, e is
+// dropped: the shim is exiting. A send blocked on a full queue holds
+// eventsMu until forward takes an event, so the close waits for it.
 func (s *service) send(e interface{}) {
-	defer func() { recover() }() // events is closed at shutdown
+	s.eventsMu.Lock()
+	defer s.eventsMu.Unlock()
+	if s.eventsClosed {
+		return
+	}
 	s.events <- e
 }
 
@@ -131,7 +151,7 @@ func (s *service) getProcess(id, execID string) (*container, *process, error) {
 	return c, p, err
 }
 
-func (s *service) sandbox() (*sandbox.Sandbox, error) {
+func (s *service) sandbox() (Sandbox, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.sb == nil {
@@ -177,12 +197,12 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	disk := vm.Disk{ID: diskID(r.ID), Path: filepath.Join(pod.diskDir, r.ID+".img")}
 	t0 := time.Now()
-	if err := rootfs.Build(ctx, mounts, filepath.Join(r.Bundle, "rootfs"), disk.Path, rootfs.Options{FreeMiB: 256}); err != nil {
+	if err := s.host.BuildRootfs(ctx, mounts, filepath.Join(r.Bundle, "rootfs"), disk.Path); err != nil {
 		return nil, fmt.Errorf("prepare the root disk of container %q: %w", r.ID, err)
 	}
 	defer func() {
 		if retErr != nil {
-			rootfs.Remove(disk.Path)
+			s.host.RemoveRootfs(disk.Path)
 		}
 	}()
 	log.G(ctx).WithField("container", r.ID).WithField("took", time.Since(t0).Round(time.Millisecond)).Debug("root disk ready")
@@ -221,7 +241,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}()
 	io := stdio.Stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}
 	init := newProcess(r.ID, "", io, nil)
-	resp, err := sb.Agent.CreateContainer(ctx, &agent.CreateContainerRequest{
+	resp, err := sb.Agent().CreateContainer(ctx, &agent.CreateContainerRequest{
 		ContainerId: r.ID,
 		Spec:        specJSON,
 		Rootfs: &agent.Rootfs{
@@ -243,8 +263,8 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	init.mu.Lock()
 	init.pid = pid
 	init.mu.Unlock()
-	if err := init.startIO(s.ctx, sb.IO, sb.Agent); err != nil {
-		sb.Agent.RemoveContainer(context.WithoutCancel(ctx), &agent.RemoveContainerRequest{ContainerId: r.ID})
+	if err := init.startIO(s.ctx, sb.IO(), sb.Agent()); err != nil {
+		sb.Agent().RemoveContainer(context.WithoutCancel(ctx), &agent.RemoveContainerRequest{ContainerId: r.ID})
 		return nil, fmt.Errorf("open the stdio FIFOs of container %q: %w", r.ID, err)
 	}
 
@@ -267,117 +287,6 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	return &taskAPI.CreateTaskResponse{Pid: pid}, nil
 }
 
-// ensureSandbox returns the pod VM, starting it with the first container's
-// disk attached at boot. started reports whether this call started it.
-func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk) (*sandbox.Sandbox, bool, error) {
-	s.startMu.Lock()
-	defer s.startMu.Unlock()
-	s.mu.Lock()
-	sb := s.sb
-	s.mu.Unlock()
-	if sb != nil {
-		select {
-		case <-sb.Done():
-			return nil, false, fmt.Errorf("pod VM %s has exited (%v): %w", pod.id, sb.Err(), errdefs.ErrFailedPrecondition)
-		default:
-			return sb, false, nil
-		}
-	}
-	nics, fs, err := wireVM(ctx, pod)
-	if err != nil {
-		return nil, false, err
-	}
-	sb, err = sandbox.Start(ctx, sandbox.Options{
-		ID:       pod.id,
-		StateDir: pod.stateDir,
-		Config:   pod.cfg,
-		InitData: pod.initData,
-		Disks:    []vm.Disk{disk},
-		NICs:     nics,
-		SharedFS: fs,
-	})
-	if pod.network != nil {
-		pod.network.ReleaseTaps() // QEMU has them now
-	}
-	if err != nil {
-		unwireVM(ctx, pod)
-		return nil, false, err
-	}
-	if err := attestSandbox(ctx, sb, pod); err != nil {
-		sb.Stop(context.WithoutCancel(ctx))
-		unwireVM(ctx, pod)
-		return nil, false, err
-	}
-	s.mu.Lock()
-	s.sb = sb
-	s.mu.Unlock()
-	go s.watchSandbox(sb)
-	return sb, true, nil
-}
-
-// attestSandbox gates the pod: unless attestation is off, it starts only
-// once fresh evidence from its VM has verified against the image's
-// expected launch digests.
-func attestSandbox(ctx context.Context, sb *sandbox.Sandbox, pod *podState) error {
-	if pod.cfg.Attestation.Mode == config.AttestOff {
-		if doc, err := initdata.Parse(pod.initData); err == nil && len(doc.KBS.Secrets) > 0 {
-			return fmt.Errorf("pod %s asks for secrets from a key broker, which releases them only to an attested pod: attestation.mode is off: %w", pod.id, errdefs.ErrFailedPrecondition)
-		}
-		log.G(ctx).WithField("sandbox", pod.id).Warn("attestation is off (attestation.mode): the pod VM is not verified")
-		// The agent takes no container until it has the init data the VM
-		// was launched with, verified or not.
-		if len(pod.initData) == 0 {
-			return nil
-		}
-		return sb.HandInitData(ctx)
-	}
-	t0 := time.Now()
-	v, err := sb.Attest(ctx, pod.cfg)
-	if err != nil {
-		return fmt.Errorf("attestation of pod VM %s failed: %w: %w", pod.id, err, errdefs.ErrFailedPrecondition)
-	}
-	fields := log.Fields{"sandbox": pod.id, "provider": v.Provider, "took": time.Since(t0).Round(time.Millisecond)}
-	if v.SNP != nil {
-		fields["measurement"] = v.SNP.Measurement.String()
-		fields["simulated"] = v.SNP.Simulated
-		fields["vcpus"] = v.SNP.VCPUs
-	}
-	if v.TDX != nil {
-		fields["mrtd"] = v.TDX.MRTD.String()
-	}
-	log.G(ctx).WithFields(fields).Info("pod VM attested")
-	// Boot and verification are the shim's peak; it then idles for the
-	// pod's life, so give the heap they used back to the node.
-	debug.FreeOSMemory()
-	return nil
-}
-
-// watchSandbox turns the death of the VM into exits of every process that
-// was still running in it.
-func (s *service) watchSandbox(sb *sandbox.Sandbox) {
-	<-sb.Done()
-	err := sb.Err()
-	s.mu.Lock()
-	var procs []*process
-	for _, c := range s.conts {
-		procs = append(procs, c.init)
-		for _, p := range c.execs {
-			procs = append(procs, p)
-		}
-	}
-	s.mu.Unlock()
-	if err != nil {
-		log.G(s.ctx).WithError(err).WithField("sandbox", sb.ID).Error("pod VM exited")
-	}
-	for _, p := range procs {
-		s.exited(p, exitStatusVMLost, time.Now())
-	}
-}
-
-// exitStatusVMLost is the exit status of processes whose VM died under
-// them, as for a process killed by SIGKILL.
-const exitStatusVMLost = 128 + 9
-
 // Start starts a container's init process or an exec added by Exec.
 func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.StartResponse, error) {
 	c, p, err := s.getProcess(r.ID, r.ExecID)
@@ -393,7 +302,7 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	}
 	var pid uint32
 	if r.ExecID == "" {
-		resp, err := sb.Agent.StartContainer(ctx, &agent.StartContainerRequest{ContainerId: r.ID})
+		resp, err := sb.Agent().StartContainer(ctx, &agent.StartContainerRequest{ContainerId: r.ID})
 		if err != nil {
 			return nil, fmt.Errorf("start container %q: %w", r.ID, fromAgent(err))
 		}
@@ -401,14 +310,14 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	} else {
 		// The agent buffers the exec's output from its start, so the copies
 		// can begin once it exists.
-		resp, err := sb.Agent.ExecProcess(ctx, &agent.ExecProcessRequest{
+		resp, err := sb.Agent().ExecProcess(ctx, &agent.ExecProcessRequest{
 			ContainerId: r.ID, ExecId: r.ExecID, Process: p.spec, Stdio: p.agentStdio(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("exec %q in container %q: %w", r.ExecID, r.ID, fromAgent(err))
 		}
-		if err := p.startIO(s.ctx, sb.IO, sb.Agent); err != nil {
-			sb.Agent.SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Signal: 9})
+		if err := p.startIO(s.ctx, sb.IO(), sb.Agent()); err != nil {
+			sb.Agent().SignalProcess(ctx, &agent.SignalProcessRequest{ContainerId: r.ID, ExecId: r.ExecID, Signal: 9})
 			return nil, fmt.Errorf("open the stdio FIFOs of exec %q: %w", r.ExecID, err)
 		}
 		pid = c.reported(resp.Pid)
@@ -426,8 +335,8 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 }
 
 // wait follows a started process until the guest reports its exit.
-func (s *service) wait(sb *sandbox.Sandbox, p *process) {
-	resp, err := sb.Agent.WaitProcess(s.ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
+func (s *service) wait(sb Sandbox, p *process) {
+	resp, err := sb.Agent().WaitProcess(s.ctx, &agent.ProcessRequest{ContainerId: p.containerID, ExecId: p.execID})
 	if err != nil {
 		// The VM is gone or the shim is shutting down; watchSandbox reports
 		// exits of a lost VM.
@@ -489,7 +398,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	s.mu.Unlock()
 	if r.ExecID != "" {
 		if sb != nil && st == task.Status_STOPPED {
-			if _, err := sb.Agent.DeleteProcess(ctx, &agent.ProcessRequest{ContainerId: r.ID, ExecId: r.ExecID}); err != nil && !vmGone(sb) {
+			if _, err := sb.Agent().DeleteProcess(ctx, &agent.ProcessRequest{ContainerId: r.ID, ExecId: r.ExecID}); err != nil && !vmGone(sb) {
 				log.G(ctx).WithError(err).Warn("release exec in the guest")
 			}
 		}
@@ -512,7 +421,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	// The pod's last container goes with its VM: nothing in the guest needs
 	// undoing first.
 	if sb != nil && !vmGone(sb) && !last {
-		if _, err := sb.Agent.RemoveContainer(ctx, &agent.RemoveContainerRequest{ContainerId: r.ID}); err != nil && !vmGone(sb) {
+		if _, err := sb.Agent().RemoveContainer(ctx, &agent.RemoveContainerRequest{ContainerId: r.ID}); err != nil && !vmGone(sb) {
 			return nil, fmt.Errorf("remove container %q from the pod VM: %w", r.ID, fromAgent(err))
 		}
 		if err := sb.DetachDisk(ctx, c.disk.ID); err != nil {
@@ -523,7 +432,7 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	for _, e := range c.execs {
 		e.releaseIO()
 	}
-	if err := rootfs.Remove(c.disk.Path); err != nil {
+	if err := s.host.RemoveRootfs(c.disk.Path); err != nil {
 		log.G(ctx).WithError(err).Warn("remove container root disk")
 	}
 	s.unshare(ctx, s.pod, r.ID)
@@ -536,36 +445,6 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	}
 	s.send(&eventstypes.TaskDelete{ContainerID: r.ID, Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)})
 	return &taskAPI.DeleteResponse{Pid: pid, ExitStatus: status, ExitedAt: protobuf.ToTimestamp(at)}, nil
-}
-
-// stopSandbox tears the pod VM down and removes the pod's disk directory.
-func (s *service) stopSandbox(ctx context.Context) {
-	s.mu.Lock()
-	sb, pod := s.sb, s.pod
-	s.mu.Unlock()
-	if sb != nil {
-		if err := sb.Stop(context.WithoutCancel(ctx)); err != nil {
-			log.G(ctx).WithError(err).Warn("stop pod VM")
-		}
-	}
-	if pod != nil {
-		unwireVM(ctx, pod)
-		os.Remove(filepath.Dir(pod.fsDir)) // once no other pod shares
-		os.RemoveAll(pod.diskDir)
-		// Drop the per-namespace dirs too once no other pod uses them.
-		disks := filepath.Dir(pod.diskDir)
-		os.Remove(disks)
-		os.Remove(filepath.Dir(disks))
-	}
-}
-
-func vmGone(sb *sandbox.Sandbox) bool {
-	select {
-	case <-sb.Done():
-		return true
-	default:
-		return false
-	}
 }
 
 func readSpec(bundle string) ([]byte, *specs.Spec, error) {

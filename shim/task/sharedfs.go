@@ -10,14 +10,14 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
-	"github.com/c8s-dev/c8s/launcher/statedir"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
 
 // FSDir is the directory of the virtio-fs share of the pod whose VM
 // state dir is stateDir, for `shim delete`, which recorded only that
-// (launcher/statedir lays the directories out).
+// (launcher/config/statedir lays the directories out).
 func FSDir(stateDir string) string {
 	return statedir.FSDir(stateDir)
 }

@@ -96,7 +96,7 @@ func (s *service) update(ctx context.Context, r *taskAPI.UpdateTaskRequest) erro
 	if err != nil {
 		return err
 	}
-	if _, err := sb.Agent.UpdateContainer(ctx, &agent.UpdateContainerRequest{ContainerId: r.ID, Resources: doc}); err != nil {
+	if _, err := sb.Agent().UpdateContainer(ctx, &agent.UpdateContainerRequest{ContainerId: r.ID, Resources: doc}); err != nil {
 		return fmt.Errorf("update the resources of container %q in the pod VM: %w", r.ID, fromAgent(err))
 	}
 	return nil
@@ -138,6 +138,7 @@ func unchangeable(created, res *specs.LinuxResources) error {
 			m["cpu.burst"], m["cpu.realtimeRuntime"], m["cpu.realtimePeriod"], m["cpu.idle"] = c.Burst, c.RealtimeRuntime, c.RealtimePeriod, c.Idle
 		}
 		if mem := r.Memory; mem != nil {
+			//lint:ignore SA1019 read, never set: an update changing the obsolete kernel-memory limit is refused like any field it does not apply
 			m["memory.kernel"], m["memory.kernelTCP"], m["memory.swappiness"] = mem.Kernel, mem.KernelTCP, mem.Swappiness
 			m["memory.disableOOMKiller"], m["memory.useHierarchy"], m["memory.checkBeforeUpdate"] = mem.DisableOOMKiller, mem.UseHierarchy, mem.CheckBeforeUpdate
 		}

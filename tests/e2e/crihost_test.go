@@ -19,6 +19,10 @@ import (
 // hostname but shares the node's UTS namespace.
 const runcUTSError = "unable to set hostname without a private UTS namespace"
 
+// hostNetPort is the port the host-network pod serves, mirrored onto the
+// node's loopback for port-forward: one that is free here.
+const hostNetPort = 38517
+
 // TestCRIHostNetworkPodAsTheNode checks, through containerd's CRI, what a
 // host-network pod shows of the node as it does with runc:
 //
@@ -26,6 +30,8 @@ const runcUTSError = "unable to set hostname without a private UTS namespace"
 //     before any VM boots, as with runc (compared when runc is installed);
 //   - in a host-network pod without one (as the kubelet makes them), a
 //     container's `hostname`, $HOSTNAME and /etc/hostname are the node's;
+//   - CRI port-forward to the pod's port reaches its server (containerd
+//     dials the node's localhost, where the shim mirrors the pod's ports);
 //   - the pid CRI reports for the pod (PodSandboxStatus) and for its
 //     container (ContainerStatus) is the pod's QEMU: a live host process
 //     whose command line names the test's state dir, not a guest pid.
@@ -77,7 +83,9 @@ func TestCRIHostNetworkPodAsTheNode(t *testing.T) {
 	ctr := pod.start(t, &cri.ContainerConfig{
 		Metadata: &cri.ContainerMetadata{Name: "app"},
 		Image:    &cri.ImageSpec{Image: image},
-		Command:  []string{"sleep", "600"},
+		// A web server on the pod's port for port-forward, and a process
+		// that stays.
+		Command: []string{"sh", "-c", fmt.Sprintf("mkdir -p /tmp/www && echo hello from a host-network pod >/tmp/www/index.html && busybox httpd -p %d -h /tmp/www; exec sleep 600", hostNetPort)},
 	})
 
 	t.Run("hostname", func(t *testing.T) {
@@ -94,6 +102,14 @@ func TestCRIHostNetworkPodAsTheNode(t *testing.T) {
 			if lines[i] != nodeName {
 				t.Errorf("%s in a host-network pod's container = %q, want the node's name %q", what, lines[i], nodeName)
 			}
+		}
+	})
+
+	// containerd forwards a host-network pod's port by dialing the node's
+	// localhost: the shim mirrors the pod's ports onto the node's loopback.
+	t.Run("port-forward", func(t *testing.T) {
+		if body := portForwardGet(ctx, t, pod.rt, pod.id, hostNetPort, "/index.html"); body != "hello from a host-network pod\n" {
+			t.Fatalf("HTTP through CRI port-forward: %q", body)
 		}
 	})
 

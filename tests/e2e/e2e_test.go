@@ -26,7 +26,7 @@ import (
 
 	"github.com/containerd/console"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
 	"github.com/c8s-dev/c8s/tests/internal/ociimage"
 )

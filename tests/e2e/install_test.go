@@ -8,14 +8,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/c8s-dev/c8s/launcher/admin/diag"
+	"github.com/c8s-dev/c8s/launcher/admin/install"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/diag"
-	"github.com/c8s-dev/c8s/launcher/install"
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
 )
 
 // TestInstalledHandlerLoadsInContainerd installs into staging roots holding
-// the sample containerd configs of launcher/install (version 2 and 3, edited
+// the sample containerd configs of launcher/admin/install (version 2 and 3, edited
 // in place or given a drop-in) and has the real containerd load the result:
 // the c8s handler is there with its options, the sample's own runc settings
 // survive, and after uninstall the handler is gone again.
@@ -47,7 +47,7 @@ func TestInstalledHandlerLoadsInContainerd(t *testing.T) {
 	// drop-in inside the staging root.
 	for _, sample := range []string{"v3-no-imports", "v2-no-imports", "v2-imports"} {
 		t.Run(sample, func(t *testing.T) {
-			data, err := os.ReadFile(filepath.Join(repo, "launcher/install/testdata/containerd", sample, "config.toml"))
+			data, err := os.ReadFile(filepath.Join(repo, "launcher/admin/install/testdata/containerd", sample, "config.toml"))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,7 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/c8s-dev/c8s/launcher/nodelabels"
+	"github.com/c8s-dev/c8s/launcher/node/labels"
 	"github.com/c8s-dev/c8s/packaging"
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
 	"github.com/c8s-dev/c8s/tests/internal/ociimage"
@@ -99,8 +99,8 @@ func TestKubernetesSchedulesPodVMs(t *testing.T) {
 		for _, tn := range n.Spec.Taints {
 			tainted = tainted || (tn.Key == "c8s.io/confidential" && tn.Value == "true" && tn.Effect == corev1.TaintEffectNoSchedule)
 		}
-		slots := n.Status.Allocatable[corev1.ResourceName(nodelabels.ResourceSimSlot)]
-		return n.Labels[nodelabels.LabelSim] == "true" && n.Labels[nodelabels.LabelTrustShape] == "pod-as-cvm" && tainted && slots.Value() == 1, nil
+		slots := n.Status.Allocatable[corev1.ResourceName(labels.ResourceSimSlot)]
+		return n.Labels[labels.LabelSim] == "true" && n.Labels[labels.LabelTrustShape] == "pod-as-cvm" && tainted && slots.Value() == 1, nil
 	}, func() string {
 		n, _ := nodes.Get(ctx, c.node, metav1.GetOptions{})
 		return fmt.Sprintf("node labels %v taints %v allocatable %v\nnode agent log:\n%s\nkubelet log (device plugins):\n%s",
@@ -165,7 +165,7 @@ func TestKubernetesSchedulesPodVMs(t *testing.T) {
 
 	// The one sim slot is taken: the next c8s pod waits for it.
 	mustCreate(t, c, testPod("vm2", "c8s-sim"))
-	c.wait(t, "pod vm2 unschedulable for want of a sim slot", 2*time.Minute, unschedulable(c, "vm2", "Insufficient "+nodelabels.ResourceSimSlot), diag("vm2"))
+	c.wait(t, "pod vm2 unschedulable for want of a sim slot", 2*time.Minute, unschedulable(c, "vm2", "Insufficient "+labels.ResourceSimSlot), diag("vm2"))
 
 	// Deleting vm1 ends its VM and frees the slot: vm2 is scheduled.
 	deletePod(t, c, "vm1")
@@ -180,11 +180,11 @@ func TestKubernetesSchedulesPodVMs(t *testing.T) {
 	// node agent registers the sim slot again.
 	registered := func() int {
 		data, _ := os.ReadFile(c.logs["c8s-launcher"])
-		return strings.Count(string(data), "registered "+nodelabels.ResourceSimSlot+" ")
+		return strings.Count(string(data), "registered "+labels.ResourceSimSlot+" ")
 	}
 	before := registered()
 	if before == 0 {
-		t.Fatalf("the node agent never logged registering %s:\n%s", nodelabels.ResourceSimSlot, c.logTail("c8s-launcher", 20))
+		t.Fatalf("the node agent never logged registering %s:\n%s", labels.ResourceSimSlot, c.logTail("c8s-launcher", 20))
 	}
 	c.stopKubelet()
 	c.stopKubelet = c.start(t, "kubelet", c.kubeletArgs...)

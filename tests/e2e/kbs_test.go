@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,11 +18,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/log"
+	"github.com/sirupsen/logrus"
+
 	"github.com/c8s-dev/c8s/guest/api/initdata"
-	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/attest"
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
-	"github.com/c8s-dev/c8s/launcher/kbs"
+	kbs "github.com/c8s-dev/c8s/launcher/broker"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // kbsSecret is the value the broker holds; it must reach the container
@@ -34,27 +39,29 @@ type broker struct {
 	addr    string
 	certPEM []byte
 	mu      sync.Mutex
-	log     []string
+	log     bytes.Buffer
 }
 
-func (b *broker) logf(format string, args ...any) {
+// Write collects the broker's log lines.
+func (b *broker) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.log = append(b.log, fmt.Sprintf(format, args...))
+	return b.log.Write(p)
 }
 
 func (b *broker) Log() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return strings.Join(b.log, "\n")
+	return b.log.String()
 }
 
 // startBroker serves default/key/db-password to pods whose sim evidence
-// shows the image manifest's launch digest for one vCPU.
-func startBroker(t *testing.T, e *env) *broker {
+// (from the sim TEE of the node state dir stateDir) shows the launch
+// digest for one vCPU of the image manifest in imageDir.
+func startBroker(t *testing.T, stateDir, imageDir string) *broker {
 	t.Helper()
-	spDir := filepath.Join(e.stateDir, "node", "sim-sp") // sandbox.SimSPDir
-	if _, err := simsp.Open(spDir); err != nil {
+	spDir := statedir.SimSP(stateDir)
+	if _, err := sim.Open(spDir); err != nil {
 		t.Fatal(err)
 	}
 	trust, err := attest.SimTrust(spDir)
@@ -65,7 +72,7 @@ func startBroker(t *testing.T, e *env) *broker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := manifest.Load(filepath.Join(e.imageDir, manifest.FileName))
+	m, err := manifest.Load(filepath.Join(imageDir, manifest.FileName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,12 +93,14 @@ func startBroker(t *testing.T, e *env) *broker {
 		t.Fatal(err)
 	}
 	b := &broker{addr: l.Addr().String(), certPEM: certPEM}
+	logger := logrus.New()
+	logger.SetOutput(b)
+	logCtx := log.WithLogger(context.Background(), logrus.NewEntry(logger))
 	srv := &http.Server{Handler: &kbs.Broker{
 		Verifier:  v,
 		Policy:    attest.Policy{Measurements: expected, VCPUs: 1},
 		Resources: kbs.Map{"default/key/db-password": []byte(kbsSecret)},
-		Log:       b.logf,
-	}, ReadHeaderTimeout: 10 * time.Second}
+	}, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return logCtx }}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return b
@@ -156,7 +165,7 @@ kbs_cert = """
 // chose, and the value never appears on the host.
 func TestKBSSecrets(t *testing.T) {
 	e := setup(t)
-	b := startBroker(t, e)
+	b := startBroker(t, e.stateDir, e.imageDir)
 	good := podInitData(b.addr, b.certPEM)
 
 	t.Run("SecretReachesTheAttestedPod", func(t *testing.T) {
@@ -206,7 +215,7 @@ func TestKBSSecrets(t *testing.T) {
 		if after := strings.Count(b.Log(), "released"); after != before {
 			t.Fatalf("the broker released a secret to the altered pod:\n%s", b.Log())
 		}
-		if !strings.Contains(b.Log(), "attestation refused: measurement mismatch") {
+		if !regexp.MustCompile(`attestation refused" error="measurement mismatch`).MatchString(b.Log()) {
 			t.Fatalf("the broker's log does not show the refusal:\n%s", b.Log())
 		}
 	})

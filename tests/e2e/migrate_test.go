@@ -16,7 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 // syncBuffer collects a process's output while it runs.
@@ -86,7 +87,7 @@ accel = "auto"
 		_, err := os.Stat(sock)
 		return err == nil && strings.Contains(serveOut.String(), "accepts migrations")
 	})
-	spB, err := simsp.Load(filepath.Join(bDir, "node", "sim-sp"))
+	spB, err := sim.Load(statedir.SimSP(bDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +156,7 @@ accel = "auto"
 	waitUntil(t, "the counter to go on on A after the rollback", func() bool { return count() > rolledBack })
 
 	// The administrator installs B's root in A's trust pool.
-	poolDir := filepath.Join(e.stateDir, "node", "pool-roots")
+	poolDir := statedir.PoolRoots(e.stateDir)
 	if err := os.MkdirAll(poolDir, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // TestPodVM runs every end-to-end scenario against one private containerd.
@@ -38,7 +38,7 @@ func testGuestKernelExitCodeAndEvents(t *testing.T, e *env) {
 	// The Kata annotation for memory is allowlisted in the test config.
 	stdout, stderr, code := result(t, e.run(ctx(t), e.config, "--rm",
 		"--annotation", "io.katacontainers.config.hypervisor.default_memory=384", image, "k1",
-		"sh", "-c", "uname -r; grep MemTotal /proc/meminfo >&2; tr ' ' '\\n' </proc/cmdline | grep c8s.verity.roothash= >&2; echo to-stderr >&2; exit 3"))
+		"sh", "-c", "uname -r; grep MemTotal /proc/meminfo >&2; tr ' ' '\\n' </proc/cmdline | grep -e c8s.verity.roothash= -e c8s.tee= >&2; echo to-stderr >&2; exit 3"))
 	if code != 3 {
 		t.Fatalf("exit code = %d, want 3\nstdout: %s\nstderr: %s\ncontainerd log:\n%s", code, stdout, stderr, e.d.Log())
 	}
@@ -75,6 +75,11 @@ func testGuestKernelExitCodeAndEvents(t *testing.T, e *env) {
 	// manifest's dm-verity root hash.
 	if !m.Sealed() || !strings.Contains(stderr, "c8s.verity.roothash="+m.Verity.RootHash+"\n") {
 		t.Fatalf("the guest command line does not carry the manifest's root hash (sealed image: %v)\nstderr: %s", m.Sealed(), stderr)
+	}
+	// It names its TEE, as the sim digest it attested with assumes
+	// (digests.sim.cmdline): the guest took the sim port for that reason.
+	if !strings.Contains(stderr, "\nc8s.tee=sim\n") || !strings.HasSuffix(simDigests.Cmdline, " c8s.tee=sim") {
+		t.Fatalf("the guest command line does not name the sim TEE (manifest: %q)\nstderr: %s", simDigests.Cmdline, stderr)
 	}
 	attested := false
 	for _, line := range strings.Split(e.d.Log(), "\n") {

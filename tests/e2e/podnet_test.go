@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/portforward"
+	"k8s.io/client-go/transport/spdy"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
@@ -114,7 +118,85 @@ func TestCRIPodNetwork(t *testing.T) {
 		t.Fatalf("pod fetching %s: %q, want an answer to the pod's IP %s", hostURL, out, podIP)
 	}
 
+	// CRI port-forward (kubectl port-forward): containerd dials the port
+	// on the loopback of the pod's network namespace on the host, where
+	// the shim mirrors the pod's listening ports (shim/portfwd).
+	if body := portForwardGet(ctx, t, rt, pod.id, 8080, "/index.html"); body != "hello from the pod VM\n" {
+		t.Fatalf("HTTP through CRI port-forward: %q", body)
+	}
+
 	pod.remove(t, ctr)
+}
+
+// portForwardGet fetches path from the pod's port through CRI
+// PortForward, as kubectl port-forward does (SPDY to containerd's
+// streaming server). A forward whose first connection fails ends (as
+// kubectl's does), so each attempt is a new PortForward, retried for up
+// to a minute while the pod's server may still be starting.
+func portForwardGet(ctx context.Context, t *testing.T, rt cri.RuntimeServiceClient, podID string, port int32, path string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var last error
+	for {
+		body, err := portForwardOnce(ctx, rt, podID, port, path)
+		if err == nil {
+			return body
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			t.Fatalf("HTTP GET %s through CRI port-forward to port %d: %v", path, port, last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func portForwardOnce(ctx context.Context, rt cri.RuntimeServiceClient, podID string, port int32, path string) (string, error) {
+	resp, err := rt.PortForward(ctx, &cri.PortForwardRequest{PodSandboxId: podID, Port: []int32{port}})
+	if err != nil {
+		return "", fmt.Errorf("CRI PortForward: %w", err)
+	}
+	u, err := url.Parse(resp.Url)
+	if err != nil {
+		return "", err
+	}
+	transport, upgrader, err := spdy.RoundTripperFor(&rest.Config{TLSClientConfig: rest.TLSClientConfig{Insecure: true}})
+	if err != nil {
+		return "", err
+	}
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, u)
+	stop, ready := make(chan struct{}), make(chan struct{})
+	defer close(stop)
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stop, ready, io.Discard, io.Discard)
+	if err != nil {
+		return "", err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- fw.ForwardPorts() }()
+	select {
+	case <-ready:
+	case err := <-errc:
+		return "", fmt.Errorf("port-forward: %w", err)
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	ports, err := fw.GetPorts()
+	if err != nil || len(ports) != 1 {
+		return "", fmt.Errorf("port-forward ports: %v %v", ports, err)
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d%s", ports[0].Local, path), nil)
+	hr, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer hr.Body.Close()
+	b, err := io.ReadAll(hr.Body)
+	if err != nil || hr.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("status %s, read error %v", hr.Status, err)
+	}
+	return string(b), nil
 }
 
 // setupCRIWithCNI is setupCRI with a CNI bridge network for the pods:

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 // One VM: a copy of the sealed image's rootfs.img with one byte flipped

@@ -152,7 +152,7 @@ func parseCoCo(data []byte) (*InitData, error) {
 			return nil, fmt.Errorf("init data entry %s: %w", CoCoC8sKey, err)
 		}
 	} else if _, ok := c.Data[CoCoPolicyKey]; ok {
-		return nil, fmt.Errorf("init data: entry %s is a Kata agent policy, which c8s does not evaluate: state the agent policy in an entry %q ([agent_policy] allow_exec = false)", CoCoPolicyKey, CoCoC8sKey)
+		return nil, fmt.Errorf("init data: entry %s is a Kata agent policy, which c8s does not evaluate: state the agent policy in an entry %q (its [policy] section, guest/api/policy)", CoCoPolicyKey, CoCoC8sKey)
 	}
 	d.Format, d.CoCo = FormatCoCo, c
 	if d.KBS.URL == "" && len(d.KBS.Secrets) > 0 {

@@ -16,6 +16,7 @@
 //	[agent_policy]
 //	allow_exec = false   # refuse `ctr task exec` / `kubectl exec` from the host
 //	allow_devices = ["c 10:200"]   # devices the host may give containers (devices.go)
+//	allow_port_forward = [8080]    # pod ports the host may port-forward to
 //
 //	[kbs]                # optional: secrets from a KBS-protocol key broker (see KBS)
 //	url = "https://kbs.example:8080"
@@ -32,6 +33,12 @@
 // with the TEE guest devices, the channels to the host; guest/spec) are
 // refused even when listed.
 //
+// A [policy] section (guest/api/policy) governs every host request,
+// default-deny: which containers the host may create and with what image,
+// args, env, mounts, capabilities and namespaces; exec; logs and stdin;
+// signals; which containers get which secrets. Without one, init data
+// restricts devices (and, by allow_exec, exec) only.
+//
 // Empty init data means the default policy (everything allowed but the
 // pod VM's own devices) and an all-zero HOST_DATA. Both sides of the host-guest API use this package,
 // so that they agree on the format and the digest.
@@ -43,9 +50,12 @@ import (
 	"crypto/sha512"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/pelletier/go-toml/v2"
+
+	"github.com/c8s-dev/c8s/guest/api/policy"
 )
 
 // Version is the init data format version this package reads.
@@ -61,6 +71,10 @@ type InitData struct {
 	// KBS names the pod's key broker and the secrets it releases to the
 	// pod once its evidence verifies.
 	KBS KBS `toml:"kbs"`
+	// Policy, when present, governs every request of the host to the
+	// agent, default-deny (schema: guest/api/policy; enforced by
+	// guest/policy).
+	Policy *policy.Policy `toml:"policy"`
 
 	// Format is FormatC8s or FormatCoCo; CoCo is the CoCo document.
 	Format string `toml:"-"`
@@ -79,13 +93,33 @@ type AgentPolicy struct {
 	// data: none. The guest's own devices (TEE guest devices, its disks,
 	// memory, the channels to the host) are refused even when listed.
 	AllowDevices []string `toml:"allow_devices"`
+	// AllowPortForward lists the TCP ports of the pod that the host may
+	// open connections to (CRI port-forward, `kubectl port-forward`): a
+	// channel from the host into the pod. Absent or empty in init data:
+	// none. Without init data every port is allowed.
+	AllowPortForward []uint32 `toml:"allow_port_forward"`
 
-	// restrictDevices is set by Parse for any init data (DevicesRestricted).
+	// restrictDevices is set by Parse for any init data (DevicesRestricted):
+	// then devices and ports it does not list are refused.
 	restrictDevices bool
 }
 
 // ExecAllowed reports whether the host may exec into the pod's containers.
 func (p AgentPolicy) ExecAllowed() bool { return p.AllowExec == nil || *p.AllowExec }
+
+// PortForwardAllowed reports whether the host may port-forward to port.
+func (p AgentPolicy) PortForwardAllowed(port uint32) bool {
+	if !p.restrictDevices {
+		return true
+	}
+	return slices.Contains(p.AllowPortForward, port)
+}
+
+// AnyPortForwardAllowed reports whether the host may port-forward to
+// any port of the pod at all.
+func (p AgentPolicy) AnyPortForwardAllowed() bool {
+	return !p.restrictDevices || len(p.AllowPortForward) > 0
+}
 
 // Digest is the HOST_DATA of a VM launched with data: all zero for empty
 // init data; for a CoCo document, its algorithm's digest of the document
@@ -145,10 +179,16 @@ func Parse(data []byte) (*InitData, error) {
 // parseC8s reads c8s's own format; the kbs section is not validated yet.
 func parseC8s(data []byte) (*InitData, error) {
 	d := &InitData{Version: Version, Format: FormatC8s}
-	if err := decodeStrict(data, d, "version, agent_policy.allow_exec, agent_policy.allow_devices, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path"); err != nil {
+	if err := decodeStrict(data, d, "version, agent_policy.allow_exec, agent_policy.allow_devices, agent_policy.allow_port_forward, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path, policy"); err != nil {
 		return nil, fmt.Errorf("init data: %w", err)
 	}
+	if err := d.checkPolicy(); err != nil {
+		return nil, err
+	}
 	if err := d.Agent.checkDevices(); err != nil {
+		return nil, fmt.Errorf("init data: %w", err)
+	}
+	if err := d.Agent.checkPorts(); err != nil {
 		return nil, fmt.Errorf("init data: %w", err)
 	}
 	if d.Version != Version {
@@ -167,9 +207,22 @@ func decodeStrict(data []byte, v any, known string) error {
 	if errors.As(err, &strict) && len(strict.Errors) > 0 {
 		var keys []string
 		for _, e := range strict.Errors {
+			if msg, ok := unknownPolicyKey(v, e.Key()); ok {
+				return errors.New(msg)
+			}
 			keys = append(keys, strings.Join(e.Key(), "."))
 		}
 		return fmt.Errorf("unknown key %s (known: %s)", strings.Join(keys, ", "), known)
 	}
 	return err
+}
+
+// checkPorts refuses port numbers TCP does not have.
+func (p AgentPolicy) checkPorts() error {
+	for i, port := range p.AllowPortForward {
+		if port == 0 || port > 65535 {
+			return fmt.Errorf("agent_policy.allow_port_forward[%d] = %d is not a TCP port: use 1 to 65535", i, port)
+		}
+	}
+	return nil
 }

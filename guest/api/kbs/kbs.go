@@ -3,7 +3,7 @@
 // Trustee's KBS speaks it, protocol version 0.4.0), the TEE evidence
 // encodings Trustee's verifiers read (snp.go), and the binding of the
 // runtime data into TEE evidence. The guest's client (guest/kbs) and the
-// node's broker (launcher/kbs) both use it, so they agree on the format
+// node's broker (launcher/broker) both use it, so they agree on the format
 // and on the digest that goes into REPORT_DATA.
 //
 // Endpoints, all under /kbs/v0: POST auth (Request → Challenge, with the

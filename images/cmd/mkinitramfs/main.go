@@ -14,7 +14,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/c8s-dev/c8s/images/internal/newc"
+	"github.com/c8s-dev/c8s/internal/newc"
 )
 
 func main() {

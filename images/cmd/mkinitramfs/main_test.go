@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/c8s-dev/c8s/images/internal/newc"
+	"github.com/c8s-dev/c8s/internal/newc"
 )
 
 func TestRunArchivesTreeAndDevices(t *testing.T) {

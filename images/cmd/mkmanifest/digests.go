@@ -8,14 +8,37 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/guest/api/teeparam"
+	"github.com/c8s-dev/c8s/manifest"
 	"github.com/c8s-dev/c8s/measurements/sim"
 	"github.com/c8s-dev/c8s/measurements/snp"
 	"github.com/c8s-dev/c8s/measurements/tdx"
 )
 
-// simVCPUType is the vCPU model of sim VMSAs (launcher/simtee.VCPUType).
+// simVCPUType is the vCPU model of sim VMSAs (launcher/vm/tee/sim.VCPUType).
 const simVCPUType = "EPYC-v4"
+
+// teeCmdline returns the kernel command line a pod VM of tee boots, and its
+// digests are computed over: the common command line followed by the
+// TEE's own parameters (-<tee>-params, which `c8s-launcher kernel-params
+// -tee <tee>` prints). They must name tee, and only once: the guest picks
+// its attestation provider by that name.
+func teeCmdline(common, tee, params string) (string, error) {
+	params = strings.Join(strings.Fields(params), " ")
+	cmdline := common
+	if params != "" {
+		cmdline += " " + params
+	}
+	got, ok, err := teeparam.FromCmdline(cmdline)
+	if err != nil {
+		return "", fmt.Errorf("-%s-params %q after -cmdline: %w", tee, params, err)
+	}
+	if !ok || got != tee {
+		return "", fmt.Errorf("-%s-params %q: the %s digests must be over a command line that names the TEE (%s); pass `c8s-launcher kernel-params -tee %s`",
+			tee, params, tee, teeparam.Format(tee), tee)
+	}
+	return cmdline, nil
+}
 
 // simDigests computes the sim launch digests of the image for each vCPU
 // count in the comma-separated list.
@@ -83,7 +106,8 @@ const rtmrAssumptions = "direct boot through OVMF/TDVF edk2-stable202505 or late
 	"not checked against a TD here (no TDX hardware); compare with the CCEL event log. RTMR0 is not predicted."
 
 // tdxDigests computes the MRTD of the TDVF at firmware and predicts RTMR1
-// and RTMR2 for a direct boot of kernel, initrd and cmdline.
+// and RTMR2 for a direct boot of kernel, initrd and cmdline (the TDX TEE's
+// own, see teeCmdline).
 func tdxDigests(firmware, kernel, initrd, cmdline string) (manifest.TDXDigests, error) {
 	fw, err := os.ReadFile(firmware)
 	if err != nil {
@@ -110,6 +134,7 @@ func tdxDigests(firmware, kernel, initrd, cmdline string) (manifest.TDXDigests, 
 	sum := sha256.Sum256(fw)
 	return manifest.TDXDigests{
 		Firmware:        manifest.FileDigest{Path: firmware, SHA256: hex.EncodeToString(sum[:])},
+		Cmdline:         cmdline,
 		MRTD:            hex.EncodeToString(mrtd[:]),
 		RTMR1:           hex.EncodeToString(rtmr1.Value[:]),
 		RTMR2:           hex.EncodeToString(rtmr2.Value[:]),

@@ -1,7 +1,7 @@
 // Command mkmanifest writes manifest.json for a guest image directory built by
 // images/build.sh: it hashes the kernel and initramfs and records the version
 // information passed as flags. The schema is defined by package
-// github.com/c8s-dev/c8s/images/manifest.
+// github.com/c8s-dev/c8s/manifest.
 package main
 
 import (
@@ -11,7 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 func main() {
@@ -32,7 +32,7 @@ func run(args []string) error {
 	fs.StringVar(&m.Kernel.Release, "kernel-release", "", "kernel release, uname -r (required)")
 	fs.StringVar(&m.Runc.Package, "runc-package", "", "Debian package of runc")
 	fs.StringVar(&m.Runc.Version, "runc-version", "", "version of -runc-package")
-	fs.StringVar(&m.Cmdline, "cmdline", "", "recommended kernel command line (required)")
+	fs.StringVar(&m.Cmdline, "cmdline", "", "the kernel command line every TEE shares, before the TEE's own parameters (required)")
 	fs.StringVar(&m.AgentSHA256, "agent-sha256", "", "hex sha256 of the agent binary (required)")
 	fs.Func("package", "NAME=VERSION of a Debian package in the image (repeatable)", func(v string) error {
 		name, version, ok := strings.Cut(v, "=")
@@ -45,7 +45,9 @@ func run(args []string) error {
 	fs.Int64Var(&m.SourceDateEpoch, "source-date-epoch", 0, "timestamp of the initramfs files")
 	simFirmware := fs.String("sim-firmware", "", "firmware `PATH` sim VMs boot; with it, the sim launch digests are recorded")
 	simVCPUs := fs.String("sim-vcpus", "1,2,4,8", "vCPU counts to record sim digests for")
+	simParams := fs.String("sim-params", "", "the sim TEE's kernel `PARAMS` (c8s-launcher kernel-params -tee sim), after -cmdline in its digests")
 	tdxFirmware := fs.String("tdx-firmware", "", "TDVF `PATH`; with it, the TDX MRTD is recorded")
+	tdxParams := fs.String("tdx-params", "", "the TDX TEE's kernel `PARAMS` (c8s-launcher kernel-params -tee tdx), after -cmdline in its RTMR2")
 	var sealed sealedFlags
 	sealed.register(fs)
 	if err := fs.Parse(args); err != nil {
@@ -74,7 +76,11 @@ func run(args []string) error {
 		return err
 	}
 	if *simFirmware != "" {
-		d, err := simDigests(*simFirmware, filepath.Join(*dir, *kernel), filepath.Join(*dir, *initrd), m.Cmdline, *simVCPUs)
+		cmdline, err := teeCmdline(m.Cmdline, "sim", *simParams)
+		if err != nil {
+			return err
+		}
+		d, err := simDigests(*simFirmware, filepath.Join(*dir, *kernel), filepath.Join(*dir, *initrd), cmdline, *simVCPUs)
 		if err != nil {
 			return err
 		}
@@ -83,7 +89,11 @@ func run(args []string) error {
 		}
 	}
 	if *tdxFirmware != "" {
-		d, err := tdxDigests(*tdxFirmware, filepath.Join(*dir, *kernel), filepath.Join(*dir, *initrd), m.Cmdline)
+		cmdline, err := teeCmdline(m.Cmdline, "tdx", *tdxParams)
+		if err != nil {
+			return err
+		}
+		d, err := tdxDigests(*tdxFirmware, filepath.Join(*dir, *kernel), filepath.Join(*dir, *initrd), cmdline)
 		if err != nil {
 			return err
 		}

@@ -1,14 +1,16 @@
 package main
 
 import (
+	"encoding/hex"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 	"github.com/c8s-dev/c8s/measurements/sim"
 	"github.com/c8s-dev/c8s/measurements/snp"
+	"github.com/c8s-dev/c8s/measurements/tdx"
 )
 
 func TestRunWritesVerifiableManifest(t *testing.T) {
@@ -53,10 +55,18 @@ func TestSimDigestsAreRecordedPerShape(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err := run([]string{"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12",
+	args := []string{"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12",
 		"-cmdline", "console=ttyS0", "-agent-sha256", strings.Repeat("ab", 32),
-		"-sim-firmware", filepath.Join(dir, "bios.bin"), "-sim-vcpus", "1,4"})
-	if err != nil {
+		"-sim-firmware", filepath.Join(dir, "bios.bin"), "-sim-vcpus", "1,4"}
+	// The sim VM's command line names its TEE (c8s-launcher kernel-params
+	// -tee sim): digests over a line that does not, or names another TEE,
+	// would be of a VM the launcher never starts.
+	for _, params := range [][]string{nil, {"-sim-params", "c8s.tee=snp"}, {"-sim-params", "c8s.tee=sim c8s.tee=sim"}} {
+		if err := run(append(args, params...)); err == nil || !strings.Contains(err.Error(), "-sim-params") {
+			t.Errorf("sim digests with %q: %v, want refused", params, err)
+		}
+	}
+	if err := run(append(args, "-sim-params", "c8s.tee=sim")); err != nil {
 		t.Fatal(err)
 	}
 	m, err := manifest.Load(filepath.Join(dir, manifest.FileName))
@@ -68,11 +78,11 @@ func TestSimDigestsAreRecordedPerShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	sig, _ := snp.VCPUTypeSig("EPYC-v4")
-	want, err := sim.LaunchDigest(sim.Params{Firmware: make([]byte, 8192), Kernel: snp.NewKernelHashes([]byte("kernel"), []byte("initrd"), "console=ttyS0"), VCPUSig: sig}, 4)
+	want, err := sim.LaunchDigest(sim.Params{Firmware: make([]byte, 8192), Kernel: snp.NewKernelHashes([]byte("kernel"), []byte("initrd"), "console=ttyS0 c8s.tee=sim"), VCPUSig: sig}, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(d.ByVCPUs) != 2 || d.ByVCPUs["4"] != want.String() || d.Cmdline != "console=ttyS0" || d.VCPUType != "EPYC-v4" {
+	if len(d.ByVCPUs) != 2 || d.ByVCPUs["4"] != want.String() || d.Cmdline != "console=ttyS0 c8s.tee=sim" || d.VCPUType != "EPYC-v4" || m.Cmdline != "console=ttyS0" {
 		t.Fatalf("sim digests = %+v, want 4 vCPUs -> %s", d, want)
 	}
 }
@@ -93,7 +103,7 @@ func TestTDXMRTDIsRecorded(t *testing.T) {
 	}
 	tdxFor := func(cmdline string) *manifest.TDXDigests {
 		err := run([]string{"-dir", dir, "-kernel-package", "linux-image-x", "-kernel-version", "1", "-kernel-release", "6.12",
-			"-cmdline", cmdline, "-agent-sha256", strings.Repeat("ab", 32), "-tdx-firmware", ovmf})
+			"-cmdline", cmdline, "-agent-sha256", strings.Repeat("ab", 32), "-tdx-firmware", ovmf, "-tdx-params", "c8s.tee=tdx"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,6 +127,15 @@ func TestTDXMRTDIsRecorded(t *testing.T) {
 	if other.RTMR1 != d.RTMR1 || other.RTMR2 == d.RTMR2 || other.MRTD != d.MRTD {
 		t.Fatalf("a command line change must change RTMR2 only: %+v vs %+v", d, other)
 	}
+	// RTMR2 is predicted for the TDX VM's own command line.
+	k, err := os.ReadFile(filepath.Join(dir, "vmlinuz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rtmr2 := tdx.DirectBoot{Kernel: k, Initrd: []byte("initrd"), Cmdline: "console=ttyS0 c8s.tee=tdx"}.RTMR2()
+	if d.Cmdline != "console=ttyS0 c8s.tee=tdx" || d.RTMR2 != hex.EncodeToString(rtmr2.Value[:]) {
+		t.Fatalf("tdx digests for %q, RTMR2 %s; want them for \"console=ttyS0 c8s.tee=tdx\", %x", d.Cmdline, d.RTMR2, rtmr2.Value)
+	}
 	// The MRTD google/gce-tcb-verifier computes for this file (see
 	// measurements/tdx's tests).
 	const want = "4c7206f0f483c524f12c366c711e9049030a8d47c471ee5aa9c4999a08de4057fb887fed0744d5631a212967fb231c47"
@@ -124,7 +143,7 @@ func TestTDXMRTDIsRecorded(t *testing.T) {
 		t.Fatalf("tdx digests = %+v, want MRTD %s", d, want)
 	}
 	if err := run([]string{"-dir", dir, "-kernel-package", "x", "-kernel-version", "1", "-kernel-release", "6",
-		"-cmdline", "c", "-agent-sha256", strings.Repeat("ab", 32), "-tdx-firmware", filepath.Join(dir, "vmlinuz")}); err == nil {
+		"-cmdline", "c", "-agent-sha256", strings.Repeat("ab", 32), "-tdx-firmware", filepath.Join(dir, "vmlinuz"), "-tdx-params", "c8s.tee=tdx"}); err == nil {
 		t.Fatal("a file without TDX metadata was accepted as TDVF")
 	}
 }

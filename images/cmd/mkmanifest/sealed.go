@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 
-	"github.com/c8s-dev/c8s/images/manifest"
+	"github.com/c8s-dev/c8s/manifest"
 	"github.com/c8s-dev/c8s/measurements/igvm"
 	"github.com/c8s-dev/c8s/measurements/ovmf"
 	"github.com/c8s-dev/c8s/measurements/snp"
@@ -21,6 +21,7 @@ type sealedFlags struct {
 	initrdPlain, rootfs, uki, igvm string
 	verity                         manifest.Verity
 	snpFirmware, snpNote           string
+	snpParams                      string
 	snpVCPUs, snpVCPUType          string
 	snpFeatures                    uint64
 }
@@ -41,6 +42,7 @@ func (s *sealedFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&v.FSUUID, "rootfs-uuid", "", "file system UUID")
 	fs.StringVar(&s.snpFirmware, "snp-firmware", "", "AmdSevX64 OVMF `PATH`; with it, the SNP launch digests are recorded")
 	fs.StringVar(&s.snpNote, "snp-firmware-note", "", "where -snp-firmware comes from, when not a production build")
+	fs.StringVar(&s.snpParams, "snp-params", "", "the SNP TEE's kernel `PARAMS` (c8s-launcher kernel-params -tee snp), after -cmdline in its digests and the IGVM's")
 	fs.StringVar(&s.snpVCPUs, "snp-vcpus", "1,2,4,8", "vCPU counts to record SNP digests for")
 	fs.StringVar(&s.snpVCPUType, "snp-vcpu-type", "EPYC-v4", "vCPU type of the SNP VMSAs")
 	fs.Uint64Var(&s.snpFeatures, "snp-guest-features", 0x1, "SEV_FEATURES of the SNP VMSAs")
@@ -84,7 +86,11 @@ func (s *sealedFlags) apply(m *manifest.Manifest, dir, kernel, initrd string) er
 		}
 	}
 	if s.snpFirmware != "" {
-		d, err := s.snpDigests(m.Cmdline, filepath.Join(dir, kernel), filepath.Join(dir, initrd))
+		cmdline, err := teeCmdline(m.Cmdline, "snp", s.snpParams)
+		if err != nil {
+			return err
+		}
+		d, err := s.snpDigests(cmdline, filepath.Join(dir, kernel), filepath.Join(dir, initrd))
 		if err != nil {
 			return err
 		}
@@ -135,7 +141,8 @@ func (s *sealedFlags) snpDigests(cmdline, kernel, initrd string) (manifest.SNPDi
 }
 
 // checkIGVM measures the IGVM file as QEMU's igvm-cfg loader does and
-// requires the digest of the direct boot with as many vCPUs.
+// requires the digest of the direct boot with as many vCPUs: the same
+// firmware, kernel, initrd and SNP command line (c8s.tee=snp included).
 func checkIGVM(d *manifest.SNPDigests, path string) error {
 	raw, err := os.ReadFile(path)
 	if err != nil {

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/statedir"
-	"github.com/c8s-dev/c8s/launcher/tee"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/launcher/vm/accel"
+	"github.com/c8s-dev/c8s/launcher/vm/tee"
 )
 
 func init() {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
-	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
+	adminapi "github.com/c8s-dev/c8s/shim/api/admin/v1"
 )
 
 func init() {

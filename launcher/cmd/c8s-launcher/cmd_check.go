@@ -8,8 +8,8 @@ import (
 
 	"github.com/containerd/log"
 
+	"github.com/c8s-dev/c8s/launcher/admin/diag"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/diag"
 )
 
 func init() {

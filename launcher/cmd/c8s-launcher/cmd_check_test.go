@@ -10,14 +10,14 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
-	"github.com/c8s-dev/c8s/launcher/diag"
+	"github.com/c8s-dev/c8s/launcher/admin/diag"
 )
 
 // TestCheckCommand runs check --json against the plain-host fixture tree:
 // the report is valid JSON of the documented schema and a failed check
 // makes the command fail.
 func TestCheckCommand(t *testing.T) {
-	root, _ := filepath.Abs("../../diag/testdata/plain-host")
+	root, _ := filepath.Abs("../../admin/diag/testdata/plain-host")
 	var out bytes.Buffer
 	err := tool.Run(context.Background(), "check", []string{"--root", root, "--json"}, &out)
 	if !errors.Is(err, errChecksFailed) {
@@ -51,7 +51,7 @@ func TestCheckCommand(t *testing.T) {
 // TestEnvCommand prints the environment of the SNP fixture tree as TOML and
 // JSON.
 func TestEnvCommand(t *testing.T) {
-	root, _ := filepath.Abs("../../diag/testdata/snp-host")
+	root, _ := filepath.Abs("../../admin/diag/testdata/snp-host")
 	var out bytes.Buffer
 	if err := tool.Run(context.Background(), "env", []string{"--root", root}, &out); err != nil {
 		t.Fatal(err)

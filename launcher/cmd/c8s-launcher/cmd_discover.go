@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/discovery"
-	"github.com/c8s-dev/c8s/launcher/nodelabels"
+	"github.com/c8s-dev/c8s/launcher/node/discovery"
+	"github.com/c8s-dev/c8s/launcher/node/labels"
+	"github.com/c8s-dev/c8s/launcher/vm/accel"
 )
 
 func init() {
@@ -18,8 +18,8 @@ func init() {
 
 // discoverOutput is what `c8s-launcher discover` prints.
 type discoverOutput struct {
-	Discovery discovery.Result   `json:"discovery"`
-	Desired   nodelabels.Desired `json:"desired"`
+	Discovery discovery.Result `json:"discovery"`
+	Desired   labels.Desired   `json:"desired"`
 }
 
 func runDiscover(ctx context.Context, args []string, stdout io.Writer) error {
@@ -42,7 +42,7 @@ func runDiscover(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	out, err := json.MarshalIndent(discoverOutput{Discovery: r, Desired: nodelabels.Desire(r, settings)}, "", "  ")
+	out, err := json.MarshalIndent(discoverOutput{Discovery: r, Desired: labels.Desire(r, settings)}, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -52,16 +52,16 @@ func runDiscover(ctx context.Context, args []string, stdout io.Writer) error {
 
 // loadAgentConfig reads the c8s config at path (built-in defaults when
 // empty) and its validated [node] settings.
-func loadAgentConfig(path string) (config.Config, nodelabels.Settings, error) {
+func loadAgentConfig(path string) (config.Config, labels.Settings, error) {
 	cfg := config.Default()
 	if path != "" {
 		c, err := config.Load(path)
 		if err != nil {
-			return cfg, nodelabels.Settings{}, err
+			return cfg, labels.Settings{}, err
 		}
 		cfg = *c
 	}
-	settings, err := nodelabels.SettingsFromConfig(cfg.Node)
+	settings, err := labels.SettingsFromConfig(cfg.Node)
 	return cfg, settings, err
 }
 

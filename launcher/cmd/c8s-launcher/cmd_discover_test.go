@@ -16,7 +16,7 @@ func TestDiscoverCommand(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte("[node]\nsim_slots = 2\ntrust_pool = \"lab\"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Join("..", "..", "discovery", "testdata", "snp-host")
+	root := filepath.Join("..", "..", "node", "discovery", "testdata", "snp-host")
 	var out bytes.Buffer
 	if err := tool.Run(context.Background(), "discover", []string{"--config", cfg, "--root", root}, &out); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,7 @@ import (
 	"context"
 	"io"
 
-	"github.com/c8s-dev/c8s/launcher/diag"
+	"github.com/c8s-dev/c8s/launcher/admin/diag"
 )
 
 func init() {

@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/c8s-dev/c8s/launcher/install"
+	"github.com/c8s-dev/c8s/launcher/admin/install"
 )
 
 func init() {

@@ -5,19 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/c8s-dev/c8s/images/manifest"
 	"github.com/c8s-dev/c8s/launcher/attest"
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
+	"github.com/c8s-dev/c8s/launcher/broker"
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/kbs"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
+	"github.com/c8s-dev/c8s/manifest"
 )
 
 func init() {
@@ -47,12 +46,12 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	tee := cfg.Hypervisor.TEE
 	if *simDir == "" {
-		*simDir = filepath.Join(cfg.Runtime.StateDir, "node", "sim-sp")
+		*simDir = statedir.SimSP(cfg.Runtime.StateDir)
 	}
 	if tee == "sim" {
 		// The node's simulated secure processor: the one its pods' reports
 		// come from, created here if no pod has run yet.
-		if _, err := simsp.Open(*simDir); err != nil {
+		if _, err := sim.Open(*simDir); err != nil {
 			return err
 		}
 	}
@@ -88,10 +87,13 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	logger := log.New(os.Stderr, "", log.LstdFlags)
 	srv := &http.Server{
-		Handler:           &kbs.Broker{Verifier: v, Policy: policy, Resources: kbs.Dir(*dir), AllowExec: *allowExec, Log: logger.Printf},
+		Handler:           &broker.Broker{Verifier: v, Policy: policy, Resources: broker.Dir(*dir), AllowExec: *allowExec},
 		ReadHeaderTimeout: 10 * time.Second,
+		// The broker logs its decisions to log.G of each request's
+		// context: this command's, without its cancellation (Close ends
+		// the requests).
+		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 	}
 	go func() {
 		<-ctx.Done()
@@ -115,7 +117,7 @@ func ensureCert(certFile, keyFile string, hosts []string, stdout io.Writer) erro
 	if !errors.Is(cerr, os.ErrNotExist) || !errors.Is(kerr, os.ErrNotExist) {
 		return fmt.Errorf("--cert %s and --key %s: give both existing files, or two missing ones to create", certFile, keyFile)
 	}
-	certPEM, keyPEM, err := kbs.SelfSigned(hosts, 365*24*time.Hour)
+	certPEM, keyPEM, err := broker.SelfSigned(hosts, 365*24*time.Hour)
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/shim"
 	"github.com/containerd/ttrpc"
 
-	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
+	adminapi "github.com/c8s-dev/c8s/shim/api/admin/v1"
 )
 
 func init() {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	adminapi "github.com/c8s-dev/c8s/launcher/api/admin/v1"
+	adminapi "github.com/c8s-dev/c8s/shim/api/admin/v1"
 )
 
 func TestRenderProgress(t *testing.T) {

@@ -10,10 +10,10 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/c8s-dev/c8s/launcher/deviceplugin"
-	"github.com/c8s-dev/c8s/launcher/discovery"
-	"github.com/c8s-dev/c8s/launcher/nodeagent"
-	"github.com/c8s-dev/c8s/launcher/nodecvm"
+	"github.com/c8s-dev/c8s/launcher/node"
+	"github.com/c8s-dev/c8s/launcher/node/cvm"
+	"github.com/c8s-dev/c8s/launcher/node/deviceplugin"
+	"github.com/c8s-dev/c8s/launcher/node/discovery"
 )
 
 func init() {
@@ -35,8 +35,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 	nodeName := fs.String("node-name", os.Getenv("NODE_NAME"), "name of this node's Node object (default $NODE_NAME)")
 	pluginDir := fs.String("device-plugin-dir", defaultDevicePluginDir, "kubelet device-plugins directory; empty to publish labels only")
 	podResources := fs.String("pod-resources-socket", defaultPodResourcesSocket, "kubelet PodResources socket: devices allocated to containers are never held back as in use; empty when there is none")
-	interval := fs.Duration("interval", nodeagent.DefaultInterval, "time between reconciliations")
-	cvmInterval := fs.Duration("node-cvm-interval", nodeagent.DefaultNodeCVMInterval, "how long a node-as-CVM's verified self-attestation stands before it attests itself again")
+	interval := fs.Duration("interval", node.DefaultInterval, "time between reconciliations")
+	cvmInterval := fs.Duration("node-cvm-interval", node.DefaultNodeCVMInterval, "how long a node-as-CVM's verified self-attestation stands before it attests itself again")
 	once := fs.Bool("once", false, "reconcile once, print what was done (JSON) and exit; device plugins are not served")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -49,15 +49,15 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cvmPolicy, err := nodecvm.PolicyFromConfig(cfg.Attestation)
+	cvmPolicy, err := cvm.PolicyFromConfig(cfg.Attestation)
 	if err != nil {
 		return err
 	}
-	client, err := nodeagent.NewKubeClient(*kubeconfig, *nodeName)
+	client, err := node.NewKubeClient(*kubeconfig, *nodeName)
 	if err != nil {
 		return err
 	}
-	a := &nodeagent.Agent{
+	a := &node.Agent{
 		Client:             client,
 		Discover:           func() (discovery.Result, error) { return discovery.Discover(opts) },
 		Settings:           settings,
@@ -65,8 +65,8 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 		StateRoot:          filepath.Join(*root, cfg.Runtime.StateDir),
 		ProcRoot:           filepath.Join(*root, "proc"),
 		Interval:           *interval,
-		NodeCVM: func(c discovery.NodeCVMInfo) (*nodecvm.Attester, error) {
-			return nodecvm.New(*root, c, cvmPolicy)
+		NodeCVM: func(c discovery.NodeCVMInfo) (*cvm.Attester, error) {
+			return cvm.New(*root, c, cvmPolicy)
 		},
 		NodeCVMInterval: *cvmInterval,
 	}

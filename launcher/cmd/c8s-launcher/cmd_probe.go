@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/c8s-dev/c8s/launcher/accel"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/vm/accel"
 )
 
 func init() {

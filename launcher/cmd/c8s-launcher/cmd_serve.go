@@ -7,20 +7,15 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/migrate"
 )
 
 func init() {
 	register("serve", "accept incoming pod VM migrations on a unix socket (the destination side of `migrate`)", runServe)
-}
-
-// defaultServeSocket is where `serve` listens unless --socket says otherwise.
-func defaultServeSocket(cfg config.Config) string {
-	return filepath.Join(cfg.Runtime.StateDir, "node", "migrate.sock")
 }
 
 func runServe(ctx context.Context, args []string, stdout io.Writer) error {
@@ -44,7 +39,7 @@ func runServe(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if *socket == "" {
-		*socket = defaultServeSocket(*cfg)
+		*socket = statedir.MigrateSocket(cfg.Runtime.StateDir)
 	}
 	l, err := migrate.Listen(*socket)
 	if err != nil {
@@ -61,7 +56,7 @@ func runServe(ctx context.Context, args []string, stdout io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *listenTLS != "" {
-		serverTLS, _, err := migrate.LoadTLS(migrate.TLSDir(*cfg))
+		serverTLS, _, err := migrate.LoadTLS(statedir.MigrateTLS(cfg.Runtime.StateDir))
 		if err != nil {
 			l.Close()
 			return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/c8s-dev/c8s/guest/api/reportdata"
 	"github.com/c8s-dev/c8s/launcher/attest"
 	"github.com/google/go-sev-guest/abi"
 )
@@ -40,6 +42,7 @@ func runVerifyReport(ctx context.Context, args []string, stdout io.Writer) error
 	fetch := fs.Bool("fetch", false, "hardware modes: fetch missing certificates and collateral from AMD KDS / Intel PCS")
 	at := fs.String("at", "", "check certificate validity at this time (RFC 3339) instead of now")
 	asJSON := fs.Bool("json", false, "print the verified claims (or the failure) as JSON")
+	hostNonce := fs.String("host-nonce", "", "hex: the nonce given to the c8s agent's GetEvidence; REPORT_DATA must be its host-attestation binding, SHA-512(\"c8s host attestation\" || 0x00 || nonce) (instead of the policy's nonce, which is REPORT_DATA as it is)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -53,6 +56,17 @@ func runVerifyReport(ctx context.Context, args []string, stdout io.Writer) error
 	policy, err := attest.LoadPolicy(*policyPath)
 	if err != nil {
 		return err
+	}
+	if *hostNonce != "" {
+		if len(policy.Nonce) != 0 {
+			return errors.New("--host-nonce and the policy's nonce both give REPORT_DATA: give one")
+		}
+		n, err := hex.DecodeString(*hostNonce)
+		if err != nil || len(n) == 0 || len(n) > reportdata.MaxNonce {
+			return fmt.Errorf("--host-nonce %q: want 1 to %d bytes in hex", *hostNonce, reportdata.MaxNonce)
+		}
+		rd := reportdata.Host(n)
+		policy.Nonce = rd[:]
 	}
 	trust := attest.Trust{Mode: attest.Mode(*mode), FetchCertificates: *fetch}
 	if trust.Mode == attest.ModeSim {

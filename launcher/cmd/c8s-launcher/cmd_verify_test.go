@@ -6,23 +6,26 @@ import (
 	"crypto/sha512"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/c8s-dev/c8s/launcher/attest/simsp"
 	"github.com/google/go-tdx-guest/testing/testdata"
+
+	"github.com/c8s-dev/c8s/guest/api/reportdata"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
 func TestVerifyReportCommand(t *testing.T) {
 	dir := t.TempDir()
 	simDir := filepath.Join(dir, "simsp")
-	sp, err := simsp.Open(simDir)
+	sp, err := sim.Open(simDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := simsp.Request{Measurement: sha512.Sum384([]byte("launch"))}
+	req := sim.Request{Measurement: sha512.Sum384([]byte("launch"))}
 	copy(req.ReportData[:], "nonce-1")
 	raw, err := sp.Report(req)
 	if err != nil {
@@ -86,6 +89,51 @@ func TestVerifyReportCommand(t *testing.T) {
 	}
 	if _, err := run("--report", reportPath, "--policy", writePolicy(good)); err == nil || !strings.Contains(err.Error(), "--sim-dir") {
 		t.Errorf("sim mode without --sim-dir: %v", err)
+	}
+}
+
+// --host-nonce checks REPORT_DATA against the host-attestation binding of
+// the nonce given to the agent's GetEvidence, as the shim does.
+func TestVerifyReportHostNonce(t *testing.T) {
+	dir := t.TempDir()
+	simDir := filepath.Join(dir, "simsp")
+	sp, err := sim.Open(simDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := []byte("host nonce")
+	req := sim.Request{Measurement: sha512.Sum384([]byte("launch")), ReportData: reportdata.Host(nonce)}
+	raw, err := sp.Report(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reportPath := filepath.Join(dir, "report.bin")
+	if err := os.WriteFile(reportPath, append(raw, sp.CertTable()...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	policy := func(extra string) string {
+		p := filepath.Join(dir, "policy.json")
+		doc := `{"measurements": {"1": "` + hex.EncodeToString(req.Measurement[:]) + `"}` + extra + `}`
+		if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	run := func(args ...string) error {
+		return tool.Run(context.Background(), "verify-report", args, io.Discard)
+	}
+	if err := run("--report", reportPath, "--policy", policy(""), "--sim-dir", simDir, "--host-nonce", hex.EncodeToString(nonce)); err != nil {
+		t.Fatalf("the agent's binding of the nonce: %v", err)
+	}
+	// The bare nonce as REPORT_DATA is not what the agent signs.
+	if err := run("--report", reportPath, "--policy", policy(`, "nonce": "`+hex.EncodeToString(nonce)+`"`), "--sim-dir", simDir); err == nil || !strings.Contains(err.Error(), "REPORT_DATA") {
+		t.Fatalf("the bare nonce: %v, want a report_data mismatch", err)
+	}
+	if err := run("--report", reportPath, "--policy", policy(""), "--sim-dir", simDir, "--host-nonce", hex.EncodeToString([]byte("other"))); err == nil || !strings.Contains(err.Error(), "REPORT_DATA") {
+		t.Fatalf("another nonce: %v, want a report_data mismatch", err)
+	}
+	if err := run("--report", reportPath, "--policy", policy(`, "nonce": "00"`), "--sim-dir", simDir, "--host-nonce", "01"); err == nil || !strings.Contains(err.Error(), "give one") {
+		t.Fatalf("both nonces: %v", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,16 +30,16 @@ const igvmUsage = `usage:
                    -o OUT.igvm [--output-format hex|json]
 `
 
-func runIGVM(args []string) error {
+func runIGVM(args []string, stdout, stderr io.Writer) error {
 	for _, a := range args {
 		if a == "--from-ovmf" || a == "-from-ovmf" {
-			return runIGVMFromOVMF(args)
+			return runIGVMFromOVMF(args, stdout, stderr)
 		}
 	}
-	return runIGVMMeasure(args)
+	return runIGVMMeasure(args, stdout, stderr)
 }
 
-func runIGVMMeasure(args []string) error {
+func runIGVMMeasure(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("igvm", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), igvmUsage); fs.PrintDefaults() }
 	vcpus := fs.Int("vcpus", 0, "vCPUs the guest starts with (default: one per VP context in the file); qemu loader only")
@@ -90,11 +91,11 @@ func runIGVMMeasure(args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", pos[0], err)
 	}
-	if err := igvmPrint(*format, loader, m, ""); err != nil {
+	if err := igvmPrint(stdout, *format, loader, m, ""); err != nil {
 		return err
 	}
 	for _, n := range m.Notes {
-		fmt.Fprintf(os.Stderr, "c8s-measure igvm: note: %s\n", n)
+		fmt.Fprintf(stderr, "c8s-measure igvm: note: %s\n", n)
 	}
 	if err := m.CheckIDBlock(); err != nil {
 		return fmt.Errorf("%s: %w; the guest would fail to launch with this ID block (check --vcpus, --loader and --zero-pages, or re-sign the file)", pos[0], err)
@@ -102,10 +103,10 @@ func runIGVMMeasure(args []string) error {
 	return nil
 }
 
-// igvmPrint prints a measurement as a hex digest or a JSON document.
-func igvmPrint(format string, loader igvm.Loader, m *igvm.Measurement, written string) error {
+// igvmPrint prints a measurement to stdout as a hex digest or a JSON document.
+func igvmPrint(stdout io.Writer, format string, loader igvm.Loader, m *igvm.Measurement, written string) error {
 	if format == "hex" {
-		_, err := fmt.Fprintln(sevOut, m.Digest)
+		_, err := fmt.Fprintln(stdout, m.Digest)
 		return err
 	}
 	type vmsa struct {
@@ -152,12 +153,12 @@ func igvmPrint(format string, loader igvm.Loader, m *igvm.Measurement, written s
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(sevOut, "%s\n", b)
+	_, err = fmt.Fprintf(stdout, "%s\n", b)
 	return err
 }
 
-func runIGVMFromOVMF(args []string) error {
-	f := newSevFlags("igvm").withKernel().withVCPUs().withSNP()
+func runIGVMFromOVMF(args []string, stdout, stderr io.Writer) error {
+	f := newSevFlags("igvm", stdout, stderr).withKernel().withVCPUs().withSNP()
 	var fromOVMF bool
 	var out, policy string
 	f.fs.BoolVar(&fromOVMF, "from-ovmf", false, "write the IGVM file of an OVMF (direct) boot")
@@ -173,6 +174,10 @@ func runIGVMFromOVMF(args []string) error {
 		return errors.New("--svsm, --vars-size, --vars-file and --snp-ovmf-hash do not apply to --from-ovmf")
 	case f.outputFormat == "base64":
 		return errors.New("--output-format: want hex or json")
+	}
+	if f.kernel != "" {
+		// QEMU's igvm-cfg launch of a c8s pod VM passes the SNP command line.
+		noteTEEParam(stderr, "snp", f.appendLine)
 	}
 	counts, err := sevVCPUCounts(f.vcpus)
 	if err != nil {
@@ -225,9 +230,9 @@ func runIGVMFromOVMF(args []string) error {
 		return err
 	}
 	for _, n := range m.Notes {
-		fmt.Fprintf(os.Stderr, "c8s-measure igvm: note: %s\n", n)
+		fmt.Fprintf(stderr, "c8s-measure igvm: note: %s\n", n)
 	}
-	return igvmPrint(f.outputFormat, igvm.LoaderQEMU, m, out)
+	return igvmPrint(stdout, f.outputFormat, igvm.LoaderQEMU, m, out)
 }
 
 // igvmWriteFile writes data to path through a temporary file and a rename,

@@ -48,15 +48,15 @@ func TestIGVMFromOVMFMatchesSNP(t *testing.T) {
 	for i, c := range cases {
 		out := filepath.Join(dir, c.name[:6]+string(rune('a'+i))+".igvm")
 		common := append([]string{"--ovmf", amd, "--vcpus", c.vcpus, "--vcpu-type", "EPYC-v4", "--guest-features", c.features}, c.inputs...)
-		written, err := sevRun(t, runIGVM, append([]string{"--from-ovmf", "-o", out}, common...)...)
+		written, err := measure(t, "igvm", append([]string{"--from-ovmf", "-o", out}, common...)...)
 		if err != nil {
 			t.Fatalf("%s: --from-ovmf: %v", c.name, err)
 		}
-		measured, err := sevRun(t, runIGVM, out)
+		measured, err := measure(t, "igvm", out)
 		if err != nil {
 			t.Fatalf("%s: measuring: %v", c.name, err)
 		}
-		ref, err := sevRun(t, runSNP, common...)
+		ref, err := measure(t, "snp", common...)
 		if err != nil {
 			t.Fatalf("%s: snp: %v", c.name, err)
 		}
@@ -98,7 +98,7 @@ func igvmFileWithIDBlock(t *testing.T, corrupt bool) (path string, digest snp.Di
 
 func TestIGVMIDBlock(t *testing.T) {
 	good, digest := igvmFileWithIDBlock(t, false)
-	out, err := sevRun(t, runIGVM, good, "--output-format", "json")
+	out, err := measure(t, "igvm", good, "--output-format", "json")
 	if err != nil {
 		t.Fatalf("matching ID block: %v", err)
 	}
@@ -118,7 +118,7 @@ func TestIGVMIDBlock(t *testing.T) {
 		t.Errorf("json = %+v", doc)
 	}
 	bad, _ := igvmFileWithIDBlock(t, true)
-	out, err = sevRun(t, runIGVM, bad)
+	out, err = measure(t, "igvm", bad)
 	if err == nil || !strings.Contains(err.Error(), "does not match the SNP ID block") || out != digest.String()+"\n" {
 		t.Errorf("mismatching ID block: printed %q, error %v", out, err)
 	}
@@ -148,7 +148,7 @@ func TestIGVMCommandErrors(t *testing.T) {
 		{[]string{"--from-ovmf", "--ovmf", amd, "--vcpus", "1", "-o", "x"}, "--vcpu-type"},
 	}
 	for _, c := range cases {
-		if _, err := sevRun(t, runIGVM, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := measure(t, "igvm", c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("igvm %q: error %v, want %q", c.args, err, c.want)
 		}
 	}

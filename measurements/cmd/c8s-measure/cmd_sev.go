@@ -1,6 +1,8 @@
 package main
 
 import (
+	"io"
+
 	"github.com/c8s-dev/c8s/measurements/snp"
 )
 
@@ -9,8 +11,8 @@ func init() {
 	register("seves", "SEV-ES launch digest (OVMF, optional kernel/initrd/cmdline, VMSAs)", runSEVES)
 }
 
-func runSEV(args []string) error {
-	f := newSevFlags("sev").withKernel().withVCPUs()
+func runSEV(args []string, stdout, stderr io.Writer) error {
+	f := newSevFlags("sev", stdout, stderr).withKernel().withVCPUs()
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -26,8 +28,8 @@ func runSEV(args []string) error {
 	return f.print("sev", []sevResult{{Digest: d[:]}})
 }
 
-func runSEVES(args []string) error {
-	f := newSevFlags("seves").withKernel().withVCPUs()
+func runSEVES(args []string, stdout, stderr io.Writer) error {
+	f := newSevFlags("seves", stdout, stderr).withKernel().withVCPUs()
 	f.fs.StringVar(&f.guestFeatures, "guest-features", "", "accepted for compatibility; SEV-ES VMSAs have SEV_FEATURES 0")
 	if err := f.parse(args); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/c8s-dev/c8s/measurements/sim"
@@ -16,8 +17,8 @@ func init() {
 
 // runSim prints the digest the sim TEE's simulated secure processor puts in
 // MEASUREMENT for a pod VM booted from these artefacts.
-func runSim(args []string) error {
-	f := newSevFlags("sim").withKernel().withVCPUs()
+func runSim(args []string, stdout, stderr io.Writer) error {
+	f := newSevFlags("sim", stdout, stderr).withKernel().withVCPUs()
 	f.fs.StringVar(&f.ovmf, "firmware", "", "firmware `PATH` QEMU boots (-bios; SeaBIOS's bios-256k.bin by default)")
 	f.fs.StringVar(&f.guestFeatures, "guest-features", "0x1", "VMSA SEV_FEATURES `VALUE`")
 	if err := f.parse(args); err != nil {
@@ -29,6 +30,7 @@ func runSim(args []string) error {
 	if f.kernel == "" {
 		return errors.New("--kernel PATH is required: sim pod VMs boot their kernel directly")
 	}
+	noteTEEParam(stderr, "sim", f.appendLine)
 	counts, _, sig, err := f.shape()
 	if err != nil {
 		return err

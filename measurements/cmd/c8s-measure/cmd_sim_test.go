@@ -24,7 +24,7 @@ func TestSimCommandMatchesTheLibrary(t *testing.T) {
 	kernel, initrd := []byte("a kernel"), []byte("an initrd")
 	args := []string{"--firmware", write("bios.bin", fw), "--kernel", write("vmlinuz", kernel),
 		"--initrd", write("initrd.img", initrd), "--append", "console=ttyS0", "--vcpu-type", "EPYC-v4", "--vcpus", "2"}
-	out, err := sevRun(t, runSim, args...)
+	out, err := measure(t, "sim", args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,10 +36,10 @@ func TestSimCommandMatchesTheLibrary(t *testing.T) {
 	if strings.TrimSpace(out) != want.String() {
 		t.Fatalf("c8s-measure sim printed %q, want %s", out, want)
 	}
-	if err := runSim([]string{"--firmware", write("bad.bin", []byte("xyz")), "--kernel", write("k", kernel), "--vcpus", "1", "--vcpu-type", "EPYC-v4"}); err == nil || !strings.Contains(err.Error(), "multiple of 4 KiB") {
+	if _, err := measure(t, "sim", "--firmware", write("bad.bin", []byte("xyz")), "--kernel", write("k", kernel), "--vcpus", "1", "--vcpu-type", "EPYC-v4"); err == nil || !strings.Contains(err.Error(), "multiple of 4 KiB") {
 		t.Fatalf("odd-sized firmware: %v", err)
 	}
-	if err := runSim([]string{"--firmware", write("b2.bin", fw), "--vcpus", "1", "--vcpu-type", "EPYC-v4"}); err == nil || !strings.Contains(err.Error(), "--kernel") {
+	if _, err := measure(t, "sim", "--firmware", write("b2.bin", fw), "--vcpus", "1", "--vcpu-type", "EPYC-v4"); err == nil || !strings.Contains(err.Error(), "--kernel") {
 		t.Fatalf("no kernel: %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/c8s-dev/c8s/measurements/ovmf"
@@ -14,10 +15,13 @@ func init() {
 	register("snp-ovmf-hash", "SEV-SNP OVMF-only hash, a seed for snp --snp-ovmf-hash", runSNPOVMFHash)
 }
 
-func runSNP(args []string) error {
-	f := newSevFlags("snp").withKernel().withVCPUs().withSNP()
+func runSNP(args []string, stdout, stderr io.Writer) error {
+	f := newSevFlags("snp", stdout, stderr).withKernel().withVCPUs().withSNP()
 	if err := f.parse(args); err != nil {
 		return err
+	}
+	if f.kernel != "" {
+		noteTEEParam(stderr, "snp", f.appendLine)
 	}
 	if f.svsm != "" || f.varsSize != "" || f.varsFile != "" {
 		return runSVSM(f)
@@ -122,8 +126,8 @@ func runSVSM(f *sevFlags) error {
 	return f.print("snp:svsm", snpResults(counts, digests))
 }
 
-func runSNPOVMFHash(args []string) error {
-	f := newSevFlags("snp-ovmf-hash")
+func runSNPOVMFHash(args []string, stdout, stderr io.Writer) error {
+	f := newSevFlags("snp-ovmf-hash", stdout, stderr)
 	if err := f.parse(args); err != nil {
 		return err
 	}

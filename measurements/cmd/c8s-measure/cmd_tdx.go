@@ -12,9 +12,6 @@ import (
 	"github.com/c8s-dev/c8s/measurements/tdx"
 )
 
-// tdxOut is where the tdx and uki subcommands print (tests replace it).
-var tdxOut io.Writer = os.Stdout
-
 func init() {
 	register("tdx", "TDX MRTD of a TDVF/OVMF image; with json output also RTMR1/RTMR2 of a direct kernel boot", runTDX)
 }
@@ -62,21 +59,23 @@ func registerJSON(r tdx.Register) *tdxRegisterJSON {
 }
 
 // directBootAssumptions summarises tdx.DirectBoot's documentation.
-var directBootAssumptions = []string{
-	"direct boot (QEMU -kernel) with OVMF/TDVF from edk2-stable202505 on and QEMU 10 or later: the kernel is measured unmodified, older pairs measure a QEMU-patched setup header",
-	"RTMR1 = kernel Authenticode SHA-384, \"Calling EFI Application from Boot Option\", separator, \"Exit Boot Services Invocation\", \"Exit Boot Services Returned with Success\"",
-	"RTMR2 = load options (cmdline plus \" initrd=initrd\" with an initrd, UTF-16LE with NUL) then the initrd, both measured by the kernel's EFI stub through EFI_CC_MEASUREMENT_PROTOCOL (Linux 6.9 or later); older kernels leave RTMR2 without them",
-	"not validated against a TD on this machine (no TDX hardware); compare with the guest's CCEL event log",
+func directBootAssumptions() []string {
+	return []string{
+		"direct boot (QEMU -kernel) with OVMF/TDVF from edk2-stable202505 on and QEMU 10 or later: the kernel is measured unmodified, older pairs measure a QEMU-patched setup header",
+		"RTMR1 = kernel Authenticode SHA-384, \"Calling EFI Application from Boot Option\", separator, \"Exit Boot Services Invocation\", \"Exit Boot Services Returned with Success\"",
+		"RTMR2 = load options (cmdline plus \" initrd=initrd\" with an initrd, UTF-16LE with NUL) then the initrd, both measured by the kernel's EFI stub through EFI_CC_MEASUREMENT_PROTOCOL (Linux 6.9 or later); older kernels leave RTMR2 without them",
+		"not validated against a TD on this machine (no TDX hardware); compare with the guest's CCEL event log",
+	}
 }
 
-func runTDX(args []string) error {
+func runTDX(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("tdx", flag.ContinueOnError)
 	fw := fs.String("ovmf", "", "TDVF/OVMF firmware `PATH` (required)")
 	twoPass := fs.Bool("two-pass", false, "use the QEMU 8.x TDX patches' ordering: per section all PAGE.ADDs, then all MR.EXTENDs")
 	skipAug := fs.Bool("skip-page-aug", false, "leave PAGE.AUG sections out of MRTD (TDVF design guide, virtee/tdx-measure); upstream QEMU adds them")
 	kernel := fs.String("kernel", "", "kernel `PATH` of a direct boot (json output predicts RTMR1/RTMR2)")
 	initrd := fs.String("initrd", "", "initrd `PATH` (with --kernel)")
-	appendLine := fs.String("append", "", "kernel command line (with --kernel)")
+	appendLine := fs.String("append", "", appendHelp)
 	format := fs.String("output-format", "hex", "output format: hex (MRTD only) or json (every register it can predict, with assumptions)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -108,7 +107,7 @@ func runTDX(args []string) error {
 		return fmt.Errorf("%s: %w", *fw, err)
 	}
 	if *format == "hex" {
-		_, err := fmt.Fprintln(tdxOut, hex.EncodeToString(mrtd[:]))
+		_, err := fmt.Fprintln(stdout, hex.EncodeToString(mrtd[:]))
 		return err
 	}
 
@@ -126,6 +125,7 @@ func runTDX(args []string) error {
 		})
 	}
 	if *kernel != "" {
+		noteTEEParam(stderr, "tdx", *appendLine)
 		b := tdx.DirectBoot{Cmdline: *appendLine}
 		if b.Kernel, err = os.ReadFile(*kernel); err != nil {
 			return err
@@ -140,9 +140,9 @@ func runTDX(args []string) error {
 			return fmt.Errorf("%s: %w", *kernel, err)
 		}
 		out.RTMR1, out.RTMR2 = registerJSON(r1), registerJSON(b.RTMR2())
-		out.Assumptions = append(out.Assumptions, directBootAssumptions...)
+		out.Assumptions = append(out.Assumptions, directBootAssumptions()...)
 	}
-	enc := json.NewEncoder(tdxOut)
+	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
 }

@@ -13,17 +13,6 @@ import (
 	"github.com/c8s-dev/c8s/measurements/uki"
 )
 
-// capture runs a subcommand with its output redirected.
-func capture(t *testing.T, run func([]string) error, args ...string) (string, error) {
-	t.Helper()
-	var buf bytes.Buffer
-	old := tdxOut
-	tdxOut = &buf
-	t.Cleanup(func() { tdxOut = old })
-	err := run(args)
-	return buf.String(), err
-}
-
 func needFile(t *testing.T, path, pkg string) {
 	t.Helper()
 	if _, err := os.Stat(path); err != nil {
@@ -37,11 +26,11 @@ func TestTDXCommand(t *testing.T) {
 	// The MRTD google/gce-tcb-verifier computes for this file (see
 	// measurements/tdx/tdx_test.go).
 	const want = "4c7206f0f483c524f12c366c711e9049030a8d47c471ee5aa9c4999a08de4057fb887fed0744d5631a212967fb231c47"
-	out, err := capture(t, runTDX, "--ovmf", ovmf)
+	out, err := measure(t, "tdx", "--ovmf", ovmf)
 	if err != nil || strings.TrimSpace(out) != want {
 		t.Fatalf("tdx --ovmf: %q, %v; want %s", out, err, want)
 	}
-	two, err := capture(t, runTDX, "--ovmf", ovmf, "--two-pass")
+	two, err := measure(t, "tdx", "--ovmf", ovmf, "--two-pass")
 	if err != nil || len(strings.TrimSpace(two)) != 96 || two == out {
 		t.Fatalf("tdx --two-pass: %q, %v", two, err)
 	}
@@ -54,7 +43,7 @@ func TestTDXCommand(t *testing.T) {
 	if err := os.WriteFile(initrd, []byte("initrd bytes"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	js, err := capture(t, runTDX, "--ovmf", ovmf, "--kernel", kernels[0], "--append", "console=hvc0", "--initrd", initrd, "--output-format", "json")
+	js, err := measure(t, "tdx", "--ovmf", ovmf, "--kernel", kernels[0], "--append", "console=hvc0", "--initrd", initrd, "--output-format", "json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +77,7 @@ func TestTDXCommand(t *testing.T) {
 		{"--ovmf", "/nonexistent"},
 		{"--ovmf", kernels[0]},
 	} {
-		if _, err := capture(t, runTDX, bad...); err == nil {
+		if _, err := measure(t, "tdx", bad...); err == nil {
 			t.Errorf("tdx %v succeeded", bad)
 		}
 	}
@@ -126,7 +115,7 @@ func TestUKICommand(t *testing.T) {
 	}
 
 	// Flags after the file work too.
-	js, err := capture(t, runUKI, img, "--output-format", "json")
+	js, err := measure(t, "uki", img, "--output-format", "json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,13 +132,13 @@ func TestUKICommand(t *testing.T) {
 		t.Errorf("uki json %+v, want PCR 11 sha256 %x from stub 252 and sections .linux .cmdline .sbat", res, want)
 	}
 	ac, _ := uki.AuthenticodeSHA256(data)
-	text, err := capture(t, runUKI, "--output-format", "text", img)
+	text, err := measure(t, "uki", "--output-format", "text", img)
 	if err != nil || !strings.Contains(text, hex.EncodeToString(want)) || !strings.Contains(text, hex.EncodeToString(ac)) {
 		t.Errorf("uki text output %q, %v", text, err)
 	}
 
 	for _, bad := range [][]string{{}, {img, img}, {img, "--output-format", "xml"}, {stub}, {"/nonexistent"}} {
-		if _, err := capture(t, runUKI, bad...); err == nil {
+		if _, err := measure(t, "uki", bad...); err == nil {
 			t.Errorf("uki %v succeeded", bad)
 		}
 	}

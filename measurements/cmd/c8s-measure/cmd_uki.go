@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"text/tabwriter"
 
@@ -57,7 +58,7 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func runUKI(args []string) error {
+func runUKI(args []string, stdout, _ io.Writer) error {
 	fs := flag.NewFlagSet("uki", flag.ContinueOnError)
 	format := fs.String("output-format", "text", "output format: text or json")
 	stub := fs.Int("stub-version", 0, "systemd-stub major `VERSION` to assume (default: read from the UKI's .sdmagic section)")
@@ -107,11 +108,11 @@ func runUKI(args []string) error {
 		out.Phases = append(out.Phases, pj)
 	}
 	if *format == "json" {
-		enc := json.NewEncoder(tdxOut)
+		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)
 	}
-	w := tabwriter.NewWriter(tdxOut, 0, 8, 2, ' ', 0)
+	w := tabwriter.NewWriter(stdout, 0, 8, 2, ' ', 0)
 	fmt.Fprintf(w, "file\t%s\n", out.File)
 	fmt.Fprintf(w, "systemd-stub\t%d (from %s)\n", out.StubVersion, out.StubVersionSource)
 	fmt.Fprintf(w, "authenticode sha256\t%s\n", out.AuthenticodeSHA256)

@@ -7,16 +7,25 @@ package main
 import (
 	"context"
 	"io"
+	"os"
 
 	"github.com/c8s-dev/c8s/internal/subcmd"
 )
 
+// tool is the subcommand table; the init functions fill it in, and it is
+// only read once main runs.
 var tool = subcmd.New("c8s-measure")
 
-// register adds a subcommand; c8s-measure's subcommands write to their own
-// package-level outputs (sevOut, tdxOut), which tests replace.
-func register(name, summary string, run func(args []string) error) {
-	tool.Register(name, summary, func(_ context.Context, args []string, _ io.Writer) error { return run(args) })
+// runFunc is a subcommand: it prints its results to stdout and its
+// warnings and notes to stderr.
+type runFunc func(args []string, stdout, stderr io.Writer) error
+
+// register adds a subcommand. It prints to the stdout subcmd hands it, and
+// to the process's stderr.
+func register(name, summary string, run runFunc) {
+	tool.Register(name, summary, func(_ context.Context, args []string, stdout io.Writer) error {
+		return run(args, stdout, os.Stderr)
+	})
 }
 
 func main() { tool.Main() }

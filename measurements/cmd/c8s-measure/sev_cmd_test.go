@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -12,17 +11,6 @@ import (
 
 	"github.com/c8s-dev/c8s/measurements/internal/fixtures"
 )
-
-// sevRun runs an AMD subcommand in-process and returns what it printed.
-func sevRun(t *testing.T, run func([]string) error, args ...string) (string, error) {
-	t.Helper()
-	var buf bytes.Buffer
-	old := sevOut
-	sevOut = &buf
-	t.Cleanup(func() { sevOut = old })
-	err := run(args)
-	return buf.String(), err
-}
 
 // sevEmpty returns the path of an empty file ("K" in VECTORS.md).
 func sevEmpty(t *testing.T) string {
@@ -39,7 +27,7 @@ func TestSNPCommandVectors(t *testing.T) {
 	amd := filepath.Join(dir, "ovmf_AmdSev_suffix.bin")
 	k := sevEmpty(t)
 	// VECTORS.md: AmdSev, K, C, features 0x21, 1 vCPU.
-	out, err := sevRun(t, runSNP, "--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v4",
+	out, err := measure(t, "snp", "--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v4",
 		"--kernel", k, "--initrd", k, "--append", "console=ttyS0 loglevel=7", "--guest-features", "0x21")
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +37,7 @@ func TestSNPCommandVectors(t *testing.T) {
 	}
 
 	// A vCPU set prints a table, one line per count, sorted and unique.
-	out, err = sevRun(t, runSNP, "--ovmf", amd, "--vcpus", "4,1-2,1", "--vcpu-type", "EPYC-v4",
+	out, err = measure(t, "snp", "--ovmf", amd, "--vcpus", "4,1-2,1", "--vcpu-type", "EPYC-v4",
 		"--kernel", k, "--initrd", k, "--append", "", "--guest-features", "0x21")
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +54,7 @@ func TestSNPCommandVectors(t *testing.T) {
 	}
 
 	// JSON.
-	out, err = sevRun(t, runSNP, "--ovmf", amd, "--vcpus", "1-4", "--vmm-type", "gce",
+	out, err = measure(t, "snp", "--ovmf", amd, "--vcpus", "1-4", "--vmm-type", "gce",
 		"--kernel", k, "--initrd", k, "--append", "", "--output-format", "json")
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +76,7 @@ func TestSNPCommandVectors(t *testing.T) {
 	}
 
 	// base64, EC2, no vCPU type needed.
-	out, err = sevRun(t, runSNP, "--ovmf", amd, "--vcpus", "1", "--vmm-type", "ec2",
+	out, err = measure(t, "snp", "--ovmf", amd, "--vcpus", "1", "--vmm-type", "ec2",
 		"--kernel", k, "--initrd", k, "--append", "", "--output-format", "base64")
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +91,7 @@ func TestSNPOVMFHashCommand(t *testing.T) {
 	dir := fixtures.Dir(t, "snp")
 	amd := filepath.Join(dir, "ovmf_AmdSev_suffix.bin")
 	const want = "086e2e9149ebf45abdc3445fba5b2da8270bdbb04094d7a2c37faaa4b24af3aa16aff8c374c2a55c467a50da6d466b74"
-	out, err := sevRun(t, runSNPOVMFHash, "--ovmf", amd)
+	out, err := measure(t, "snp-ovmf-hash", "--ovmf", amd)
 	if err != nil || strings.TrimSpace(out) != want {
 		t.Fatalf("snp-ovmf-hash = %q, %v; want %s", out, err, want)
 	}
@@ -111,11 +99,11 @@ func TestSNPOVMFHashCommand(t *testing.T) {
 	// different firmware file with the same metadata gives the same digest.
 	k := sevEmpty(t)
 	args := []string{"--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--append", "", "--guest-features", "0x21"}
-	seeded, err := sevRun(t, runSNP, append([]string{"--ovmf", amd, "--snp-ovmf-hash", want}, args...)...)
+	seeded, err := measure(t, "snp", append([]string{"--ovmf", amd, "--snp-ovmf-hash", want}, args...)...)
 	if err != nil || strings.TrimSpace(seeded) != "4953b1fb416fa874980e8442b3706d345926d5f38879134e00813c5d7abcbe78eafe7b422907be0b4698e2414a631942" {
 		t.Errorf("seeded snp = %q, %v", seeded, err)
 	}
-	if _, err := sevRun(t, runSNP, append([]string{"--ovmf", amd, "--snp-ovmf-hash", "abcd"}, args...)...); err == nil || !strings.Contains(err.Error(), "--snp-ovmf-hash") {
+	if _, err := measure(t, "snp", append([]string{"--ovmf", amd, "--snp-ovmf-hash", "abcd"}, args...)...); err == nil || !strings.Contains(err.Error(), "--snp-ovmf-hash") {
 		t.Errorf("short seed: %v", err)
 	}
 }
@@ -123,7 +111,7 @@ func TestSNPOVMFHashCommand(t *testing.T) {
 func TestSVSMCommand(t *testing.T) {
 	dir := fixtures.Dir(t, "snp")
 	ovmfPath, svsm := filepath.Join(dir, "svsm_ovmf.fd"), filepath.Join(dir, "svsm.bin")
-	out, err := sevRun(t, runSNP, "--ovmf", ovmfPath, "--svsm", svsm, "--vars-size", "540672", "--vcpus", "2,4", "--vcpu-type", "EPYC-v4")
+	out, err := measure(t, "snp", "--ovmf", ovmfPath, "--svsm", svsm, "--vars-size", "540672", "--vcpus", "2,4", "--vcpu-type", "EPYC-v4")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +128,7 @@ func TestSVSMCommand(t *testing.T) {
 	if err := os.WriteFile(vars, make([]byte, 540672), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err = sevRun(t, runSNP, "--ovmf", ovmfPath, "--svsm", svsm, "--vars-file", vars, "--vcpus", "2", "--vcpu-type", "EPYC-v4")
+	out, err = measure(t, "snp", "--ovmf", ovmfPath, "--svsm", svsm, "--vars-file", vars, "--vcpus", "2", "--vcpu-type", "EPYC-v4")
 	if err != nil || strings.TrimSpace(out) != "9b94745036aafddf4f7f8b00c7513abb5b7703178cb95aaa57928bd963d68d3bfcb715d6019b9167ee2517b11b0d9be7" {
 		t.Errorf("--vars-file: %q, %v", out, err)
 	}
@@ -150,19 +138,19 @@ func TestSEVCommands(t *testing.T) {
 	dir := fixtures.Dir(t, "snp")
 	amd, x64 := filepath.Join(dir, "ovmf_AmdSev_suffix.bin"), filepath.Join(dir, "ovmf_OvmfX64_suffix.bin")
 	k := sevEmpty(t)
-	out, err := sevRun(t, runSEV, "--ovmf", amd, "--kernel", k, "--initrd", k, "--append", "console=ttyS0 loglevel=7")
+	out, err := measure(t, "sev", "--ovmf", amd, "--kernel", k, "--initrd", k, "--append", "console=ttyS0 loglevel=7")
 	if err != nil || strings.TrimSpace(out) != "82a3ee5d537c3620628270c292ae30cb40c3c878666a7890ee7ef2a08fb535ff" {
 		t.Errorf("sev = %q, %v", out, err)
 	}
-	out, err = sevRun(t, runSEV, "--ovmf", x64)
+	out, err = measure(t, "sev", "--ovmf", x64)
 	if err != nil || strings.TrimSpace(out) != "b4c021e085fb83ceffe6571a3d357b4a98773c83c474e47f76c876708fe316da" {
 		t.Errorf("sev OvmfX64 = %q, %v", out, err)
 	}
-	out, err = sevRun(t, runSEVES, "--ovmf", amd, "--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--append", "")
+	out, err = measure(t, "seves", "--ovmf", amd, "--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--append", "")
 	if err != nil || strings.TrimSpace(out) != "0dccbcaba8e90b261bd0d2e1863a2f9da714768b7b2a19363cd6ae35aa90de91" {
 		t.Errorf("seves = %q, %v", out, err)
 	}
-	out, err = sevRun(t, runSEVES, "--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "-v")
+	out, err = measure(t, "seves", "--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "-v")
 	if err != nil || strings.TrimSpace(out) != "Calculated SEV_ES guest measurement: 13810ae661ea11e2bb205621f582fee268f0367c8f97bc297b7fadef3e12002c" {
 		t.Errorf("seves -v = %q, %v", out, err)
 	}
@@ -173,25 +161,24 @@ func TestSEVCommands(t *testing.T) {
 func TestSEVIgnoredFlags(t *testing.T) {
 	dir := fixtures.Dir(t, "snp")
 	amd := filepath.Join(dir, "ovmf_AmdSev_suffix.bin")
-	var warn bytes.Buffer
-	old := sevWarn
-	sevWarn = &warn
-	t.Cleanup(func() { sevWarn = old })
 	k := sevEmpty(t)
-	out, err := sevRun(t, runSEV, "--ovmf", amd, "--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--append", "console=ttyS0 loglevel=7")
+	out, warn, err := measureWarn(runSEV, "--ovmf", amd, "--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--append", "console=ttyS0 loglevel=7")
 	if err != nil || strings.TrimSpace(out) != "82a3ee5d537c3620628270c292ae30cb40c3c878666a7890ee7ef2a08fb535ff" {
 		t.Errorf("sev with --vcpus = %q, %v", out, err)
 	}
-	if !strings.Contains(warn.String(), "ignoring --vcpus") || !strings.Contains(warn.String(), "ignoring --vcpu-type") {
-		t.Errorf("warnings %q", warn.String())
+	if !strings.Contains(warn, "ignoring --vcpus") || !strings.Contains(warn, "ignoring --vcpu-type") {
+		t.Errorf("warnings %q", warn)
 	}
-	warn.Reset()
-	out, err = sevRun(t, runSEVES, "--ovmf", amd, "--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--guest-features", "0x21")
+	out, warn, err = measureWarn(runSEVES, "--ovmf", amd, "--vcpus", "4", "--vcpu-type", "EPYC-v4", "--kernel", k, "--initrd", k, "--guest-features", "0x21")
 	if err != nil || strings.TrimSpace(out) != "0dccbcaba8e90b261bd0d2e1863a2f9da714768b7b2a19363cd6ae35aa90de91" {
 		t.Errorf("seves with --guest-features = %q, %v", out, err)
 	}
-	if !strings.Contains(warn.String(), "ignoring --guest-features") {
-		t.Errorf("warnings %q", warn.String())
+	if !strings.Contains(warn, "ignoring --guest-features") {
+		t.Errorf("warnings %q", warn)
+	}
+	// Without ignored flags, nothing is printed to stderr.
+	if _, warn, err = measureWarn(runSEV, "--ovmf", amd); err != nil || warn != "" {
+		t.Errorf("sev without ignored flags: warnings %q, %v", warn, err)
 	}
 }
 
@@ -211,35 +198,35 @@ func TestSEVCommandErrors(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		run  func([]string) error
+		cmd  string
 		args []string
 		want string
 	}{
-		{"OvmfX64 with kernel", runSNP, []string{"--ovmf", x64, "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--kernel", k}, "kernel given but this firmware has no SNP_KERNEL_HASHES section"},
-		{"OvmfX64 with kernel, SEV", runSEV, []string{"--ovmf", x64, "--kernel", k}, "no SEV hash table"},
-		{"no --ovmf", runSNP, []string{"--vcpus", "1"}, "--ovmf PATH is required"},
-		{"no --vcpus", runSNP, []string{"--ovmf", amd, "--vcpu-type", "EPYC-v4"}, "--vcpus N is required"},
-		{"no vCPU type", runSNP, []string{"--ovmf", amd, "--vcpus", "1"}, "missing --vcpu-type"},
-		{"bad vCPU type", runSNP, []string{"--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v9"}, "unknown vCPU type"},
-		{"family without model", runSNP, []string{"--ovmf", amd, "--vcpus", "1", "--vcpu-family", "25"}, "--vcpu-model"},
-		{"bad vcpus", runSNP, []string{"--ovmf", amd, "--vcpus", "4-2", "--vcpu-type", "EPYC-v4"}, "not a vCPU count"},
-		{"zero vcpus", runSNP, []string{"--ovmf", amd, "--vcpus", "0", "--vcpu-type", "EPYC-v4"}, "not a vCPU count"},
-		{"bad vmm", runSNP, []string{"--ovmf", amd, "--vcpus", "1", "--vmm-type", "xen"}, "unknown VMM type"},
-		{"bad features", runSNP, []string{"--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--guest-features", "lots"}, "--guest-features"},
-		{"initrd without kernel", runSNP, []string{"--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--initrd", k}, "need --kernel"},
-		{"bad output format", runSEV, []string{"--ovmf", amd, "--output-format", "yaml"}, "--output-format"},
-		{"missing file", runSEV, []string{"--ovmf", filepath.Join(tmp, "nope.fd")}, "no such file"},
-		{"truncated firmware", runSNP, []string{"--ovmf", truncated, "--vcpus", "1", "--vcpu-type", "EPYC-v4"}, "no OVMF footer table"},
-		{"svsm without vars", runSNP, []string{"--ovmf", svsmOVMF, "--svsm", svsm, "--vcpus", "1", "--vcpu-type", "EPYC-v4"}, "--vars-size or --vars-file"},
-		{"vars without svsm", runSNP, []string{"--ovmf", svsmOVMF, "--vars-size", "4096", "--vcpus", "1", "--vcpu-type", "EPYC-v4"}, "need --svsm"},
-		{"svsm on ec2", runSNP, []string{"--ovmf", svsmOVMF, "--svsm", svsm, "--vars-size", "540672", "--vcpus", "1", "--vmm-type", "ec2"}, "only defined for QEMU"},
-		{"svsm with features", runSNP, []string{"--ovmf", svsmOVMF, "--svsm", svsm, "--vars-size", "540672", "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--guest-features", "0x21"}, "always uses"},
-		{"svsm image is not an SVSM", runSNP, []string{"--ovmf", svsmOVMF, "--svsm", amd, "--vars-size", "540672", "--vcpus", "1", "--vcpu-type", "EPYC-v4"}, "SVSM_INFO"},
-		{"stray argument", runSEV, []string{"--ovmf", amd, "extra"}, "unexpected argument"},
+		{"OvmfX64 with kernel", "snp", []string{"--ovmf", x64, "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--kernel", k}, "kernel given but this firmware has no SNP_KERNEL_HASHES section"},
+		{"OvmfX64 with kernel, SEV", "sev", []string{"--ovmf", x64, "--kernel", k}, "no SEV hash table"},
+		{"no --ovmf", "snp", []string{"--vcpus", "1"}, "--ovmf PATH is required"},
+		{"no --vcpus", "snp", []string{"--ovmf", amd, "--vcpu-type", "EPYC-v4"}, "--vcpus N is required"},
+		{"no vCPU type", "snp", []string{"--ovmf", amd, "--vcpus", "1"}, "missing --vcpu-type"},
+		{"bad vCPU type", "snp", []string{"--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v9"}, "unknown vCPU type"},
+		{"family without model", "snp", []string{"--ovmf", amd, "--vcpus", "1", "--vcpu-family", "25"}, "--vcpu-model"},
+		{"bad vcpus", "snp", []string{"--ovmf", amd, "--vcpus", "4-2", "--vcpu-type", "EPYC-v4"}, "not a vCPU count"},
+		{"zero vcpus", "snp", []string{"--ovmf", amd, "--vcpus", "0", "--vcpu-type", "EPYC-v4"}, "not a vCPU count"},
+		{"bad vmm", "snp", []string{"--ovmf", amd, "--vcpus", "1", "--vmm-type", "xen"}, "unknown VMM type"},
+		{"bad features", "snp", []string{"--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--guest-features", "lots"}, "--guest-features"},
+		{"initrd without kernel", "snp", []string{"--ovmf", amd, "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--initrd", k}, "need --kernel"},
+		{"bad output format", "sev", []string{"--ovmf", amd, "--output-format", "yaml"}, "--output-format"},
+		{"missing file", "sev", []string{"--ovmf", filepath.Join(tmp, "nope.fd")}, "no such file"},
+		{"truncated firmware", "snp", []string{"--ovmf", truncated, "--vcpus", "1", "--vcpu-type", "EPYC-v4"}, "no OVMF footer table"},
+		{"svsm without vars", "snp", []string{"--ovmf", svsmOVMF, "--svsm", svsm, "--vcpus", "1", "--vcpu-type", "EPYC-v4"}, "--vars-size or --vars-file"},
+		{"vars without svsm", "snp", []string{"--ovmf", svsmOVMF, "--vars-size", "4096", "--vcpus", "1", "--vcpu-type", "EPYC-v4"}, "need --svsm"},
+		{"svsm on ec2", "snp", []string{"--ovmf", svsmOVMF, "--svsm", svsm, "--vars-size", "540672", "--vcpus", "1", "--vmm-type", "ec2"}, "only defined for QEMU"},
+		{"svsm with features", "snp", []string{"--ovmf", svsmOVMF, "--svsm", svsm, "--vars-size", "540672", "--vcpus", "1", "--vcpu-type", "EPYC-v4", "--guest-features", "0x21"}, "always uses"},
+		{"svsm image is not an SVSM", "snp", []string{"--ovmf", svsmOVMF, "--svsm", amd, "--vars-size", "540672", "--vcpus", "1", "--vcpu-type", "EPYC-v4"}, "SVSM_INFO"},
+		{"stray argument", "sev", []string{"--ovmf", amd, "extra"}, "unexpected argument"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			out, err := sevRun(t, c.run, c.args...)
+			out, err := measure(t, c.cmd, c.args...)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("err = %v, want one containing %q", err, c.want)
 			}

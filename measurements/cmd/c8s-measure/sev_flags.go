@@ -22,17 +22,12 @@ import (
 	"github.com/c8s-dev/c8s/measurements/snp"
 )
 
-// sevOut is where the AMD subcommands print results, sevWarn where they
-// print warnings (tests replace them).
-var (
-	sevOut  io.Writer = os.Stdout
-	sevWarn io.Writer = os.Stderr
-)
-
 // sevFlags are the flags of the AMD subcommands; each subcommand defines the
-// subset it accepts.
+// subset it accepts. They also carry where the subcommand prints: results
+// to stdout, warnings to stderr.
 type sevFlags struct {
-	fs *flag.FlagSet
+	fs             *flag.FlagSet
+	stdout, stderr io.Writer
 
 	ovmf, kernel, initrd, appendLine string
 	vcpus                            string
@@ -47,9 +42,10 @@ type sevFlags struct {
 }
 
 // newSevFlags defines the flags common to every AMD mode; the with* methods
-// add the rest.
-func newSevFlags(name string) *sevFlags {
-	f := &sevFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+// add the rest. The subcommand prints its results to stdout and its
+// warnings to stderr.
+func newSevFlags(name string, stdout, stderr io.Writer) *sevFlags {
+	f := &sevFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError), stdout: stdout, stderr: stderr}
 	f.fs.StringVar(&f.ovmf, "ovmf", "", "OVMF firmware `PATH` (required)")
 	f.fs.StringVar(&f.outputFormat, "output-format", "hex", "output format: hex, base64 or json")
 	f.fs.BoolVar(&f.verbose, "verbose", false, "print the mode with the measurement")
@@ -60,7 +56,7 @@ func newSevFlags(name string) *sevFlags {
 func (f *sevFlags) withKernel() *sevFlags {
 	f.fs.StringVar(&f.kernel, "kernel", "", "kernel `PATH` of a direct kernel boot")
 	f.fs.StringVar(&f.initrd, "initrd", "", "initrd `PATH` (with --kernel)")
-	f.fs.StringVar(&f.appendLine, "append", "", "kernel command line (with --kernel)")
+	f.fs.StringVar(&f.appendLine, "append", "", appendHelp)
 	return f
 }
 
@@ -111,7 +107,7 @@ func (f *sevFlags) parse(args []string) error {
 func (f *sevFlags) ignored(why string, names ...string) {
 	for _, n := range names {
 		if f.isSet(n) {
-			fmt.Fprintf(sevWarn, "c8s-measure %s: ignoring --%s: %s\n", f.fs.Name(), n, why)
+			fmt.Fprintf(f.stderr, "c8s-measure %s: ignoring --%s: %s\n", f.fs.Name(), n, why)
 		}
 	}
 }
@@ -303,8 +299,22 @@ type sevResult struct {
 	Digest []byte
 }
 
-// sevModeNames are the names the reference tool prints with --verbose.
-var sevModeNames = map[string]string{"snp": "SEV_SNP", "snp:svsm": "SEV_SNP_SVSM", "sev": "SEV", "seves": "SEV_ES", "snp:ovmf-hash": "SNP OVMF hash"}
+// sevModeName is the name the reference tool prints with --verbose for mode.
+func sevModeName(mode string) string {
+	switch mode {
+	case "snp":
+		return "SEV_SNP"
+	case "snp:svsm":
+		return "SEV_SNP_SVSM"
+	case "sev":
+		return "SEV"
+	case "seves":
+		return "SEV_ES"
+	case "snp:ovmf-hash":
+		return "SNP OVMF hash"
+	}
+	return ""
+}
 
 // print writes the results: the digest alone for one result, a "vcpus
 // digest" table for several (sorted by vCPU count, duplicates dropped), or
@@ -343,23 +353,23 @@ func (f *sevFlags) print(mode string, results []sevResult) error {
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(sevOut, "%s\n", b)
+		_, err = fmt.Fprintf(f.stdout, "%s\n", b)
 		return err
 	}
 	if len(results) == 1 {
 		m := enc(results[0].Digest)
 		if f.verbose {
-			_, err := fmt.Fprintf(sevOut, "Calculated %s guest measurement: %s\n", sevModeNames[mode], m)
+			_, err := fmt.Fprintf(f.stdout, "Calculated %s guest measurement: %s\n", sevModeName(mode), m)
 			return err
 		}
-		_, err := fmt.Fprintln(sevOut, m)
+		_, err := fmt.Fprintln(f.stdout, m)
 		return err
 	}
-	if _, err := fmt.Fprintf(sevOut, "%-6s %s\n", "VCPUS", "DIGEST"); err != nil {
+	if _, err := fmt.Fprintf(f.stdout, "%-6s %s\n", "VCPUS", "DIGEST"); err != nil {
 		return err
 	}
 	for _, r := range results {
-		if _, err := fmt.Fprintf(sevOut, "%-6d %s\n", r.VCPUs, enc(r.Digest)); err != nil {
+		if _, err := fmt.Fprintf(f.stdout, "%-6d %s\n", r.VCPUs, enc(r.Digest)); err != nil {
 			return err
 		}
 	}

@@ -125,7 +125,7 @@ func TestSEVReference(t *testing.T) {
 	if err := json.Unmarshal(raw, &doc); err != nil {
 		t.Fatalf("%s: %v", sevReferenceGolden, err)
 	}
-	runs := map[string]func([]string) error{"snp": runSNP, "snp:svsm": runSNP, "snp:ovmf-hash": runSNPOVMFHash, "sev": runSEV, "seves": runSEVES}
+	commands := map[string]string{"snp": "snp", "snp:svsm": "snp", "snp:ovmf-hash": "snp-ovmf-hash", "sev": "sev", "seves": "seves"}
 	for _, c := range sevReferenceCases {
 		key := sevReferenceKey(c)
 		want, ok := doc.Results[key]
@@ -133,7 +133,7 @@ func TestSEVReference(t *testing.T) {
 			t.Errorf("no reference result for %q (regenerate with -update-sev-reference)", key)
 			continue
 		}
-		got, err := sevRun(t, runs[c[0]], expand(c[1:])...)
+		got, err := measure(t, commands[c[0]], expand(c[1:])...)
 		if err != nil {
 			t.Errorf("%s: %v", key, err)
 			continue

@@ -65,6 +65,7 @@ type File struct {
 	// Sections is the section table in file order.
 	Sections []Section
 
+	stampOff    int // file offset of the COFF header's TimeDateStamp
 	checksumOff int // file offset of the optional header's CheckSum
 	// certDirOff is the file offset of the security data directory entry,
 	// or -1 when the optional header has fewer than five entries.
@@ -86,7 +87,7 @@ func Parse(data []byte) (*File, error) {
 		return nil, fmt.Errorf("%w: no PE signature at offset %#x", ErrNotPE, pe)
 	}
 	coff := data[pe+4:]
-	f := &File{data: data, Machine: binary.LittleEndian.Uint16(coff), certDirOff: -1}
+	f := &File{data: data, Machine: binary.LittleEndian.Uint16(coff), stampOff: pe + 8, certDirOff: -1}
 	nsec := int(binary.LittleEndian.Uint16(coff[2:]))
 	optSize := int(binary.LittleEndian.Uint16(coff[16:]))
 	opt := pe + 4 + coffHeaderSize

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	apitypes "github.com/containerd/containerd/api/types"
@@ -26,7 +25,8 @@ func TestInfo(t *testing.T) {
 		t.Skip("builds the shim")
 	}
 	shim := filepath.Join(t.TempDir(), "containerd-shim-c8s-v2")
-	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", shim, ".")
+	// go test puts its own go first on PATH.
+	build := exec.Command("go", "build", "-o", shim, ".")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

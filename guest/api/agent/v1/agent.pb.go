@@ -1571,9 +1571,12 @@ func (x *OnlineCPUMemResponse) GetPossibleVcpus() uint32 {
 
 type GetEvidenceRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// report_data (at most 64 bytes) is bound into the evidence: the
-	// verifier's fresh nonce.
-	ReportData    []byte `protobuf:"bytes,1,opt,name=report_data,json=reportData,proto3" json:"report_data,omitempty"`
+	// nonce (at most 64 bytes) is the verifier's fresh challenge. The
+	// agent never signs the host's bytes as they are: the evidence's
+	// REPORT_DATA is SHA-512("c8s host attestation" || 0x00 || nonce)
+	// (guest/api/reportdata), so that the host cannot have the pod's TEE
+	// sign another use's binding, such as a key broker's handshake.
+	Nonce         []byte `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1608,9 +1611,9 @@ func (*GetEvidenceRequest) Descriptor() ([]byte, []int) {
 	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
-func (x *GetEvidenceRequest) GetReportData() []byte {
+func (x *GetEvidenceRequest) GetNonce() []byte {
 	if x != nil {
-		return x.ReportData
+		return x.Nonce
 	}
 	return nil
 }
@@ -2155,6 +2158,455 @@ func (x *NetRoute) GetScope() uint32 {
 	return 0
 }
 
+type ListenPortsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// known is the set the caller has, sorted; with known_set it makes the
+	// call wait for a change.
+	Known         []uint32 `protobuf:"varint,1,rep,packed,name=known,proto3" json:"known,omitempty"`
+	KnownSet      bool     `protobuf:"varint,2,opt,name=known_set,json=knownSet,proto3" json:"known_set,omitempty"`
+	WaitMs        uint32   `protobuf:"varint,3,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListenPortsRequest) Reset() {
+	*x = ListenPortsRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListenPortsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListenPortsRequest) ProtoMessage() {}
+
+func (x *ListenPortsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListenPortsRequest.ProtoReflect.Descriptor instead.
+func (*ListenPortsRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListenPortsRequest) GetKnown() []uint32 {
+	if x != nil {
+		return x.Known
+	}
+	return nil
+}
+
+func (x *ListenPortsRequest) GetKnownSet() bool {
+	if x != nil {
+		return x.KnownSet
+	}
+	return false
+}
+
+func (x *ListenPortsRequest) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
+}
+
+type ListenPortsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ports are sorted.
+	Ports         []uint32 `protobuf:"varint,1,rep,packed,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListenPortsResponse) Reset() {
+	*x = ListenPortsResponse{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListenPortsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListenPortsResponse) ProtoMessage() {}
+
+func (x *ListenPortsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListenPortsResponse.ProtoReflect.Descriptor instead.
+func (*ListenPortsResponse) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ListenPortsResponse) GetPorts() []uint32 {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
+type DialRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Port          uint32                 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DialRequest) Reset() {
+	*x = DialRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DialRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DialRequest) ProtoMessage() {}
+
+func (x *DialRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DialRequest.ProtoReflect.Descriptor instead.
+func (*DialRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *DialRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+type DialResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConnId        uint64                 `protobuf:"varint,1,opt,name=conn_id,json=connId,proto3" json:"conn_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DialResponse) Reset() {
+	*x = DialResponse{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DialResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DialResponse) ProtoMessage() {}
+
+func (x *DialResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DialResponse.ProtoReflect.Descriptor instead.
+func (*DialResponse) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *DialResponse) GetConnId() uint64 {
+	if x != nil {
+		return x.ConnId
+	}
+	return 0
+}
+
+type ConnReadRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	ConnId uint64                 `protobuf:"varint,1,opt,name=conn_id,json=connId,proto3" json:"conn_id,omitempty"`
+	// max_bytes bounds the reply; 0 means 32 KiB.
+	MaxBytes      uint32 `protobuf:"varint,2,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnReadRequest) Reset() {
+	*x = ConnReadRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnReadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnReadRequest) ProtoMessage() {}
+
+func (x *ConnReadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnReadRequest.ProtoReflect.Descriptor instead.
+func (*ConnReadRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ConnReadRequest) GetConnId() uint64 {
+	if x != nil {
+		return x.ConnId
+	}
+	return 0
+}
+
+func (x *ConnReadRequest) GetMaxBytes() uint32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+type ConnReadResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Eof           bool                   `protobuf:"varint,2,opt,name=eof,proto3" json:"eof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnReadResponse) Reset() {
+	*x = ConnReadResponse{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnReadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnReadResponse) ProtoMessage() {}
+
+func (x *ConnReadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnReadResponse.ProtoReflect.Descriptor instead.
+func (*ConnReadResponse) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ConnReadResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ConnReadResponse) GetEof() bool {
+	if x != nil {
+		return x.Eof
+	}
+	return false
+}
+
+type ConnWriteRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConnId        uint64                 `protobuf:"varint,1,opt,name=conn_id,json=connId,proto3" json:"conn_id,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnWriteRequest) Reset() {
+	*x = ConnWriteRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnWriteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnWriteRequest) ProtoMessage() {}
+
+func (x *ConnWriteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnWriteRequest.ProtoReflect.Descriptor instead.
+func (*ConnWriteRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ConnWriteRequest) GetConnId() uint64 {
+	if x != nil {
+		return x.ConnId
+	}
+	return 0
+}
+
+func (x *ConnWriteRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+type ConnWriteResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Written       uint32                 `protobuf:"varint,1,opt,name=written,proto3" json:"written,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnWriteResponse) Reset() {
+	*x = ConnWriteResponse{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnWriteResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnWriteResponse) ProtoMessage() {}
+
+func (x *ConnWriteResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnWriteResponse.ProtoReflect.Descriptor instead.
+func (*ConnWriteResponse) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ConnWriteResponse) GetWritten() uint32 {
+	if x != nil {
+		return x.Written
+	}
+	return 0
+}
+
+type ConnCloseRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	ConnId uint64                 `protobuf:"varint,1,opt,name=conn_id,json=connId,proto3" json:"conn_id,omitempty"`
+	// write_only closes only the write side (TCP half-close).
+	WriteOnly     bool `protobuf:"varint,2,opt,name=write_only,json=writeOnly,proto3" json:"write_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnCloseRequest) Reset() {
+	*x = ConnCloseRequest{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnCloseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnCloseRequest) ProtoMessage() {}
+
+func (x *ConnCloseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnCloseRequest.ProtoReflect.Descriptor instead.
+func (*ConnCloseRequest) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ConnCloseRequest) GetConnId() uint64 {
+	if x != nil {
+		return x.ConnId
+	}
+	return 0
+}
+
+func (x *ConnCloseRequest) GetWriteOnly() bool {
+	if x != nil {
+		return x.WriteOnly
+	}
+	return false
+}
+
 var File_guest_api_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
@@ -2255,10 +2707,9 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x05vcpus\x18\x01 \x01(\rR\x05vcpus\x12\x1d\n" +
 	"\n" +
 	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\x12%\n" +
-	"\x0epossible_vcpus\x18\x03 \x01(\rR\rpossibleVcpus\"5\n" +
-	"\x12GetEvidenceRequest\x12\x1f\n" +
-	"\vreport_data\x18\x01 \x01(\fR\n" +
-	"reportData\"|\n" +
+	"\x0epossible_vcpus\x18\x03 \x01(\rR\rpossibleVcpus\"*\n" +
+	"\x12GetEvidenceRequest\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"|\n" +
 	"\x13GetEvidenceResponse\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x16\n" +
@@ -2296,7 +2747,32 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\vdestination\x18\x02 \x01(\tR\vdestination\x12\x18\n" +
 	"\agateway\x18\x03 \x01(\tR\agateway\x12\x16\n" +
 	"\x06source\x18\x04 \x01(\tR\x06source\x12\x14\n" +
-	"\x05scope\x18\x05 \x01(\rR\x05scope2\x91\n" +
+	"\x05scope\x18\x05 \x01(\rR\x05scope\"`\n" +
+	"\x12ListenPortsRequest\x12\x14\n" +
+	"\x05known\x18\x01 \x03(\rR\x05known\x12\x1b\n" +
+	"\tknown_set\x18\x02 \x01(\bR\bknownSet\x12\x17\n" +
+	"\await_ms\x18\x03 \x01(\rR\x06waitMs\"+\n" +
+	"\x13ListenPortsResponse\x12\x14\n" +
+	"\x05ports\x18\x01 \x03(\rR\x05ports\"!\n" +
+	"\vDialRequest\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\"'\n" +
+	"\fDialResponse\x12\x17\n" +
+	"\aconn_id\x18\x01 \x01(\x04R\x06connId\"G\n" +
+	"\x0fConnReadRequest\x12\x17\n" +
+	"\aconn_id\x18\x01 \x01(\x04R\x06connId\x12\x1b\n" +
+	"\tmax_bytes\x18\x02 \x01(\rR\bmaxBytes\"8\n" +
+	"\x10ConnReadResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x10\n" +
+	"\x03eof\x18\x02 \x01(\bR\x03eof\"?\n" +
+	"\x10ConnWriteRequest\x12\x17\n" +
+	"\aconn_id\x18\x01 \x01(\x04R\x06connId\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"-\n" +
+	"\x11ConnWriteResponse\x12\x18\n" +
+	"\awritten\x18\x01 \x01(\rR\awritten\"J\n" +
+	"\x10ConnCloseRequest\x12\x17\n" +
+	"\aconn_id\x18\x01 \x01(\x04R\x06connId\x12\x1d\n" +
+	"\n" +
+	"write_only\x18\x02 \x01(\bR\twriteOnly2\x91\n" +
 	"\n" +
 	"\x05Agent\x12F\n" +
 	"\aGetInfo\x12\x1c.c8s.agent.v1.GetInfoRequest\x1a\x1d.c8s.agent.v1.GetInfoResponse\x12^\n" +
@@ -2323,7 +2799,13 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"ReadStderr\x12\x1f.c8s.agent.v1.ReadStreamRequest\x1a .c8s.agent.v1.ReadStreamResponse\x12O\n" +
 	"\n" +
-	"WriteStdin\x12\x1f.c8s.agent.v1.WriteStdinRequest\x1a .c8s.agent.v1.WriteStdinResponseB1Z/github.com/c8s-dev/c8s/guest/api/agent/v1;agentb\x06proto3"
+	"WriteStdin\x12\x1f.c8s.agent.v1.WriteStdinRequest\x1a .c8s.agent.v1.WriteStdinResponse2\xef\x02\n" +
+	"\vPortForward\x12R\n" +
+	"\vListenPorts\x12 .c8s.agent.v1.ListenPortsRequest\x1a!.c8s.agent.v1.ListenPortsResponse\x12=\n" +
+	"\x04Dial\x12\x19.c8s.agent.v1.DialRequest\x1a\x1a.c8s.agent.v1.DialResponse\x12E\n" +
+	"\x04Read\x12\x1d.c8s.agent.v1.ConnReadRequest\x1a\x1e.c8s.agent.v1.ConnReadResponse\x12H\n" +
+	"\x05Write\x12\x1e.c8s.agent.v1.ConnWriteRequest\x1a\x1f.c8s.agent.v1.ConnWriteResponse\x12<\n" +
+	"\x05Close\x12\x1e.c8s.agent.v1.ConnCloseRequest\x1a\x13.c8s.agent.v1.EmptyB1Z/github.com/c8s-dev/c8s/guest/api/agent/v1;agentb\x06proto3"
 
 var (
 	file_guest_api_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -2337,7 +2819,7 @@ func file_guest_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_guest_api_agent_v1_agent_proto_rawDescData
 }
 
-var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
+var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: c8s.agent.v1.Empty
 	(*GetInfoRequest)(nil),          // 1: c8s.agent.v1.GetInfoRequest
@@ -2376,11 +2858,20 @@ var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*PodNetwork)(nil),              // 34: c8s.agent.v1.PodNetwork
 	(*NetInterface)(nil),            // 35: c8s.agent.v1.NetInterface
 	(*NetRoute)(nil),                // 36: c8s.agent.v1.NetRoute
-	(*timestamppb.Timestamp)(nil),   // 37: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 38: google.protobuf.Any
+	(*ListenPortsRequest)(nil),      // 37: c8s.agent.v1.ListenPortsRequest
+	(*ListenPortsResponse)(nil),     // 38: c8s.agent.v1.ListenPortsResponse
+	(*DialRequest)(nil),             // 39: c8s.agent.v1.DialRequest
+	(*DialResponse)(nil),            // 40: c8s.agent.v1.DialResponse
+	(*ConnReadRequest)(nil),         // 41: c8s.agent.v1.ConnReadRequest
+	(*ConnReadResponse)(nil),        // 42: c8s.agent.v1.ConnReadResponse
+	(*ConnWriteRequest)(nil),        // 43: c8s.agent.v1.ConnWriteRequest
+	(*ConnWriteResponse)(nil),       // 44: c8s.agent.v1.ConnWriteResponse
+	(*ConnCloseRequest)(nil),        // 45: c8s.agent.v1.ConnCloseRequest
+	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 47: google.protobuf.Any
 }
 var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
-	37, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
+	46, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: c8s.agent.v1.Rootfs.scsi:type_name -> c8s.agent.v1.ScsiDisk
 	5,  // 2: c8s.agent.v1.CreateContainerRequest.rootfs:type_name -> c8s.agent.v1.Rootfs
 	3,  // 3: c8s.agent.v1.CreateContainerRequest.stdio:type_name -> c8s.agent.v1.Stdio
@@ -2388,9 +2879,9 @@ var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
 	34, // 5: c8s.agent.v1.CreateContainerRequest.network:type_name -> c8s.agent.v1.PodNetwork
 	8,  // 6: c8s.agent.v1.CreateContainerRequest.shared_mounts:type_name -> c8s.agent.v1.SharedMount
 	3,  // 7: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
-	37, // 8: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	46, // 8: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
 	20, // 9: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
-	38, // 10: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	47, // 10: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
 	35, // 11: c8s.agent.v1.PodNetwork.interfaces:type_name -> c8s.agent.v1.NetInterface
 	36, // 12: c8s.agent.v1.PodNetwork.routes:type_name -> c8s.agent.v1.NetRoute
 	1,  // 13: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
@@ -2413,28 +2904,38 @@ var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
 	30, // 30: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
 	30, // 31: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
 	32, // 32: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
-	2,  // 33: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
-	9,  // 34: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
-	11, // 35: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
-	0,  // 36: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
-	14, // 37: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
-	16, // 38: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
-	0,  // 39: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 40: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 41: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
-	0,  // 42: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
-	21, // 43: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
-	23, // 44: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
-	0,  // 45: c8s.agent.v1.Agent.UpdateContainer:output_type -> c8s.agent.v1.Empty
-	26, // 46: c8s.agent.v1.Agent.OnlineCPUMem:output_type -> c8s.agent.v1.OnlineCPUMemResponse
-	0,  // 47: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
-	28, // 48: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
-	0,  // 49: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
-	31, // 50: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
-	31, // 51: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
-	33, // 52: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
-	33, // [33:53] is the sub-list for method output_type
-	13, // [13:33] is the sub-list for method input_type
+	37, // 33: c8s.agent.v1.PortForward.ListenPorts:input_type -> c8s.agent.v1.ListenPortsRequest
+	39, // 34: c8s.agent.v1.PortForward.Dial:input_type -> c8s.agent.v1.DialRequest
+	41, // 35: c8s.agent.v1.PortForward.Read:input_type -> c8s.agent.v1.ConnReadRequest
+	43, // 36: c8s.agent.v1.PortForward.Write:input_type -> c8s.agent.v1.ConnWriteRequest
+	45, // 37: c8s.agent.v1.PortForward.Close:input_type -> c8s.agent.v1.ConnCloseRequest
+	2,  // 38: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
+	9,  // 39: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
+	11, // 40: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
+	0,  // 41: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
+	14, // 42: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
+	16, // 43: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
+	0,  // 44: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 45: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 46: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
+	0,  // 47: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
+	21, // 48: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
+	23, // 49: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
+	0,  // 50: c8s.agent.v1.Agent.UpdateContainer:output_type -> c8s.agent.v1.Empty
+	26, // 51: c8s.agent.v1.Agent.OnlineCPUMem:output_type -> c8s.agent.v1.OnlineCPUMemResponse
+	0,  // 52: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
+	28, // 53: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
+	0,  // 54: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
+	31, // 55: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
+	31, // 56: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
+	33, // 57: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
+	38, // 58: c8s.agent.v1.PortForward.ListenPorts:output_type -> c8s.agent.v1.ListenPortsResponse
+	40, // 59: c8s.agent.v1.PortForward.Dial:output_type -> c8s.agent.v1.DialResponse
+	42, // 60: c8s.agent.v1.PortForward.Read:output_type -> c8s.agent.v1.ConnReadResponse
+	44, // 61: c8s.agent.v1.PortForward.Write:output_type -> c8s.agent.v1.ConnWriteResponse
+	0,  // 62: c8s.agent.v1.PortForward.Close:output_type -> c8s.agent.v1.Empty
+	38, // [38:63] is the sub-list for method output_type
+	13, // [13:38] is the sub-list for method input_type
 	13, // [13:13] is the sub-list for extension type_name
 	13, // [13:13] is the sub-list for extension extendee
 	0,  // [0:13] is the sub-list for field type_name
@@ -2454,9 +2955,9 @@ func file_guest_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_guest_api_agent_v1_agent_proto_rawDesc), len(file_guest_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   37,
+			NumMessages:   46,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_guest_api_agent_v1_agent_proto_goTypes,
 		DependencyIndexes: file_guest_api_agent_v1_agent_proto_depIdxs,

@@ -366,3 +366,103 @@ func (c *ioClient) WriteStdin(ctx context.Context, req *WriteStdinRequest) (*Wri
 	}
 	return &resp, nil
 }
+
+type PortForwardService interface {
+	ListenPorts(context.Context, *ListenPortsRequest) (*ListenPortsResponse, error)
+	Dial(context.Context, *DialRequest) (*DialResponse, error)
+	Read(context.Context, *ConnReadRequest) (*ConnReadResponse, error)
+	Write(context.Context, *ConnWriteRequest) (*ConnWriteResponse, error)
+	Close(context.Context, *ConnCloseRequest) (*Empty, error)
+}
+
+func RegisterPortForwardService(srv *ttrpc.Server, svc PortForwardService) {
+	srv.RegisterService("c8s.agent.v1.PortForward", &ttrpc.ServiceDesc{
+		Methods: map[string]ttrpc.Method{
+			"ListenPorts": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ListenPortsRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.ListenPorts(ctx, &req)
+			},
+			"Dial": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req DialRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Dial(ctx, &req)
+			},
+			"Read": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ConnReadRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Read(ctx, &req)
+			},
+			"Write": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ConnWriteRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Write(ctx, &req)
+			},
+			"Close": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req ConnCloseRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Close(ctx, &req)
+			},
+		},
+	})
+}
+
+type portforwardClient struct {
+	client *ttrpc.Client
+}
+
+func NewPortForwardClient(client *ttrpc.Client) PortForwardService {
+	return &portforwardClient{
+		client: client,
+	}
+}
+
+func (c *portforwardClient) ListenPorts(ctx context.Context, req *ListenPortsRequest) (*ListenPortsResponse, error) {
+	var resp ListenPortsResponse
+	if err := c.client.Call(ctx, "c8s.agent.v1.PortForward", "ListenPorts", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *portforwardClient) Dial(ctx context.Context, req *DialRequest) (*DialResponse, error) {
+	var resp DialResponse
+	if err := c.client.Call(ctx, "c8s.agent.v1.PortForward", "Dial", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *portforwardClient) Read(ctx context.Context, req *ConnReadRequest) (*ConnReadResponse, error) {
+	var resp ConnReadResponse
+	if err := c.client.Call(ctx, "c8s.agent.v1.PortForward", "Read", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *portforwardClient) Write(ctx context.Context, req *ConnWriteRequest) (*ConnWriteResponse, error) {
+	var resp ConnWriteResponse
+	if err := c.client.Call(ctx, "c8s.agent.v1.PortForward", "Write", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *portforwardClient) Close(ctx context.Context, req *ConnCloseRequest) (*Empty, error) {
+	var resp Empty
+	if err := c.client.Call(ctx, "c8s.agent.v1.PortForward", "Close", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}

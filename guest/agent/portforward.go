@@ -1,0 +1,327 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/internal/netnsdo"
+)
+
+const (
+	// maxForwardConns bounds the port-forward connections open at once,
+	// so that a host cannot exhaust the guest's memory or sockets.
+	maxForwardConns = 256
+	// portPollInterval is how often ListenPorts re-reads the listening
+	// sockets while it waits for a change.
+	portPollInterval = 200 * time.Millisecond
+	// maxPortWait caps ListenPorts' wait.
+	maxPortWait = 60 * time.Second
+)
+
+// portForward is the agent's PortForward service (CRI port-forward). Every
+// call is a host request into the pod: it needs the pod's policy in force
+// and the port allowed by it.
+type portForward struct {
+	s *Service
+
+	mu    sync.Mutex
+	next  uint64
+	conns map[uint64]*net.TCPConn
+}
+
+var _ agentapi.PortForwardService = (*portForward)(nil)
+
+func newPortForward(s *Service) *portForward {
+	return &portForward{s: s, conns: map[uint64]*net.TCPConn{}}
+}
+
+// allowed returns nil if the pod's policy lets the host forward to port,
+// or, with port 0, to any port at all.
+func (p *portForward) allowed(ctx context.Context, what string, port uint32) error {
+	if err := p.s.requirePolicy(ctx, what); err != nil {
+		return err
+	}
+	p.s.mu.Lock()
+	pol := p.s.policy
+	p.s.mu.Unlock()
+	if port == 0 {
+		if !pol.AnyPortForwardAllowed() {
+			return fmt.Errorf("%s refused: the pod's policy allows no port-forward (agent_policy.allow_port_forward is empty): %w", what, errdefs.ErrPermissionDenied)
+		}
+		return nil
+	}
+	if !pol.PortForwardAllowed(port) {
+		return fmt.Errorf("%s refused: port %d is not in the pod's agent_policy.allow_port_forward %v: %w", what, port, pol.AllowPortForward, errdefs.ErrPermissionDenied)
+	}
+	return nil
+}
+
+// ListenPorts reports the pod's listening TCP ports that the policy lets
+// the host forward to, waiting for a change when asked to.
+func (p *portForward) ListenPorts(ctx context.Context, r *agentapi.ListenPortsRequest) (*agentapi.ListenPortsResponse, error) {
+	if err := p.allowed(ctx, "ListenPorts", 0); err != nil {
+		return nil, err
+	}
+	wait := min(time.Duration(r.WaitMs)*time.Millisecond, maxPortWait)
+	deadline := time.Now().Add(wait)
+	for {
+		ports, err := listeningPorts(p.s.cfg.ProcDir, p.podPid())
+		if err != nil {
+			return nil, err
+		}
+		ports = slices.DeleteFunc(ports, func(port uint32) bool { return p.allowed(ctx, "", port) != nil })
+		if !r.KnownSet || !slices.Equal(ports, r.Known) || !time.Now().Before(deadline) {
+			return &agentapi.ListenPortsResponse{Ports: ports}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(portPollInterval):
+		}
+	}
+}
+
+// Dial connects to a pod port on the loopback of the pod's network
+// namespace.
+func (p *portForward) Dial(ctx context.Context, r *agentapi.DialRequest) (*agentapi.DialResponse, error) {
+	if r.Port == 0 || r.Port > 65535 {
+		return nil, fmt.Errorf("port-forward to port %d: not a TCP port: %w", r.Port, errdefs.ErrInvalidArgument)
+	}
+	if err := p.allowed(ctx, fmt.Sprintf("port-forward to port %d", r.Port), r.Port); err != nil {
+		return nil, err
+	}
+	c, err := dialPod(ctx, p.podPid(), r.Port)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.conns); n >= maxForwardConns {
+		c.Close()
+		return nil, fmt.Errorf("port-forward to port %d: %d connections are open already: %w", r.Port, n, errdefs.ErrResourceExhausted)
+	}
+	p.next++
+	p.conns[p.next] = c
+	log.G(ctx).WithField("port", r.Port).WithField("conn", p.next).Debug("port-forward connection open")
+	return &agentapi.DialResponse{ConnId: p.next}, nil
+}
+
+// podPid is a process in the pod's network namespace: the init of its
+// sandbox container (the container whose id is the pod's sandbox id),
+// which has the pod's interfaces and which the pod's other containers
+// join. 0 without one (a container outside a pod): the agent's own
+// namespace, which such containers share.
+func (p *portForward) podPid() int {
+	s := p.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, c := range s.containers {
+		if c.sandboxID != id {
+			continue
+		}
+		c.mu.Lock()
+		init := c.init
+		c.mu.Unlock()
+		if init != nil {
+			return init.pid
+		}
+	}
+	return 0
+}
+
+// dialPod connects to port on the loopback of the network namespace of
+// pid (0: the agent's own), IPv4 first, as containerd does for runc pods.
+func dialPod(ctx context.Context, pid int, port uint32) (*net.TCPConn, error) {
+	var c net.Conn
+	dial := func() error {
+		var d net.Dialer
+		var err4, err6 error
+		if c, err4 = d.DialContext(ctx, "tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port)))); err4 == nil {
+			return nil
+		}
+		if c, err6 = d.DialContext(ctx, "tcp6", net.JoinHostPort("::1", strconv.Itoa(int(port)))); err6 == nil {
+			return nil
+		}
+		return fmt.Errorf("port-forward: nothing in the pod accepts connections on port %d (IPv4: %v; IPv6: %v): %w", port, err4, err6, errdefs.ErrUnavailable)
+	}
+	var err error
+	if pid > 0 {
+		// The socket is made on a thread in the pod's namespace, and stays
+		// there.
+		err = netnsdo.Do(fmt.Sprintf("/proc/%d/ns/net", pid), dial)
+	} else {
+		err = dial()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}
+
+func (p *portForward) conn(id uint64) (*net.TCPConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c := p.conns[id]
+	if c == nil {
+		return nil, fmt.Errorf("port-forward connection %d: %w", id, errdefs.ErrNotFound)
+	}
+	return c, nil
+}
+
+// Read returns what the pod sent, blocking until there is some.
+func (p *portForward) Read(ctx context.Context, r *agentapi.ConnReadRequest) (*agentapi.ConnReadResponse, error) {
+	c, err := p.conn(r.ConnId)
+	if err != nil {
+		return nil, err
+	}
+	size := int(r.MaxBytes)
+	if size == 0 {
+		size = defaultReadBytes
+	}
+	buf := make([]byte, min(size, maxReadBytes))
+	// A cancelled request must not leave a read blocked forever.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	n, err := c.Read(buf)
+	if n > 0 {
+		return &agentapi.ConnReadResponse{Data: buf[:n]}, nil
+	}
+	if errors.Is(err, io.EOF) {
+		return &agentapi.ConnReadResponse{Eof: true}, nil
+	}
+	if ctx.Err() != nil {
+		_ = c.SetReadDeadline(time.Time{})
+		return nil, ctx.Err()
+	}
+	return nil, fmt.Errorf("port-forward connection %d: read: %w", r.ConnId, err)
+}
+
+// Write sends data to the pod.
+func (p *portForward) Write(ctx context.Context, r *agentapi.ConnWriteRequest) (*agentapi.ConnWriteResponse, error) {
+	c, err := p.conn(r.ConnId)
+	if err != nil {
+		return nil, err
+	}
+	n, err := c.Write(r.Data)
+	if err != nil {
+		return &agentapi.ConnWriteResponse{Written: uint32(n)}, fmt.Errorf("port-forward connection %d: write: %w", r.ConnId, err)
+	}
+	return &agentapi.ConnWriteResponse{Written: uint32(n)}, nil
+}
+
+// Close closes a connection, or only its write side.
+func (p *portForward) Close(ctx context.Context, r *agentapi.ConnCloseRequest) (*agentapi.Empty, error) {
+	c, err := p.conn(r.ConnId)
+	if err != nil {
+		return nil, err
+	}
+	if r.WriteOnly {
+		if err := c.CloseWrite(); err != nil {
+			return nil, fmt.Errorf("port-forward connection %d: close its write side: %w", r.ConnId, err)
+		}
+		return &agentapi.Empty{}, nil
+	}
+	p.mu.Lock()
+	delete(p.conns, r.ConnId)
+	p.mu.Unlock()
+	_ = c.Close()
+	return &agentapi.Empty{}, nil
+}
+
+// listeningPorts reads the TCP ports in state LISTEN on a wildcard or
+// loopback address in the network namespace of pid (0: the agent's own)
+// from procDir's [pid/]net/tcp and net/tcp6, sorted.
+func listeningPorts(procDir string, pid int) ([]uint32, error) {
+	if procDir == "" {
+		procDir = "/proc"
+	}
+	if pid > 0 {
+		procDir = filepath.Join(procDir, strconv.Itoa(pid))
+	}
+	var ports []uint32
+	for _, name := range []string{"tcp", "tcp6"} {
+		f, err := os.Open(filepath.Join(procDir, "net", name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a kernel without IPv6
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the listening sockets: %w", err)
+		}
+		got, err := parseListening(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read the listening sockets from %s: %w", f.Name(), err)
+		}
+		ports = append(ports, got...)
+	}
+	slices.Sort(ports)
+	return slices.Compact(ports), nil
+}
+
+// parseListening parses /proc/net/tcp{,6}: "sl local_address rem_address
+// st ...", addresses as hex "ADDR:PORT", LISTEN is state 0A.
+func parseListening(r io.Reader) ([]uint32, error) {
+	var ports []uint32
+	sc := bufio.NewScanner(r)
+	first := true
+	for sc.Scan() {
+		if first { // the header
+			first = false
+			continue
+		}
+		f := strings.Fields(sc.Text())
+		if len(f) < 4 {
+			continue
+		}
+		if f[3] != "0A" {
+			continue
+		}
+		addr, portHex, ok := strings.Cut(f[1], ":")
+		if !ok {
+			return nil, fmt.Errorf("malformed local address %q", f[1])
+		}
+		port, err := strconv.ParseUint(portHex, 16, 16)
+		if err != nil {
+			return nil, fmt.Errorf("malformed port in %q: %w", f[1], err)
+		}
+		if reachableFromLoopback(addr) {
+			ports = append(ports, uint32(port))
+		}
+	}
+	return ports, sc.Err()
+}
+
+// reachableFromLoopback reports whether a socket bound to addr accepts
+// connections to the loopback: the wildcard address, 127.0.0.0/8, ::1 or
+// an IPv4-mapped loopback. /proc/net/tcp{,6} print addresses in hex as
+// 32-bit words in host byte order; the guest is little-endian (x86-64).
+func reachableFromLoopback(addr string) bool {
+	switch len(addr) {
+	case 8: // 127.0.0.1 is "0100007F"
+		return addr == "00000000" || strings.HasSuffix(addr, "7F")
+	case 32:
+		switch addr {
+		case "00000000000000000000000000000000", // ::
+			"00000000000000000000000001000000": // ::1
+			return true
+		}
+		// ::ffff:127.x.y.z
+		return addr[:16] == "0000000000000000" && addr[16:24] == "FFFF0000" && reachableFromLoopback(addr[24:])
+	}
+	return false
+}

@@ -1,0 +1,125 @@
+package initdata
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+)
+
+// checkPolicy validates the [policy] section against the rest of the
+// document: the secrets it mounts are [[kbs.secrets]] resources, and exec
+// is stated per container, not by agent_policy.allow_exec.
+func (d *InitData) checkPolicy() error {
+	if d.Policy == nil {
+		return nil
+	}
+	if d.Agent.AllowExec != nil {
+		return errors.New("init data: agent_policy.allow_exec does not apply with a [policy] section: list the commands the host may exec in policy.containers.NAME.exec")
+	}
+	resources := make([]string, len(d.KBS.Secrets))
+	for i, s := range d.KBS.Secrets {
+		resources[i] = s.Resource
+	}
+	if err := d.Policy.Validate(resources); err != nil {
+		return fmt.Errorf("init data: %w", err)
+	}
+	return nil
+}
+
+// PolicyGoverns reports whether the document has a [policy] section, under
+// which the agent refuses whatever it does not allow.
+func (d *InitData) PolicyGoverns() bool { return d.Policy != nil }
+
+// HostExec says whether, and how, the host may exec into the pod's
+// containers under this document, for a key broker deciding whether the
+// host could read released secrets back: "any" (no [policy] and
+// agent_policy.allow_exec not false, or a [policy] in audit mode, which
+// only logs denials), "listed" (a [policy]: only the argv lists the owner
+// wrote per container) or "none".
+func (d *InitData) HostExec() string {
+	switch {
+	case d.Policy != nil && d.Policy.Audit:
+		return "any"
+	case d.Policy != nil:
+		if d.Policy.Sandbox != nil && len(d.Policy.Sandbox.Exec) > 0 {
+			return "listed"
+		}
+		for _, c := range d.Policy.Containers {
+			if c != nil && len(c.Exec) > 0 {
+				return "listed"
+			}
+		}
+		return "none"
+	case d.Agent.ExecAllowed():
+		return "any"
+	}
+	return "none"
+}
+
+// knownKeysAt lists the keys the TOML document of v may have in the table
+// at key's parent, following v's struct tags through tables, arrays of
+// tables and maps (whose keys are names). False when key's parent is not
+// a table of v.
+func knownKeysAt(v any, key []string) ([]string, bool) {
+	t := reflect.TypeOf(v)
+	for _, k := range key[:len(key)-1] {
+		t = deref(t)
+		switch t.Kind() {
+		case reflect.Map:
+			t = t.Elem() // k is a name
+			continue
+		case reflect.Struct:
+		default:
+			return nil, false
+		}
+		f, ok := fieldByTag(t, k)
+		if !ok {
+			return nil, false
+		}
+		t = f.Type
+	}
+	t = deref(t)
+	if t.Kind() != reflect.Struct {
+		return nil, false
+	}
+	var keys []string
+	for i := range t.NumField() {
+		if tag := strings.Split(t.Field(i).Tag.Get("toml"), ",")[0]; tag != "" && tag != "-" {
+			keys = append(keys, tag)
+		}
+	}
+	sort.Strings(keys)
+	return keys, true
+}
+
+// deref strips pointers and slices (arrays of tables).
+func deref(t reflect.Type) reflect.Type {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice {
+		t = t.Elem()
+	}
+	return t
+}
+
+func fieldByTag(t reflect.Type, tag string) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		if strings.Split(t.Field(i).Tag.Get("toml"), ",")[0] == tag {
+			return t.Field(i), true
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+// unknownPolicyKey explains an unknown key of the [policy] section: its
+// name and the keys its table has.
+func unknownPolicyKey(v any, key []string) (string, bool) {
+	if len(key) < 2 || key[0] != "policy" {
+		return "", false
+	}
+	known, ok := knownKeysAt(v, key)
+	if !ok {
+		return "", false
+	}
+	return fmt.Sprintf("unknown key %s (known in %s: %s)", strings.Join(key, "."), strings.Join(key[:len(key)-1], "."), strings.Join(known, ", ")), true
+}

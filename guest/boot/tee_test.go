@@ -1,0 +1,41 @@
+package boot
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The guest takes the TEE it was started as from its kernel command line;
+// a line it cannot read or a bad value is an error, never "no TEE".
+func TestStartedAs(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		cmdline, want, err string
+	}{
+		{"console=ttyS0 quiet panic=-1 c8s.tee=snp\n", "snp", ""},
+		{"console=ttyS0 c8s.tee=tdx c8s.log_level=debug\n", "tdx", ""},
+		{"console=ttyS0 panic=-1\n", "", ""},
+		{"console=ttyS0 c8s.tee=none\n", "", `unknown TEE "none"`},
+		{"c8s.tee=snp c8s.tee=sim\n", "", "more than once"},
+	} {
+		path := filepath.Join(dir, "cmdline")
+		if err := os.WriteFile(path, []byte(tc.cmdline), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := startedAs(path)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("startedAs(%q) = %q, %v; want an error with %q", tc.cmdline, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("startedAs(%q) = %q, %v; want %q", tc.cmdline, got, err, tc.want)
+		}
+	}
+	if _, err := startedAs(filepath.Join(dir, "missing")); err == nil {
+		t.Error("an unreadable command line passed as naming no TEE")
+	}
+}

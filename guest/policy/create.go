@@ -1,0 +1,345 @@
+package policy
+
+import (
+	"fmt"
+	"path"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+)
+
+// CreateContainer is a CreateContainer request as the guest will carry it
+// out.
+type CreateContainer struct {
+	// ID is containerd's container id.
+	ID string
+	// Spec is the spec the guest will run: the host's, adapted by
+	// guest/spec, before the agent adds the pod's secrets.
+	Spec *specs.Spec
+	// MountKinds says what the source of each of Spec.Mounts is: file,
+	// shared or guest for a bind, policyapi.FSKind of its type for
+	// another mount ("" for a type no rule may allow).
+	MountKinds []policyapi.MountKind
+	// Joined is the container whose namespaces the spec joins (the one
+	// the host named as the pod's sandbox), or nil.
+	Joined *Container
+}
+
+// noRule governs a container that no rule names but that audit mode let
+// through: every later request on it is a denial, and it gets no secret.
+var noRule = &policyapi.Container{}
+
+// CreateContainer decides whether the host may create the container, and
+// returns what later requests on it are checked against.
+func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
+	var ann map[string]string
+	if r.Spec != nil {
+		ann = r.Spec.Annotations
+	}
+	c := &Container{ID: r.ID, Identity: IdentityOf(r.ID, ann)}
+	if !e.Governs() {
+		return c, nil
+	}
+	c.audit = e.p.Audit
+	rule, key, d := e.ruleFor("CreateContainer", r.ID, c.Identity)
+	if d != nil {
+		if err := e.decide([]*Denial{d}); err != nil {
+			return nil, err
+		}
+		c.rule, c.key = noRule, "policy.containers."+tomlKey(c.Identity.Name)
+		if c.Identity.Sandbox() {
+			c.key = "policy.sandbox"
+		}
+		return c, nil
+	}
+	c.rule, c.key = rule, key
+	k := &checker{req: "CreateContainer", name: c.Identity.Name, id: r.ID, key: key}
+	if !rule.Image.Match(c.Identity.Image) {
+		annotation := AnnotationImageName
+		if c.Identity.Sandbox() {
+			annotation = AnnotationSandboxImageName
+		}
+		k.deny("image", fmt.Sprintf("%q", c.Identity.Image), key+".image", fmt.Sprintf("%q", rule.Image)).
+			Hint = "the image is the spec's " + annotation + " annotation"
+	}
+	if r.Spec == nil || r.Spec.Process == nil {
+		k.deny("process", "", "", "").Reason = "missing"
+		return nil, e.decide(k.ds)
+	}
+	k.process(rule, r.Spec.Process, false, false)
+	k.root(rule, r.Spec)
+	k.paths(rule, r.Spec.Linux)
+	k.namespaces(rule, r.Spec.Linux, r.Joined)
+	k.mounts(rule, r.Spec.Mounts, r.MountKinds)
+	k.sysctls(rule, r.Spec.Linux)
+	if err := e.decide(k.ds); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// checker collects the denials of one request.
+type checker struct {
+	req, name, id, exec string
+	// key is the rule's key, "policy.containers.app".
+	key string
+	ds  []*Denial
+}
+
+func (k *checker) deny(field, actual, rule, expected string) *Denial {
+	d := &Denial{Request: k.req, Container: k.name, ContainerID: k.id, ExecID: k.exec,
+		Field: field, Actual: actual, Rule: rule, Expected: expected}
+	k.ds = append(k.ds, d)
+	return d
+}
+
+// capHints say what a capability gives a container in the pod VM.
+var capHints = map[string]string{
+	"CAP_SYS_ADMIN":       "CAP_SYS_ADMIN is most of root: mounts, namespaces, leaving the device cgroup",
+	"CAP_SYS_PTRACE":      "CAP_SYS_PTRACE lets a process read and write the memory of every process it sees",
+	"CAP_SYS_MODULE":      "CAP_SYS_MODULE loads code into the guest kernel",
+	"CAP_SYS_RAWIO":       "CAP_SYS_RAWIO opens raw memory and disks",
+	"CAP_DAC_READ_SEARCH": "CAP_DAC_READ_SEARCH opens any file by handle, outside the container's root",
+	"CAP_NET_ADMIN":       "CAP_NET_ADMIN reconfigures the pod's network",
+	"CAP_BPF":             "CAP_BPF loads programs into the guest kernel",
+}
+
+// process checks a container's or an exec's process. An exec's argv is
+// checked against the exec list by the caller, and the env it lacks is
+// not required (containerd's CRI gives an exec the container's env, and
+// TERM=xterm with a terminal).
+func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, terminal bool) {
+	if !exec && !policyapi.MatchList(rule.Args, p.Args) {
+		k.deny("process.args", quoted(p.Args), k.key+".args", quoted(policyapi.Strings(rule.Args)))
+	}
+	if p.CommandLine != "" {
+		k.deny("process.commandLine", fmt.Sprintf("%q", p.CommandLine), "", "").Reason = "not allowed (Windows only)"
+	}
+	allowedEnv := listed(policyapi.Strings(rule.Env))
+	for i, env := range p.Env {
+		if policyapi.MatchAny(rule.Env, env) || exec && terminal && env == "TERM=xterm" {
+			continue
+		}
+		k.deny(fmt.Sprintf("process.env[%d]", i), fmt.Sprintf("%q", env), k.key+".env", allowedEnv)
+	}
+	if !exec {
+		for _, want := range rule.Env {
+			if !want.IsRegex() && !slices.Contains(p.Env, string(want)) {
+				k.deny("process.env", fmt.Sprintf("%q", want), k.key+".env", "").Reason = "missing, required"
+			}
+		}
+	}
+	if rule.WorkingDir != nil && !rule.WorkingDir.Match(p.Cwd) {
+		k.deny("process.cwd", fmt.Sprintf("%q", p.Cwd), k.key+".working_dir", fmt.Sprintf("%q", *rule.WorkingDir))
+	}
+	if rule.UID != nil && p.User.UID != *rule.UID {
+		k.deny("process.user.uid", strconv.FormatUint(uint64(p.User.UID), 10), k.key+".uid", strconv.FormatUint(uint64(*rule.UID), 10))
+	}
+	if rule.GID != nil && p.User.GID != *rule.GID {
+		k.deny("process.user.gid", strconv.FormatUint(uint64(p.User.GID), 10), k.key+".gid", strconv.FormatUint(uint64(*rule.GID), 10))
+	}
+	if rule.AdditionalGIDs != nil && !sameSet(p.User.AdditionalGids, *rule.AdditionalGIDs) {
+		k.deny("process.user.additionalGids", fmt.Sprint(p.User.AdditionalGids), k.key+".additional_gids", fmt.Sprint(*rule.AdditionalGIDs))
+	}
+	if c := p.Capabilities; c != nil {
+		allowed := rule.AllowedCapabilities()
+		for _, set := range []struct {
+			name string
+			caps []string
+		}{{"bounding", c.Bounding}, {"effective", c.Effective}, {"permitted", c.Permitted}, {"inheritable", c.Inheritable}, {"ambient", c.Ambient}} {
+			var extra, hints []string
+			for _, capName := range set.caps {
+				if !slices.Contains(allowed, capName) && !slices.Contains(extra, capName) {
+					extra = append(extra, capName)
+					if h := capHints[capName]; h != "" {
+						hints = append(hints, h)
+					}
+				}
+			}
+			if len(extra) > 0 {
+				d := k.deny("process.capabilities."+set.name, quoted(extra), k.key+".capabilities", listed(allowed))
+				d.Hint = strings.Join(hints, "; ")
+				if rule.Capabilities == nil && !rule.Privileged {
+					d.Expected += " (containerd's defaults: the rule lists none)"
+				}
+			}
+		}
+	}
+	if rule.NoNewPrivileges && !p.NoNewPrivileges {
+		k.deny("process.noNewPrivileges", "false", k.key+".no_new_privileges", "true")
+	}
+}
+
+func sameSet(a, b []uint32) bool {
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.Sort(x)
+	slices.Sort(y)
+	return slices.Equal(slices.Compact(x), slices.Compact(y))
+}
+
+func (k *checker) root(rule *policyapi.Container, s *specs.Spec) {
+	if rule.ReadOnlyRoot && (s.Root == nil || !s.Root.Readonly) {
+		k.deny("root.readonly", "false", k.key+".read_only_root", "true")
+	}
+}
+
+// paths checks the masked and read-only paths.
+func (k *checker) paths(rule *policyapi.Container, l *specs.Linux) {
+	var masked, readonly []string
+	if l != nil {
+		masked, readonly = l.MaskedPaths, l.ReadonlyPaths
+	}
+	for _, p := range []struct {
+		field, rule string
+		have, want  []string
+	}{
+		{"linux.maskedPaths", "masked_paths", masked, rule.RequiredMaskedPaths()},
+		{"linux.readonlyPaths", "readonly_paths", readonly, rule.RequiredReadonlyPaths()},
+	} {
+		var missing []string
+		for _, w := range p.want {
+			if !slices.Contains(p.have, w) {
+				missing = append(missing, w)
+			}
+		}
+		if len(missing) > 0 {
+			d := k.deny(p.field, quoted(missing), k.key+"."+p.rule, "")
+			d.Reason = "missing, required"
+			d.Hint = "a container that is not privileged has them; a root process with /proc/sys writable runs code as the guest's root (core_pattern, modprobe)"
+		}
+	}
+}
+
+// nsHints say what sharing a namespace with the VM exposes.
+var nsHints = map[string]string{
+	"pid":     "in the VM's pid namespace a process sees the agent and every container's processes (hostPID)",
+	"network": "the VM's network namespace (hostNetwork)",
+	"ipc":     "the VM's IPC namespace (hostIPC)",
+	"uts":     "the VM's UTS namespace: the container could rename the VM",
+	"mount":   "the VM's mount namespace holds /run/c8s: the pod's secrets and every container's root",
+}
+
+// namespaces checks that each namespace is the container's own, or the
+// pod sandbox's, or the VM's only where the rule allows it.
+func (k *checker) namespaces(rule *policyapi.Container, l *specs.Linux, joined *Container) {
+	var nss []specs.LinuxNamespace
+	if l != nil {
+		nss = l.Namespaces
+	}
+	for _, t := range policyapi.Namespaces {
+		i := slices.IndexFunc(nss, func(ns specs.LinuxNamespace) bool { return string(ns.Type) == t })
+		switch {
+		case i < 0:
+			if !slices.Contains(rule.VMNamespaces, t) {
+				d := k.deny("linux.namespaces."+t, "the VM's (absent from the spec)", k.key+".vm_namespaces", quoted(rule.VMNamespaces))
+				d.Hint = nsHints[t]
+				if len(rule.VMNamespaces) == 0 {
+					d.Expected = ""
+				}
+			}
+		case nss[i].Path != "":
+			if joined == nil || !joined.Identity.Sandbox() {
+				who := "no container"
+				if joined != nil {
+					who = fmt.Sprintf("container %q, which is not the pod's sandbox", joined.Identity.Name)
+				}
+				d := k.deny(fmt.Sprintf("linux.namespaces[%d].path", i), fmt.Sprintf("%q", nss[i].Path), "", "")
+				d.Reason = "joins " + who
+				d.Hint = "a container may join only the namespaces of the pod's sandbox container"
+			}
+		}
+	}
+}
+
+// mounts checks each mount against the rule's and the standard ones.
+func (k *checker) mounts(rule *policyapi.Container, ms []specs.Mount, kinds []policyapi.MountKind) {
+	var allowed []string
+	for _, m := range rule.Mounts {
+		a := fmt.Sprintf("%s (%s", m.Destination, m.Kind)
+		if m.Source != "" {
+			a += " of " + m.Source
+		}
+		if m.ReadOnly {
+			a += ", ro"
+		}
+		allowed = append(allowed, a+")")
+	}
+	allowed = append(allowed, "the standard mounts")
+	expected := listed(allowed)
+	for i, m := range ms {
+		kind := policyapi.MountKind("")
+		if i < len(kinds) {
+			kind = kinds[i]
+		}
+		field := fmt.Sprintf("mounts[%d]", i)
+		if kind == "" {
+			d := k.deny(field+".type", fmt.Sprintf("%q", m.Type), "", "")
+			d.Reason = "never allowed"
+			d.Hint = fmt.Sprintf("a %q mount on %s: only bind mounts and the filesystems proc, sysfs, tmpfs, devpts, mqueue and cgroup are given to containers", m.Type, m.Destination)
+			continue
+		}
+		ro := slices.Contains(m.Options, "ro")
+		if slices.ContainsFunc(rule.Mounts, func(r policyapi.Mount) bool {
+			return r.Kind == kind && r.Destination.Match(m.Destination) &&
+				(kind != policyapi.KindGuest || r.Source == m.Source) && (!r.ReadOnly || ro)
+		}) {
+			continue
+		}
+		if std := standardMount(m.Destination, kind); std != nil {
+			if !std.ReadOnly || ro || rule.Privileged {
+				continue
+			}
+			d := k.deny(field+".options", quoted(m.Options), k.key+".privileged", "")
+			d.Reason = fmt.Sprintf("read-write %s on %s needs a privileged container", kind, m.Destination)
+			continue
+		}
+		switch kind {
+		case policyapi.KindGuest:
+			d := k.deny(field+".source", fmt.Sprintf("%q", m.Source), k.key+".mounts", expected)
+			d.Hint = fmt.Sprintf("a bind of the guest's own %s on %s", m.Source, m.Destination)
+			if under(m.Source, "/run/c8s") || m.Source == "/" || under(m.Source, "/dev") || under(m.Source, "/proc") || under(m.Source, "/sys") {
+				d.Hint += ": guest-internal state (the pod's secrets, the containers' roots, devices, kernel interfaces)"
+			}
+		default:
+			k.deny(field, fmt.Sprintf("%q (%s)", m.Destination, kind), k.key+".mounts", expected)
+		}
+	}
+}
+
+// under reports whether p is dir or below it.
+func under(p, dir string) bool {
+	p = path.Clean("/" + p)
+	return p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+func standardMount(dest string, kind policyapi.MountKind) *policyapi.StandardMount {
+	for i, s := range policyapi.StandardMounts {
+		if s.Destination == dest && s.Kind == kind {
+			return &policyapi.StandardMounts[i]
+		}
+	}
+	return nil
+}
+
+// sysctls checks linux.sysctl.
+func (k *checker) sysctls(rule *policyapi.Container, l *specs.Linux) {
+	if l == nil {
+		return
+	}
+	keys := make([]string, 0, len(l.Sysctl))
+	for key := range l.Sysctl {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		kv := key + "=" + l.Sysctl[key]
+		if !policyapi.MatchAny(rule.Sysctls, kv) {
+			k.deny("linux.sysctl", fmt.Sprintf("%q", kv), k.key+".sysctls", listed(policyapi.Strings(rule.Sysctls)))
+		}
+	}
+}

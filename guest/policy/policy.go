@@ -1,0 +1,349 @@
+// Package policy evaluates the requests of the untrusted host to the
+// guest agent against the pod's measured policy (the [policy] section of
+// its init data, schema in guest/api/policy). It is pure: typed requests
+// in, a typed decision out, no I/O; the agent (guest/agent) builds the
+// requests and acts on the decisions.
+//
+// A denial is a *Denial naming the request, the container, the offending
+// field with what the host asked for, the rule and what it allows, for
+// example
+//
+//	policy: CreateContainer "app": mounts[3].source "/run/c8s/secrets": not allowed by policy.containers.app.mounts (allowed: /cache (tmpfs); the standard mounts)
+//
+// It wraps errdefs.ErrPermissionDenied, so that it reaches the host as
+// PermissionDenied. A CreateContainer that breaks several rules gets them
+// all (Denials), so that a policy can be fixed in one round.
+//
+// CreateContainer is checked on the spec the guest will run: the host's
+// spec after guest/spec adapted it (namespace paths replaced by the
+// sandbox's, hooks and LSM labels dropped, host files replaced by guest
+// copies, host paths by their virtio-fs shares, missing sources dropped).
+// The host writes the input, so a check of it would judge a document the
+// guest then changes; the adapted spec is what runc is given.
+//
+// A nil *Evaluator, or one without a policy, allows everything: a pod
+// whose init data has no [policy] section keeps the agent's earlier
+// behaviour. In audit mode (policy.audit) denials are reported to the
+// evaluator's OnDenial and the requests allowed.
+package policy
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/containerd/errdefs"
+
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+)
+
+// The CRI annotations (containerd 2.x, internal/cri/annotations) by which
+// a container is matched to its rule.
+const (
+	AnnotationContainerType    = "io.kubernetes.cri.container-type"
+	AnnotationContainerName    = "io.kubernetes.cri.container-name"
+	AnnotationImageName        = "io.kubernetes.cri.image-name"
+	AnnotationSandboxImageName = "io.kubernetes.cri.podsandbox.image-name"
+
+	ContainerTypeSandbox   = "sandbox"
+	ContainerTypeContainer = "container"
+)
+
+// Evaluator decides host requests under one pod's policy.
+type Evaluator struct {
+	p        *policyapi.Policy
+	onDenial func(d *Denial, enforced bool)
+
+	// reported are the denials passed to onDenial, so that one the host
+	// repeats (a read loop, the kubelet's stats polling) is reported
+	// once.
+	mu       sync.Mutex
+	reported map[string]bool
+}
+
+// maxReported bounds reported: past it, repeats are reported again.
+const maxReported = 4096
+
+// New returns the evaluator of p (nil: allow everything). onDenial, if
+// set, is called with every denial, enforced or, in audit mode, not.
+func New(p *policyapi.Policy, onDenial func(d *Denial, enforced bool)) *Evaluator {
+	return &Evaluator{p: p, onDenial: onDenial}
+}
+
+// Governs reports whether a policy is in force.
+func (e *Evaluator) Governs() bool { return e != nil && e.p != nil }
+
+// Audit reports whether denials are only logged.
+func (e *Evaluator) Audit() bool { return e.Governs() && e.p.Audit }
+
+// decide reports denials and returns them as an error unless in audit
+// mode.
+func (e *Evaluator) decide(ds []*Denial) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	audit := e.Audit()
+	for _, d := range ds {
+		d.Audit = audit
+		if e.onDenial != nil && e.firstReport(d) {
+			e.onDenial(d, !audit)
+		}
+	}
+	if audit {
+		return nil
+	}
+	if len(ds) == 1 {
+		return ds[0]
+	}
+	return Denials(ds)
+}
+
+// firstReport reports whether d is new: not a repeat of one reported.
+func (e *Evaluator) firstReport(d *Denial) bool {
+	key := strings.Join([]string{d.Request, d.ContainerID, d.ExecID, d.Field, d.Actual, d.Rule}, "\x00")
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.reported[key] {
+		return false
+	}
+	if e.reported == nil || len(e.reported) >= maxReported {
+		e.reported = map[string]bool{}
+	}
+	e.reported[key] = true
+	return true
+}
+
+// Identity is how the host names a container: by its spec's CRI
+// annotations.
+type Identity struct {
+	// Type is the io.kubernetes.cri.container-type annotation: "sandbox",
+	// "container", or "" for a container created outside CRI.
+	Type string
+	// Name is the CRI container name; for a container outside CRI, its id.
+	Name string
+	// Image is the image the annotations name.
+	Image string
+}
+
+// IdentityOf returns the identity of container id with the spec
+// annotations ann.
+func IdentityOf(id string, ann map[string]string) Identity {
+	switch t := ann[AnnotationContainerType]; t {
+	case ContainerTypeSandbox:
+		return Identity{Type: t, Name: ContainerTypeSandbox, Image: ann[AnnotationSandboxImageName]}
+	case "":
+		return Identity{Name: id, Image: ann[AnnotationImageName]}
+	default:
+		return Identity{Type: t, Name: ann[AnnotationContainerName], Image: ann[AnnotationImageName]}
+	}
+}
+
+// Sandbox reports whether the container is the pod's sandbox.
+func (i Identity) Sandbox() bool { return i.Type == ContainerTypeSandbox }
+
+// Container is a container the evaluator let the host create: the rule it
+// runs under, which later requests on it are checked against.
+type Container struct {
+	ID       string
+	Identity Identity
+	// rule is nil when no policy governs the container.
+	rule  *policyapi.Container
+	key   string
+	audit bool
+}
+
+// Governed reports whether a policy rule governs the container.
+func (c *Container) Governed() bool { return c != nil && c.rule != nil }
+
+// Rule is the key of the container's rule ("policy.containers.app"), or
+// "" without one.
+func (c *Container) Rule() string {
+	if !c.Governed() {
+		return ""
+	}
+	return c.key
+}
+
+// Secrets returns the [kbs] secrets to mount into the container: all of
+// them (all) when no policy governs it, else those its rule names.
+func (c *Container) Secrets() (named []policyapi.Secret, all bool) {
+	if !c.Governed() {
+		return nil, true
+	}
+	return c.rule.Secrets, false
+}
+
+// OutputAllowed reports whether the container's stdout and stderr may
+// reach the host, so that the guest buffers them; when not, it discards
+// them, and ReadOutput refuses the host.
+func (c *Container) OutputAllowed() bool { return !c.Governed() || c.rule.Logs || c.audit }
+
+// Denial is one refused part of a host request.
+type Denial struct {
+	// Request is the agent call: "CreateContainer", "ExecProcess",
+	// "ReadStdout", ...
+	Request string
+	// Container is the container's name under the policy ("app",
+	// "sandbox"), ContainerID containerd's id for it; ExecID names an
+	// exec process.
+	Container, ContainerID, ExecID string
+	// Field is what the host asked for: "mounts[3].source", "image",
+	// "process.capabilities.bounding", "signal", ...
+	Field string
+	// Actual is the value the host asked for, as written in messages
+	// (quoted strings); empty when the field has none.
+	Actual string
+	// Reason says why: "not allowed" unless set.
+	Reason string
+	// Rule is the policy key that decided: "policy.containers.app.mounts".
+	Rule string
+	// Expected is what the rule allows; empty when it allows nothing.
+	Expected string
+	// Hint suggests the likely cause or the fix.
+	Hint string
+	// Audit is set when the denial was only logged (policy.audit).
+	Audit bool
+}
+
+func (d *Denial) Error() string {
+	var b strings.Builder
+	b.WriteString("policy: ")
+	b.WriteString(d.Request)
+	if d.Container != "" {
+		fmt.Fprintf(&b, " %q", d.Container)
+	}
+	if d.ContainerID != "" && d.ContainerID != d.Container {
+		fmt.Fprintf(&b, " (container %s)", shortID(d.ContainerID))
+	}
+	if d.ExecID != "" {
+		fmt.Fprintf(&b, " exec %q", d.ExecID)
+	}
+	b.WriteString(": ")
+	b.WriteString(d.Field)
+	if d.Actual != "" {
+		b.WriteString(" ")
+		b.WriteString(d.Actual)
+	}
+	reason := d.Reason
+	if reason == "" {
+		reason = "not allowed"
+	}
+	fmt.Fprintf(&b, ": %s", reason)
+	if d.Rule != "" {
+		fmt.Fprintf(&b, " by %s", d.Rule)
+	}
+	if d.Expected != "" {
+		fmt.Fprintf(&b, " (allowed: %s)", d.Expected)
+	} else if d.Rule != "" && d.Reason == "" {
+		b.WriteString(" (allowed: none)")
+	}
+	if d.Hint != "" {
+		fmt.Fprintf(&b, "; %s", d.Hint)
+	}
+	return b.String()
+}
+
+// Unwrap makes a denial an errdefs.ErrPermissionDenied.
+func (d *Denial) Unwrap() error { return errdefs.ErrPermissionDenied }
+
+// Denials are the denials of one request.
+type Denials []*Denial
+
+func (ds Denials) Error() string {
+	msgs := make([]string, len(ds))
+	for i, d := range ds {
+		msgs[i] = d.Error()
+		if i > 0 {
+			msgs[i] = strings.TrimPrefix(msgs[i], "policy: ")
+		}
+	}
+	return fmt.Sprintf("%s (%d denials)", strings.Join(msgs, "; "), len(ds))
+}
+
+// Unwrap returns each denial.
+func (ds Denials) Unwrap() []error {
+	out := make([]error, len(ds))
+	for i, d := range ds {
+		out[i] = d
+	}
+	return out
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// quoted writes values as messages show them.
+func quoted(vs []string) string {
+	q := make([]string, len(vs))
+	for i, v := range vs {
+		q[i] = fmt.Sprintf("%q", v)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// maxListed bounds the allowed values a message lists.
+const maxListed = 12
+
+// listed writes a list of allowed values, cut after maxListed.
+func listed(vs []string) string {
+	if len(vs) == 0 {
+		return ""
+	}
+	if len(vs) > maxListed {
+		return strings.Join(vs[:maxListed], ", ") + fmt.Sprintf(", … (%d more)", len(vs)-maxListed)
+	}
+	return strings.Join(vs, ", ")
+}
+
+// ruleFor returns the rule and its key for a container identity, or a
+// denial.
+func (e *Evaluator) ruleFor(req, id string, who Identity) (*policyapi.Container, string, *Denial) {
+	d := &Denial{Request: req, Container: who.Name, ContainerID: id}
+	switch who.Type {
+	case ContainerTypeSandbox:
+		if e.p.Sandbox == nil {
+			d.Field, d.Actual, d.Rule = AnnotationContainerType, `"sandbox"`, "policy.sandbox"
+			d.Reason, d.Hint = "no rule", "the policy has no [policy.sandbox] for the pod's sandbox container"
+			return nil, "", d
+		}
+		return e.p.Sandbox, "policy.sandbox", nil
+	case "", ContainerTypeContainer:
+		if r := e.p.Containers[who.Name]; r != nil {
+			return r, "policy.containers." + tomlKey(who.Name), nil
+		}
+		names := make([]string, 0, len(e.p.Containers))
+		for n := range e.p.Containers {
+			names = append(names, fmt.Sprintf("%q", n))
+		}
+		sort.Strings(names)
+		d.Field = AnnotationContainerName
+		if who.Type == "" {
+			d.Field = "container id (no CRI annotations)"
+		}
+		d.Actual, d.Rule, d.Expected = fmt.Sprintf("%q", who.Name), "policy.containers", listed(names)
+		d.Reason = "no rule names this container"
+		return nil, "", d
+	default:
+		d.Field, d.Actual = AnnotationContainerType, fmt.Sprintf("%q", who.Type)
+		d.Reason, d.Expected = "not a CRI container type", `"sandbox", "container"`
+		return nil, "", d
+	}
+}
+
+// tomlKey writes a container name as a key of policy.containers.
+func tomlKey(k string) string {
+	for _, r := range k {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return fmt.Sprintf("%q", k)
+		}
+	}
+	if k == "" {
+		return `""`
+	}
+	return k
+}

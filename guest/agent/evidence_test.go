@@ -12,6 +12,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	"github.com/c8s-dev/c8s/guest/api/reportdata"
+	"github.com/c8s-dev/c8s/guest/attest"
 )
 
 func TestGetEvidence(t *testing.T) {
@@ -111,15 +112,52 @@ func TestSetInitDataChecksHostDataAndEnforcesExec(t *testing.T) {
 }
 
 func TestSetInitDataAgainstATDXQuote(t *testing.T) {
-	// The sample quote's MRCONFIGID is whatever its TD was launched with;
+	// The TD's MRCONFIGID comes from the TDREPORT the guest read itself:
 	// init data whose SHA-384 differs must be refused.
-	quote := testdata.RawQuote
-	svc := &Service{cfg: Config{Evidence: func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
-		return &agentapi.GetEvidenceResponse{Kind: "tdx", Provider: "tdx-guest", Report: quote}, nil
-	}}}
 	doc := []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")
+	other := initdata.DigestTDX([]byte("version = \"0.1\"\n"))
+	svc := &Service{cfg: Config{Evidence: tdxEvidence(testdata.RawQuote, other[:])}}
 	_, err := svc.SetInitData(context.Background(), &agentapi.SetInitDataRequest{InitData: doc})
 	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "MRCONFIGID") {
 		t.Fatalf("init data against a TD launched with another MRCONFIGID: %v", err)
+	}
+	want := initdata.DigestTDX(doc)
+	svc = &Service{cfg: Config{Evidence: tdxEvidence(testdata.RawQuote, want[:])}}
+	if _, err := svc.SetInitData(context.Background(), &agentapi.SetInitDataRequest{InitData: doc}); err != nil {
+		t.Fatalf("init data whose digest is the TDREPORT's MRCONFIGID: %v", err)
+	}
+}
+
+// tdxEvidence is a TDX guest's evidence: the quote as the host's quoting
+// service returned it, and the TDREPORT, with mrConfigID, that the guest
+// read from the TDX module.
+func tdxEvidence(quote, mrConfigID []byte) func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+	return func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		var report []byte
+		if mrConfigID != nil {
+			report = make([]byte, attest.TDReportSize)
+			copy(report[attest.TDReportMRConfigID:], mrConfigID)
+		}
+		return &agentapi.GetEvidenceResponse{Kind: "tdx", Provider: "tdx-guest", Report: quote, TdReport: report}, nil
+	}
+}
+
+// The quote of a TD reaches the guest through the host's quoting service,
+// which could hand back one whose MRCONFIGID is zero (edited, or replayed
+// from another TD) so that the agent thinks nothing was measured and
+// serves the host under the allow-all policy. The agent reads MRCONFIGID
+// only from the TDREPORT, and fails closed without one.
+func TestMaliciousHostZeroesMRCONFIGIDInTheQuote(t *testing.T) {
+	ctx := context.Background()
+	doc := []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")
+	measured := initdata.DigestTDX(doc)
+	// testdata.RawQuote's MRCONFIGID is zero: what the host would relay.
+	svc := &Service{cfg: Config{Evidence: tdxEvidence(testdata.RawQuote, measured[:])}, containers: map[string]*container{}}
+	if _, err := svc.CreateContainer(ctx, &agentapi.CreateContainerRequest{ContainerId: "c1", Rootfs: rootfsReq()}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("CreateContainer in a TD launched with init data, whose relayed quote says MRCONFIGID zero: %v, want failed precondition (the TDREPORT says measured)", err)
+	}
+	noReport := &Service{cfg: Config{Evidence: tdxEvidence(testdata.RawQuote, nil)}, containers: map[string]*container{}}
+	if _, err := noReport.CreateContainer(ctx, &agentapi.CreateContainerRequest{ContainerId: "c1", Rootfs: rootfsReq()}); err == nil || !strings.Contains(err.Error(), "TDREPORT") {
+		t.Fatalf("CreateContainer with TDX evidence but no TDREPORT: %v, want a refusal naming the TDREPORT", err)
 	}
 }

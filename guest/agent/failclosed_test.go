@@ -120,3 +120,26 @@ func TestMaliciousHostOnlinesMemoryInACVM(t *testing.T) {
 		}
 	}
 }
+
+// The same, when the host hands the init data first: SetInitData reads
+// the evidence too, and what it says of the launch (a confidential VM)
+// must hold for the requests after it.
+func TestMaliciousHostOnlinesMemoryAfterInitData(t *testing.T) {
+	ctx := context.Background()
+	doc := []byte("version = \"0.1\"\n")
+	calls := 0
+	ev := snpEvidence(initdata.Digest(doc), &calls)
+	svc := &Service{containers: map[string]*container{}, cfg: Config{SysDir: t.TempDir(), Evidence: func(ctx context.Context, rd [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		r, err := ev(ctx, rd)
+		if r != nil {
+			r.Provider = "sev-guest"
+		}
+		return r, err
+	}}}
+	if _, err := svc.SetInitData(ctx, &agentapi.SetInitDataRequest{InitData: doc}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.OnlineCPUMem(ctx, &agentapi.OnlineCPUMemRequest{TimeoutMs: 1}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("OnlineCPUMem in an SNP guest after SetInitData: %v, want refused", err)
+	}
+}

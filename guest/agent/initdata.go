@@ -11,9 +11,6 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 
-	tdxabi "github.com/google/go-tdx-guest/abi"
-	tdxpb "github.com/google/go-tdx-guest/proto/tdx"
-
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/guest/attest"
@@ -51,6 +48,13 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 			return nil, err
 		}
 		tee = ev.Kind
+		// What this evidence says of the launch holds from now on, whatever
+		// order the host calls in (confidential() reads it).
+		digest, _, _ := launchDigest(ev)
+		s.mu.Lock()
+		s.launchKnown, s.launchProvider = true, ev.Provider
+		s.launchMeasured = !bytes.Equal(digest, make([]byte, len(digest)))
+		s.mu.Unlock()
 	}
 	// The pod's secrets come before its policy takes effect: a pod whose
 	// broker refuses it does not start.
@@ -169,15 +173,14 @@ func launchDigest(ev *agentapi.GetEvidenceResponse) ([]byte, string, error) {
 		}
 		return ev.Report[snpHostDataOffset : snpHostDataOffset+32], "HOST_DATA", nil
 	case "tdx":
-		q, err := tdxabi.QuoteToProto(ev.Report)
-		if err != nil {
-			return nil, "", fmt.Errorf("parse the TDX quote: %w", err)
+		// Never from the quote: the host's quoting service returns it, and
+		// could hand back one with a zero MRCONFIGID to make the agent
+		// think nothing was measured. The TDREPORT comes from the TDX
+		// module through guest-private memory.
+		if len(ev.TdReport) != attest.TDReportSize {
+			return nil, "", fmt.Errorf("TDX evidence without the TDREPORT the guest read itself (%d bytes, want %d): MRCONFIGID cannot be read from the host-relayed quote", len(ev.TdReport), attest.TDReportSize)
 		}
-		body, ok := q.(interface{ GetTdQuoteBody() *tdxpb.TDQuoteBody })
-		if !ok {
-			return nil, "", fmt.Errorf("TDX quote of type %T: reading MRCONFIGID from it is not supported: %w", q, errdefs.ErrNotImplemented)
-		}
-		return body.GetTdQuoteBody().GetMrConfigId(), "MRCONFIGID", nil
+		return ev.TdReport[attest.TDReportMRConfigID : attest.TDReportMRConfigID+48], "MRCONFIGID", nil
 	default:
 		return nil, "", fmt.Errorf("reading the launch digest of %q evidence is not supported: %w", ev.Kind, errdefs.ErrNotImplemented)
 	}

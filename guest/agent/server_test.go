@@ -17,8 +17,10 @@ import (
 // A panicking handler must fail its request with Internal and leave the
 // agent (PID 1 in the VM) serving.
 func TestServerSurvivesHandlerPanic(t *testing.T) {
-	// A process without stdio: CloseStdin dereferences nil.
-	svc := &Service{containers: map[string]*container{"c": {id: "c", init: &process{}, execs: map[string]*process{}}}, cfg: Config{Channel: "test"}}
+	// An evidence source that panics, as a bug in a handler would.
+	svc := &Service{containers: map[string]*container{}, cfg: Config{Channel: "test", Evidence: func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		panic("evidence source bug")
+	}}}
 	srv, err := svc.NewServer()
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +40,7 @@ func TestServerSurvivesHandlerPanic(t *testing.T) {
 	defer client.Close()
 	agent := agentapi.NewAgentClient(client)
 
-	_, err = agent.CloseStdin(context.Background(), &agentapi.ProcessRequest{ContainerId: "c"})
+	_, err = agent.GetEvidence(context.Background(), &agentapi.GetEvidenceRequest{Nonce: []byte("n")})
 	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "panic") {
 		t.Errorf("panicking handler: %v, want Internal naming the panic", err)
 	}

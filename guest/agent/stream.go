@@ -138,6 +138,9 @@ type stdin struct {
 }
 
 func (s *stdin) write(p []byte) (int, error) {
+	if s == nil {
+		return 0, errNoStdin
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.w == nil {
@@ -150,6 +153,9 @@ func (s *stdin) write(p []byte) (int, error) {
 }
 
 func (s *stdin) close() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.w == nil || s.closed {

@@ -56,6 +56,12 @@ type Evidence struct {
 	// CertTable is the SNP extended report's certificate table (GUID
 	// table), when the host supplies certificates; else empty.
 	CertTable []byte
+	// TDReport is, for TDX evidence, the TDREPORT the guest read from the
+	// TDX module (TDG.MR.REPORT through the tdx-guest driver) for the same
+	// report data: guest-private bytes the host can neither forge nor
+	// replay, unlike the quote, which the host's quoting service returns.
+	// The guest reads its own launch digests (MRCONFIGID) from it.
+	TDReport []byte
 }
 
 // Provider produces evidence with reportData in REPORT_DATA.

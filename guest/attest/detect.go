@@ -89,7 +89,7 @@ func Detect(ctx context.Context, root, tee string, loadModules func()) (Provider
 	}
 	hasSEV, hasTDX := exists(sev), exists(tdx)
 	if tsm && (hasSEV || hasTDX) {
-		return newConfigfsTSM(root, ""), nil
+		return withTDReportOf(newConfigfsTSM(root, ""), tdx), nil
 	}
 	if hasSEV {
 		return NewSEVGuest(sev), nil
@@ -117,7 +117,7 @@ func Detect(ctx context.Context, root, tee string, loadModules func()) (Provider
 func hardware[P Provider](root, kind, device string, tsm bool, newDevice func(string) P, mountErr error) (Provider, error) {
 	if exists(device) {
 		if tsm {
-			return newConfigfsTSM(root, kind), nil
+			return withTDReportOf(newConfigfsTSM(root, kind), filepath.Join(root, TDXGuestDevice)), nil
 		}
 		return newDevice(device), nil
 	}
@@ -129,6 +129,16 @@ func hardware[P Provider](root, kind, device string, tsm bool, newDevice func(st
 		err = fmt.Errorf("%w (and %v)", err, mountErr)
 	}
 	return nil, err
+}
+
+// withTDReportOf gives p's TDX evidence the TDREPORT read through the
+// tdx-guest device at path, where the guest has it (configfs-tsm returns
+// only the quote).
+func withTDReportOf(p Provider, path string) Provider {
+	if !exists(path) {
+		return p
+	}
+	return withTDReport{Provider: p, tdx: NewTDXGuest(path)}
 }
 
 // newConfigfsTSM returns the configfs-tsm provider of the guest below root,

@@ -5,6 +5,16 @@ import (
 	"fmt"
 
 	tdxclient "github.com/google/go-tdx-guest/client"
+	tdxlabi "github.com/google/go-tdx-guest/client/linuxabi"
+)
+
+// TDX TDREPORT layout (Intel TDX module ABI, TDREPORT_STRUCT): a 256-byte
+// REPORTMACSTRUCT, a 239-byte TEE_TCB_INFO, 17 reserved bytes, then
+// TDINFO: ATTRIBUTES (8), XFAM (8), MRTD (48), MRCONFIGID (48), ...
+const (
+	TDReportSize       = tdxlabi.TdReportSize
+	tdInfoOffset       = 512
+	TDReportMRConfigID = tdInfoOffset + 8 + 8 + 48
 )
 
 // TDXGuestDevice is the TDX guest driver's ioctl device.
@@ -37,6 +47,44 @@ func openTDXDevice(path string) (tdxclient.Device, error) {
 	return d, nil
 }
 
+// TDReport returns the TDREPORT for reportData, from the TDX module through
+// the device (TDX_CMD_GET_REPORT0): guest-private, MACed by the CPU, never
+// seen by the host before the guest hands it out.
+func (p *TDXGuest) TDReport(ctx context.Context, reportData [64]byte) ([]byte, error) {
+	ev, err := p.use(ctx, func(d tdxclient.Device) (*Evidence, error) {
+		req := tdxlabi.TdxReportReq{ReportData: reportData}
+		res, err := d.Ioctl(tdxlabi.IocTdxGetReport, &req)
+		if err != nil {
+			return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: %w", p.path, err)
+		}
+		if res != uintptr(tdxlabi.TdxAttestSuccess) {
+			return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: status %d", p.path, res)
+		}
+		return &Evidence{TDReport: req.TdReport[:]}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ev.TDReport, nil
+}
+
+// withTDReport adds the TDREPORT from tdx to the TDX evidence of p.
+type withTDReport struct {
+	Provider
+	tdx *TDXGuest
+}
+
+func (w withTDReport) Evidence(ctx context.Context, reportData [64]byte) (*Evidence, error) {
+	ev, err := w.Provider.Evidence(ctx, reportData)
+	if err != nil || ev.Kind != KindTDX {
+		return ev, err
+	}
+	if ev.TDReport, err = w.tdx.TDReport(ctx, reportData); err != nil {
+		return nil, err
+	}
+	return ev, nil
+}
+
 // Evidence returns a quote whose REPORT_DATA is reportData.
 func (p *TDXGuest) Evidence(ctx context.Context, reportData [64]byte) (*Evidence, error) {
 	return p.use(ctx, func(d tdxclient.Device) (*Evidence, error) {
@@ -47,6 +95,11 @@ func (p *TDXGuest) Evidence(ctx context.Context, reportData [64]byte) (*Evidence
 		if len(quote) == 0 {
 			return nil, fmt.Errorf("tdx-guest %s: empty quote", p.path)
 		}
-		return &Evidence{Kind: KindTDX, Provider: NameTDXGuest, Report: quote}, nil
+		req := tdxlabi.TdxReportReq{ReportData: reportData}
+		res, err := d.Ioctl(tdxlabi.IocTdxGetReport, &req)
+		if err != nil || res != uintptr(tdxlabi.TdxAttestSuccess) {
+			return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: status %d: %v", p.path, res, err)
+		}
+		return &Evidence{Kind: KindTDX, Provider: NameTDXGuest, Report: quote, TDReport: req.TdReport[:]}, nil
 	})
 }

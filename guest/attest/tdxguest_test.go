@@ -82,9 +82,41 @@ func TestTDXGuestQuote(t *testing.T) {
 	if got := quoteReportData(t, ev.Report); !bytes.Equal(got, n[:]) {
 		t.Errorf("REPORT_DATA = %x, want the nonce %x", got, n)
 	}
+	// The TDREPORT the guest read itself comes with the quote: the agent
+	// takes MRCONFIGID from it, not from the host-relayed quote.
+	if !bytes.Equal(ev.TDReport, testdata.RawReport[:TDReportSize]) {
+		t.Errorf("TDREPORT (%d bytes) is not the TDX module's", len(ev.TDReport))
+	}
 	if err := d.Open(""); err != nil {
 		t.Errorf("device left open: %v", err)
 	}
+}
+
+// configfs-tsm returns only the quote; the TDREPORT is read through the
+// tdx-guest device beside it.
+func TestTDReportBesideAnotherProvider(t *testing.T) {
+	n := nonce(5)
+	quote := sampleQuoteFor(t, n)
+	d := fakeTDXGuest(t, n, quote)
+	w := withTDReport{Provider: quoteOnly{quote}, tdx: tdxProvider(d)}
+	ev, err := w.Evidence(context.Background(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ev.Report, quote) || !bytes.Equal(ev.TDReport, testdata.RawReport[:TDReportSize]) {
+		t.Fatalf("evidence: quote %d bytes, TDREPORT %d bytes; want the provider's quote and the device's TDREPORT", len(ev.Report), len(ev.TDReport))
+	}
+	if _, err := w.Evidence(context.Background(), nonce(6)); err == nil {
+		t.Fatal("a TDREPORT for other report data than the device answers: no error")
+	}
+}
+
+// quoteOnly is a provider of TDX quotes without TDREPORT, as configfs-tsm.
+type quoteOnly struct{ quote []byte }
+
+func (quoteOnly) Name() string { return NameConfigfsTSM }
+func (q quoteOnly) Evidence(context.Context, [64]byte) (*Evidence, error) {
+	return &Evidence{Kind: KindTDX, Provider: NameConfigfsTSM, Report: q.quote}, nil
 }
 
 func TestTDXGuestErrors(t *testing.T) {

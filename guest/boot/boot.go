@@ -209,7 +209,7 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		if err != nil {
 			return nil, err
 		}
-		return &agentapi.GetEvidenceResponse{Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable}, nil
+		return &agentapi.GetEvidenceResponse{Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable, TdReport: ev.TDReport}, nil
 	}
 }
 

@@ -1628,7 +1628,12 @@ type GetEvidenceResponse struct {
 	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
 	Report   []byte `protobuf:"bytes,3,opt,name=report,proto3" json:"report,omitempty"`
 	// cert_table is the SNP extended report's certificate table, if any.
-	CertTable     []byte `protobuf:"bytes,4,opt,name=cert_table,json=certTable,proto3" json:"cert_table,omitempty"`
+	CertTable []byte `protobuf:"bytes,4,opt,name=cert_table,json=certTable,proto3" json:"cert_table,omitempty"`
+	// td_report is, for TDX, the TDREPORT the guest read from the TDX
+	// module for the same report data. The agent reads its own launch
+	// digest (MRCONFIGID) from it, never from the quote, which the host's
+	// quoting service returns.
+	TdReport      []byte `protobuf:"bytes,5,opt,name=td_report,json=tdReport,proto3" json:"td_report,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1687,6 +1692,13 @@ func (x *GetEvidenceResponse) GetReport() []byte {
 func (x *GetEvidenceResponse) GetCertTable() []byte {
 	if x != nil {
 		return x.CertTable
+	}
+	return nil
+}
+
+func (x *GetEvidenceResponse) GetTdReport() []byte {
+	if x != nil {
+		return x.TdReport
 	}
 	return nil
 }
@@ -2709,13 +2721,14 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\x12%\n" +
 	"\x0epossible_vcpus\x18\x03 \x01(\rR\rpossibleVcpus\"*\n" +
 	"\x12GetEvidenceRequest\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"|\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\x99\x01\n" +
 	"\x13GetEvidenceResponse\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x16\n" +
 	"\x06report\x18\x03 \x01(\fR\x06report\x12\x1d\n" +
 	"\n" +
-	"cert_table\x18\x04 \x01(\fR\tcertTable\"1\n" +
+	"cert_table\x18\x04 \x01(\fR\tcertTable\x12\x1b\n" +
+	"\ttd_report\x18\x05 \x01(\fR\btdReport\"1\n" +
 	"\x12SetInitDataRequest\x12\x1b\n" +
 	"\tinit_data\x18\x01 \x01(\fR\binitData\"l\n" +
 	"\x11ReadStreamRequest\x12!\n" +

@@ -108,7 +108,7 @@ EOF
 (cd "$ROOT" && go build -o "$WORK/c8s-containerd" ./tests/cmd/c8s-containerd)
 start_containerd() {
 	local d=$WORK/$1
-	cat >"$WORK/$1.toml" <<EOF
+	cat >"$WORK/containerd-$1.toml" <<EOF
 [plugins.'io.containerd.cri.v1.runtime']
   # Without CAP_SYS_RESOURCE (as in this sandbox) runc cannot lower
   # oom_score_adj below containerd's: keep the sandbox's at containerd's.
@@ -130,7 +130,7 @@ start_containerd() {
 [plugins.'io.containerd.cri.v1.images'.registry]
   config_path = '$WORK/certs.d'
 EOF
-	"$WORK/c8s-containerd" start --dir "$d" --cri --extra-config "$WORK/$1.toml" --tools-bin "$TOOLS" \
+	"$WORK/c8s-containerd" start --dir "$d" --cri --extra-config "$WORK/containerd-$1.toml" --tools-bin "$TOOLS" \
 		--path-prefix "$ROOT/bin" --log "$OUT/containerd-$1.log" >/dev/null || {
 		echo "conformance: containerd $1 did not start" >&2
 		exit 1

@@ -23,7 +23,6 @@ import (
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/ociruntime"
 	"github.com/c8s-dev/c8s/guest/policy"
-	"github.com/c8s-dev/c8s/guest/rootfs"
 	"github.com/c8s-dev/c8s/guest/spec"
 )
 
@@ -41,6 +40,9 @@ type container struct {
 	// grant is what the pod's policy decided at create: the rule later
 	// requests on the container are checked against (policy.go).
 	grant *policy.Container
+	// ns are its init's namespaces, held open from its create to its
+	// removal for the containers that join them (sandboxns.go).
+	ns nsFiles
 }
 
 func (c *container) process(execID string) (*process, error) {
@@ -96,21 +98,28 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 		s.mu.Unlock()
 		return nil, fmt.Errorf("container %q: %w", id, errdefs.ErrAlreadyExists)
 	}
-	sandboxPid := 0
 	var joined *policy.Container // the sandbox, as the policy saw it
+	var join *sandboxJoin        // its namespaces (sandboxns.go)
 	if sb := c.sandboxID; sb != "" && sb != id {
 		if sc, ok := s.containers[sb]; ok {
 			sc.mu.Lock()
+			var err error
 			if sc.init != nil {
-				sandboxPid, joined = sc.init.pid, sc.grant
+				join, err = joinFrom(sc, fmt.Sprintf("container %q", id))
+				joined = sc.grant
 			}
 			sc.mu.Unlock()
+			if err != nil {
+				s.mu.Unlock()
+				return nil, err
+			}
 		}
 	}
 	s.containers[id] = c
 	s.mu.Unlock()
 
-	p, err := s.create(ctx, c, req, sandboxPid, joined)
+	p, err := s.create(ctx, c, req, join, joined)
+	join.release() // the runtime has joined them, or failed
 	if err != nil {
 		s.mu.Lock()
 		delete(s.containers, id)
@@ -127,7 +136,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	return &agentapi.CreateContainerResponse{Pid: uint32(p.pid)}, nil
 }
 
-func (s *Service) create(ctx context.Context, c *container, req *agentapi.CreateContainerRequest, sandboxPid int, joined *policy.Container) (*process, error) {
+func (s *Service) create(ctx context.Context, c *container, req *agentapi.CreateContainerRequest, join *sandboxJoin, joined *policy.Container) (*process, error) {
 	if _, err := os.Stat(c.bundle); err == nil {
 		return nil, fmt.Errorf("bundle %s of container %q already exists (left over from an earlier container?): %w", c.bundle, c.id, errdefs.ErrAlreadyExists)
 	}
@@ -139,9 +148,12 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	for _, f := range req.GetFiles() {
 		files = append(files, spec.File{Source: f.GetSource(), Content: f.GetContent(), Mode: f.GetMode()})
 	}
-	shared, err := s.sharedMounts(req)
+	shared, err := s.sharedMounts(req, c.bundle)
 	if err != nil {
 		return nil, err
+	}
+	if testHookSharesStaged != nil {
+		testHookSharesStaged()
 	}
 	stdio := stdioOf(req.GetStdio())
 	guest, err := s.guestResources(ctx)
@@ -154,7 +166,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		CgroupsParent: s.cfg.CgroupsParent,
 		FilesDir:      filepath.Join(c.bundle, "files"),
 		Files:         files,
-		SandboxPid:    sandboxPid,
+		SandboxNS:     join.namespaces(),
 		Terminal:      stdio.Terminal,
 		Exists:        func(p string) bool { _, err := os.Stat(p); return err == nil },
 		Warn:          func(msg string) { log.G(ctx).WithField("container", c.id).Warn(msg) },
@@ -164,6 +176,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		DriverMajors:  guest.driverMajors,
 		OnlineCPUs:    guest.cpus,
 		OnlineMems:    guest.mems,
+		EmptyDirs:     s.emptyDirRoot(),
 	})
 	if forbidden := (*spec.ForbiddenError)(nil); errors.As(err, &forbidden) {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrPermissionDenied)
@@ -182,8 +195,11 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	c.mu.Lock()
 	c.grant = grant
 	c.mu.Unlock()
-	if err := s.cfg.MountRootfs(ctx, req.GetRootfs(), c.rootfs); err != nil {
+	if err := s.mountRoot(ctx, c, req.GetRootfs(), plan.Spec); err != nil {
 		return nil, fmt.Errorf("mount the rootfs of container %q: %w", c.id, err)
+	}
+	if err := s.makeEmptyDirs(plan.EmptyDirs); err != nil {
+		return nil, fmt.Errorf("container %q: the pod's emptyDir volumes: %w", c.id, err)
 	}
 	for _, f := range plan.Files {
 		if err := os.MkdirAll(filepath.Dir(f.Path), 0o711); err != nil {
@@ -214,6 +230,14 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err := s.configureNetwork(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
 		return nil, err
 	}
+	// Its init waits to be started: its pid is still its own.
+	ns, err := holdNamespaces("/proc", rp.Pid)
+	if err != nil {
+		return nil, fmt.Errorf("container %q: %w", c.id, err)
+	}
+	c.mu.Lock()
+	c.ns = ns
+	c.mu.Unlock()
 	p := newProcess(c.id, "", rp, stdio, grant.OutputAllowed())
 	go s.killLeftovers(c, p)
 	return p, nil
@@ -301,6 +325,8 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 			}
 		}
 		c.execs = map[string]*process{}
+		c.ns.close()
+		c.ns = nil
 		c.mu.Unlock()
 		defer func() {
 			for _, p := range procs {
@@ -315,21 +341,20 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 	return &agentapi.Empty{}, nil
 }
 
-// cleanup deletes the OCI runtime's container, unmounts the rootfs and
-// removes the bundle; each step tolerates what is already gone.
+// cleanup deletes the OCI runtime's container, unmounts what the bundle
+// holds (the rootfs; with confidential writes the disk, the writable
+// layer's tmpfs and the overlay; the staged shares) and removes the
+// bundle; each step tolerates what is already gone.
 func (s *Service) cleanup(ctx context.Context, id, bundle string) error {
 	if s.cfg.Runtime.Exists(ctx, id) {
 		if err := s.cfg.Runtime.Delete(ctx, id, bundle); err != nil {
 			return err
 		}
 	}
-	root := filepath.Join(bundle, "rootfs")
-	if err := rootfs.Unmount(root); err != nil {
+	// Never RemoveAll through a mount: that would delete the disk's or a
+	// host share's content. unmountAll fails if anything stays mounted.
+	if err := unmountAll(bundle); err != nil {
 		return fmt.Errorf("container %q: %w", id, err)
-	}
-	// Never RemoveAll through a mount: that would delete the disk's content.
-	if err := os.Remove(root); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove rootfs mount point of container %q: %w", id, err)
 	}
 	if err := os.RemoveAll(bundle); err != nil {
 		return fmt.Errorf("remove bundle of container %q: %w", id, err)

@@ -30,7 +30,8 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}
-	var tee string // the kind of this guest's evidence, "snp" or "tdx"
+	var tee string     // the kind of this guest's evidence, "snp" or "tdx"
+	zeroLaunch := true // the launch digest is zero (or there is none)
 	if s.cfg.Evidence == nil {
 		if len(r.InitData) > 0 {
 			return nil, fmt.Errorf("init data needs a TEE to check it against, and this guest has none: %w", errdefs.ErrFailedPrecondition)
@@ -53,8 +54,19 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 		digest, _, _ := launchDigest(ev)
 		s.mu.Lock()
 		s.launchKnown, s.launchProvider = true, ev.Provider
-		s.launchMeasured = !bytes.Equal(digest, make([]byte, len(digest)))
+		zeroLaunch = bytes.Equal(digest, make([]byte, len(digest)))
+		s.launchMeasured = !zeroLaunch
 		s.mu.Unlock()
+	}
+	// An snp or tdx VM launched without init data keeps its built-in
+	// default: the init data whose digest is zero is the empty document,
+	// which would otherwise allow everything.
+	if s.hardwareTEE() && zeroLaunch {
+		if err := s.enforceZeroLaunch(); err != nil {
+			return nil, err
+		}
+		log.G(ctx).WithField("tee", s.cfg.TEE).Warn("empty init data: the built-in policy of a VM launched without init data stays in force")
+		return &agentapi.Empty{}, nil
 	}
 	// The pod's secrets come before its policy takes effect: a pod whose
 	// broker refuses it does not start.
@@ -86,7 +98,8 @@ func (s *Service) execAllowed() bool {
 // host cannot act under the allow-all policy of a pod without one by
 // skipping SetInitData or by calling ahead of it. The launch digest is read
 // from the guest's evidence once; a VM without a TEE, or launched without
-// init data, has the allow-all policy from the start.
+// init data, has the allow-all policy from the start, except one started
+// as snp or tdx, which has policyapi.ZeroLaunchDefault (confidential.go).
 func (s *Service) requirePolicy(ctx context.Context, what string) error {
 	s.mu.Lock()
 	set, known, measured := s.policySet, s.launchKnown, s.launchMeasured
@@ -127,6 +140,11 @@ func (s *Service) requirePolicy(ctx context.Context, what string) error {
 	}
 	if measured && !set {
 		return fmt.Errorf("%s refused: this pod VM was launched with measured init data and its policy is not in force yet: the host must hand the agent that init data first (SetInitData): %w", what, errdefs.ErrFailedPrecondition)
+	}
+	if !measured && !set && s.hardwareTEE() {
+		// An snp or tdx VM launched without init data: the built-in
+		// default, from this first request on (confidential.go).
+		return s.enforceZeroLaunch()
 	}
 	return nil
 }

@@ -15,7 +15,9 @@ import (
 //	CreateContainer   the adapted spec: image, args, env, user, caps,
 //	                  namespaces, mounts, sysctls, ... (container.go)
 //	ExecProcess       the exec's argv on the container's list, its
-//	                  process, stdin (process.go)
+//	                  process (cwd and user the container's unless the
+//	                  rule says otherwise; filled in when the host
+//	                  leaves them out), stdin (process.go)
 //	ReadStdout/Err    logs (service.go); a no-logs container's output is
 //	                  discarded in the guest (newProcess)
 //	WriteStdin        stdin, exec_stdin (service.go)
@@ -32,7 +34,8 @@ import (
 
 // evaluator returns the pod's policy evaluator: nil until SetInitData put
 // a policy in force, which allows everything (requirePolicy keeps a VM
-// launched with measured init data from serving before).
+// launched with measured init data from serving before, and puts the
+// built-in default in force in an snp or tdx VM launched without).
 func (s *Service) evaluator() *policy.Evaluator {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -73,6 +76,8 @@ func mountKinds(mounts []specs.Mount, origins []spec.MountOrigin) []policyapi.Mo
 			kinds[i] = policyapi.KindFile
 		case spec.OriginShared:
 			kinds[i] = policyapi.KindShared
+		case spec.OriginEmptyDir:
+			kinds[i] = policyapi.KindEmptyDir
 		default:
 			kinds[i] = policyapi.KindGuest
 		}

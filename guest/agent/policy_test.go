@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"net/http/httptest"
@@ -49,6 +50,9 @@ update_resources = false
 image = "example/app:1"
 args = ["sh", "-c", "re:.*"]
 env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"]
+working_dir = "/"
+uid = 0
+gid = 0
 logs = true
 exec = [["echo", "allowed"]]
 secrets = [{ resource = "kbs:///default/key/db", path = "/etc/c8s-file" }]
@@ -57,11 +61,17 @@ secrets = [{ resource = "kbs:///default/key/db", path = "/etc/c8s-file" }]
 image = "example/app:1"
 args = ["sh", "-c", "re:.*"]
 env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"]
+working_dir = "/"
+uid = 0
+gid = 0
 
 [policy.containers.other]
 image = "example/app:1"
 args = ["sh", "-c", "re:.*"]
 env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"]
+working_dir = "/"
+uid = 0
+gid = 0
 logs = true
 `, cert, extra)
 }
@@ -186,6 +196,29 @@ func TestMaliciousHostExecUnderPolicy(t *testing.T) {
 		t.Errorf("exec stdout = %q", out)
 	}
 	e.wait(t, "c2", "e2")
+	// The allowed argv in another directory (one the host writes, where
+	// its relative paths would find the host's files): refused.
+	p := e.baseProc
+	p.Args, p.Cwd = []string{"echo", "allowed"}, "/tmp"
+	_, err = e.agent.ExecProcess(ctxT(t), &agentapi.ExecProcessRequest{ContainerId: "c2", ExecId: "e3", Process: mustJSON(t, p), Stdio: pipes()})
+	assertCode(t, err, codes.PermissionDenied)
+	if err == nil || !strings.Contains(err.Error(), `process.cwd "/tmp"`) || !strings.Contains(err.Error(), "policy.containers.app.exec_working_dir") {
+		t.Errorf("exec in /tmp: %v", err)
+	}
+	// Without a cwd or a user, the exec gets the container's, and runs.
+	p.Cwd = ""
+	var raw map[string]any
+	if err := json.Unmarshal(mustJSON(t, p), &raw); err != nil {
+		t.Fatal(err)
+	}
+	delete(raw, "user")
+	if _, err := e.agent.ExecProcess(ctxT(t), &agentapi.ExecProcessRequest{ContainerId: "c2", ExecId: "e4", Process: mustJSON(t, raw), Stdio: pipes()}); err != nil {
+		t.Fatalf("exec without cwd and user: %v", err)
+	}
+	if out := e.readAll(t, "c2", "e4", false); out != "allowed\n" {
+		t.Errorf("exec stdout = %q", out)
+	}
+	e.wait(t, "c2", "e4")
 	// Stdin is the container's rule's: none.
 	_, err = e.io.WriteStdin(ctxT(t), &agentapi.WriteStdinRequest{ContainerId: "c2", Data: []byte("x")})
 	assertCode(t, err, codes.PermissionDenied)
@@ -259,7 +292,7 @@ func TestPolicyChecksWithoutRunc(t *testing.T) {
 	}
 	spec := &specs.Spec{
 		Annotations: map[string]string{policy.AnnotationContainerType: "container", policy.AnnotationContainerName: "quiet", policy.AnnotationImageName: "example/app:1"},
-		Process:     &specs.Process{Args: []string{"sh", "-c", "x"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"}},
+		Process:     &specs.Process{Args: []string{"sh", "-c", "x"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"}, Cwd: "/"},
 		Linux:       &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}}, MaskedPaths: policyapi.DefaultMaskedPaths, ReadonlyPaths: policyapi.DefaultReadonlyPaths},
 	}
 	grant, err := svc.evaluator().CreateContainer(&policy.CreateContainer{ID: "q", Spec: spec})
@@ -323,12 +356,31 @@ func TestMaliciousHostSharedSymlink(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dir, "c-1"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	bundle := t.TempDir()
 	req := &agentapi.CreateContainerRequest{ContainerId: "c", SharedMounts: []*agentapi.SharedMount{{Source: "/var/lib/kubelet/pods/x/volumes/cm", Name: "c-0"}}}
-	if _, err := svc.sharedMounts(req); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "symbolic link") {
+	if _, err := svc.sharedMounts(req, bundle); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "symbolic link") {
 		t.Fatalf("a symlink on the share: %v, want permission denied", err)
 	}
+	if os.Geteuid() != 0 {
+		t.Skip("staging a share entry needs root (open_tree, move_mount)")
+	}
 	req.SharedMounts[0].Name = "c-1"
-	if paths, err := svc.sharedMounts(req); err != nil || paths["/var/lib/kubelet/pods/x/volumes/cm"] != filepath.Join(dir, "c-1") {
+	t.Cleanup(func() { _ = unmountAll(bundle) })
+	if paths, err := svc.sharedMounts(req, bundle); err != nil || paths["/var/lib/kubelet/pods/x/volumes/cm"] != filepath.Join(bundle, "shares", "c-1") {
 		t.Fatalf("a directory on the share: %v, %v", paths, err)
+	}
+}
+
+func TestHasUser(t *testing.T) {
+	for raw, want := range map[string]bool{
+		`{"args":["x"],"user":{"uid":0,"gid":0}}`: true,
+		`{"args":["x"],"user":{}}`:                true,
+		`{"args":["x"]}`:                          false,
+		`{"args":["x"],"user":null}`:              false,
+		`not json`:                                false,
+	} {
+		if got := hasUser([]byte(raw)); got != want {
+			t.Errorf("hasUser(%s) = %v, want %v", raw, got, want)
+		}
 	}
 }

@@ -17,8 +17,10 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 	"github.com/c8s-dev/c8s/internal/netnsdo"
 )
 
@@ -57,8 +59,12 @@ func (p *portForward) allowed(ctx context.Context, what string, port uint32) err
 		return err
 	}
 	p.s.mu.Lock()
-	pol := p.s.policy
+	pol, zeroLaunch := p.s.policy, p.s.zeroLaunch
 	p.s.mu.Unlock()
+	if zeroLaunch && !pol.AnyPortForwardAllowed() {
+		return fmt.Errorf("%s refused: this pod VM was started as %s and launched without init data, and the agent's built-in policy for it (%s) allows no port-forward: launch the pod with measured init data whose agent_policy.allow_port_forward lists the port: %w",
+			what, p.s.cfg.TEE, policyapi.ZeroLaunchName, errdefs.ErrPermissionDenied)
+	}
 	if port == 0 {
 		if !pol.AnyPortForwardAllowed() {
 			return fmt.Errorf("%s refused: the pod's policy allows no port-forward (agent_policy.allow_port_forward is empty): %w", what, errdefs.ErrPermissionDenied)
@@ -80,7 +86,11 @@ func (p *portForward) ListenPorts(ctx context.Context, r *agentapi.ListenPortsRe
 	wait := min(time.Duration(r.WaitMs)*time.Millisecond, maxPortWait)
 	deadline := time.Now().Add(wait)
 	for {
-		ports, err := listeningPorts(p.s.cfg.ProcDir, p.podPid())
+		pid, err := p.podPid()
+		if err != nil {
+			return nil, err
+		}
+		ports, err := listeningPorts(p.s.cfg.ProcDir, pid)
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +115,12 @@ func (p *portForward) Dial(ctx context.Context, r *agentapi.DialRequest) (*agent
 	if err := p.allowed(ctx, fmt.Sprintf("port-forward to port %d", r.Port), r.Port); err != nil {
 		return nil, err
 	}
-	c, err := dialPod(ctx, p.podPid(), r.Port)
+	netns, release, err := p.podNetns()
+	if err != nil {
+		return nil, err
+	}
+	c, err := dialPod(ctx, netns, r.Port)
+	release()
 	if err != nil {
 		return nil, err
 	}
@@ -126,10 +141,25 @@ func (p *portForward) Dial(ctx context.Context, r *agentapi.DialRequest) (*agent
 // which has the pod's interfaces and which the pod's other containers
 // join. 0 without one (a container outside a pod): the agent's own
 // namespace, which such containers share.
-func (p *portForward) podPid() int {
+func (p *portForward) podPid() (int, error) {
+	sb, err := p.podSandbox()
+	if sb == nil {
+		return 0, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.init.pid, nil
+}
+
+// podSandbox returns the pod's running sandbox container, or nil without
+// one. One whose init has exited is skipped: its pid may name another
+// process of the VM now. A pod whose sandboxes all exited (or are still
+// being created) is refused, rather than given the agent's namespace.
+func (p *portForward) podSandbox() (*container, error) {
 	s := p.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var err error
 	for id, c := range s.containers {
 		if c.sandboxID != id {
 			continue
@@ -137,16 +167,43 @@ func (p *portForward) podPid() int {
 		c.mu.Lock()
 		init := c.init
 		c.mu.Unlock()
-		if init != nil {
-			return init.pid
+		switch {
+		case init == nil:
+			err = fmt.Errorf("port-forward: the pod's sandbox %q is still being created: %w", id, errdefs.ErrUnavailable)
+		case init.exited():
+			err = fmt.Errorf("port-forward: the pod's sandbox %q has exited: %w", id, errdefs.ErrFailedPrecondition)
+		default:
+			return c, nil
 		}
 	}
-	return 0
+	return nil, err
 }
 
-// dialPod connects to port on the loopback of the network namespace of
-// pid (0: the agent's own), IPv4 first, as containerd does for runc pods.
-func dialPod(ctx context.Context, pid int, port uint32) (*net.TCPConn, error) {
+// podNetns returns the path of the pod's network namespace ("": the
+// agent's own, outside a pod) and a func that releases it: a copy of the
+// namespace file the sandbox holds (sandboxns.go), so that the namespace
+// dialled is the sandbox's even if its init exits meanwhile.
+func (p *portForward) podNetns() (string, func(), error) {
+	sb, err := p.podSandbox()
+	if sb == nil {
+		return "", func() {}, err
+	}
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	if sb.ns == nil { // not created by this agent (tests)
+		return fmt.Sprintf("/proc/%d/ns/net", sb.init.pid), func() {}, nil
+	}
+	j, err := joinFrom(sb, "port-forward")
+	if err != nil {
+		return "", func() {}, err
+	}
+	return j.paths[specs.NetworkNamespace], j.release, nil
+}
+
+// dialPod connects to port on the loopback of the network namespace at
+// path netns ("": the agent's own), IPv4 first, as containerd does for
+// runc pods.
+func dialPod(ctx context.Context, netns string, port uint32) (*net.TCPConn, error) {
 	var c net.Conn
 	dial := func() error {
 		var d net.Dialer
@@ -160,10 +217,10 @@ func dialPod(ctx context.Context, pid int, port uint32) (*net.TCPConn, error) {
 		return fmt.Errorf("port-forward: nothing in the pod accepts connections on port %d (IPv4: %v; IPv6: %v): %w", port, err4, err6, errdefs.ErrUnavailable)
 	}
 	var err error
-	if pid > 0 {
+	if netns != "" {
 		// The socket is made on a thread in the pod's namespace, and stays
 		// there.
-		err = netnsdo.Do(fmt.Sprintf("/proc/%d/ns/net", pid), dial)
+		err = netnsdo.Do(netns, dial)
 	} else {
 		err = dial()
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -127,6 +128,9 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 	if err != nil {
 		return nil, fmt.Errorf("exec %q: %w: %w", execID, err, errdefs.ErrInvalidArgument)
 	}
+	// Under a policy, what the host left out is the container's: its
+	// working directory, its user.
+	c.policy().ExecDefaults(proc, hasUser(req.GetProcess()))
 	// The process the guest will run, as adapted, is what the policy
 	// judges.
 	if err := s.evaluator().Exec(c.policy(), &policy.Exec{
@@ -276,3 +280,11 @@ func (s *Service) CloseStdin(ctx context.Context, req *agentapi.ProcessRequest) 
 // discard reads r to its end (EOF, or EIO of a pty) and drops what it
 // reads.
 func discard(r io.Reader) { _, _ = io.Copy(io.Discard, r) }
+
+// hasUser reports whether an OCI process (JSON) states its user.
+func hasUser(raw []byte) bool {
+	var p struct {
+		User *json.RawMessage `json:"user"`
+	}
+	return json.Unmarshal(raw, &p) == nil && p.User != nil && string(*p.User) != "null"
+}

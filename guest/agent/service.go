@@ -81,6 +81,30 @@ type Config struct {
 	// ProcDir is where procfs is mounted (guest: /proc); PortForward reads
 	// the listening sockets from it.
 	ProcDir string
+	// TEE is the TEE the guest was started as: c8s.tee on its measured
+	// kernel command line (guest/api/teeparam), "" for none. The host
+	// cannot change it without changing the launch measurement. In a
+	// guest started as a TEE (sim too, so that CI runs the same code)
+	// containers' writes and emptyDir volumes stay in guest memory
+	// (confidential.go); in one started as snp or tdx without init data
+	// the agent enforces policyapi.ZeroLaunchDefault.
+	TEE string
+	// ScratchSize bounds the tmpfs that holds the writable layer of a
+	// container without a memory limit (a tmpfs size= value: bytes with
+	// an optional k, m or g, or a percentage of the guest's RAM); a
+	// container with a memory limit gets that limit. Default
+	// DefaultScratchSize; the guest takes c8s.scratch_size from its
+	// kernel command line.
+	ScratchSize string
+	// EmptyDirDir is where the pod's emptyDir volumes are kept in guest
+	// memory, a tmpfs of EmptyDirSize (default: "emptydir" beside
+	// StateDir, /run/c8s/emptydir in the guest; DefaultScratchSize, or
+	// c8s.emptydir_size on the guest's kernel command line).
+	EmptyDirDir  string
+	EmptyDirSize string
+	// LoadOverlay loads overlayfs before the first writable layer is
+	// mounted (guest: the deferred overlay module). Nil loads nothing.
+	LoadOverlay func()
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.
@@ -110,6 +134,13 @@ type Service struct {
 	share shareState
 	// forward holds the port-forward connections (portforward.go).
 	forward *portForward
+	// zeroLaunch is set once the built-in policy of an snp or tdx VM
+	// launched without init data is in force (confidential.go).
+	zeroLaunch bool
+	// overlayOnce loads overlayfs; emptyDirs is the emptyDir tmpfs, once
+	// mounted (confidential.go).
+	overlayOnce sync.Once
+	emptyDirs   shareState
 }
 
 var (
@@ -136,6 +167,15 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.MountRootfs == nil {
 		cfg.MountRootfs = MountSCSIRootfs
+	}
+	if cfg.ScratchSize == "" {
+		cfg.ScratchSize = DefaultScratchSize
+	}
+	if cfg.EmptyDirSize == "" {
+		cfg.EmptyDirSize = DefaultScratchSize
+	}
+	if cfg.EmptyDirDir == "" {
+		cfg.EmptyDirDir = filepath.Join(filepath.Dir(filepath.Clean(cfg.StateDir)), "emptydir")
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create the agent's state dir: %w", err)

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/spec"
 )
 
 // SharedDir is where the guest mounts the pod's virtio-fs share.
@@ -20,10 +21,18 @@ type shareState struct {
 	mounted bool
 }
 
-// sharedMounts mounts the pod's share on first use and returns the guest
-// paths of the request's shared host paths, keyed by host path.
-func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest) (map[string]string, error) {
-	shared := req.GetSharedMounts()
+// sharedMounts mounts the pod's share on first use, stages each of the
+// request's shared host paths in the container's bundle (stageShares) and
+// returns the staged paths, keyed by host path. In a guest that keeps
+// emptyDirs in its memory, their shares are not used (guest/spec).
+func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest, bundle string) (map[string]string, error) {
+	var shared []*agentapi.SharedMount
+	for _, m := range req.GetSharedMounts() {
+		if _, _, ok := spec.EmptyDirVolume(m.GetSource()); ok && s.emptyDirRoot() != "" {
+			continue
+		}
+		shared = append(shared, m)
+	}
 	if len(shared) == 0 {
 		return nil, nil
 	}
@@ -34,31 +43,91 @@ func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest) (map[string
 	if err := s.mountShare(dir); err != nil {
 		return nil, err
 	}
+	return stageShares(dir, shared, filepath.Join(bundle, "shares"))
+}
+
+// stageShares pins each share entry where the runtime will bind it from.
+// The host (virtiofsd) writes the share and can swap an entry at any
+// time, for a symlink to / or /run/c8s/secrets say, which a bind by path
+// would follow. So each entry is opened once without following a
+// symlink (O_PATH|O_NOFOLLOW, below the share's root), checked on that
+// file descriptor (a directory or a regular file, nothing else), cloned
+// from it as a detached mount (open_tree OPEN_TREE_CLONE|AT_RECURSIVE) and
+// attached at stage/<name> in the container's bundle; the runtime binds
+// that path, which no later change on the host can redirect. cleanup
+// unmounts the staged mounts with the bundle.
+func stageShares(dir string, shared []*agentapi.SharedMount, stage string) (map[string]string, error) {
+	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the pod's share %s: %w", dir, err)
+	}
+	defer unix.Close(root)
+	if err := os.MkdirAll(stage, 0o700); err != nil {
+		return nil, err
+	}
 	paths := map[string]string{}
 	for _, m := range shared {
 		name := m.GetName()
 		if name == "" || name != filepath.Base(name) || name == "." || name == ".." {
 			return nil, fmt.Errorf("shared mount %q: bad name %q: %w", m.GetSource(), name, errdefs.ErrInvalidArgument)
 		}
-		p := filepath.Join(dir, name)
-		fi, err := os.Lstat(p)
+		target, err := stageShare(root, name, stage)
 		if err != nil {
 			return nil, fmt.Errorf("shared mount of %s: %w", m.GetSource(), err)
 		}
-		// The host writes the share: a symlink there would make the bind
-		// one of whatever guest path it names (/run/c8s/secrets), past the
-		// pod's policy, which allows shared mounts by destination.
-		if !fi.IsDir() && !fi.Mode().IsRegular() {
-			what := "special file"
-			if fi.Mode()&os.ModeSymlink != 0 {
-				what = "symbolic link"
-			}
-			return nil, fmt.Errorf("shared mount of %s: entry %q of the share is a %s, not a directory or a regular file: %w", m.GetSource(), name, what, errdefs.ErrPermissionDenied)
-		}
-		paths[m.GetSource()] = p
+		paths[m.GetSource()] = target
 	}
 	return paths, nil
 }
+
+// stageShare stages entry name of the share open at root below stage.
+func stageShare(root int, name, stage string) (string, error) {
+	fd, err := unix.Openat(root, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open entry %q of the share: %w", name, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return "", fmt.Errorf("stat entry %q of the share: %w", name, err)
+	}
+	target := filepath.Join(stage, name)
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		if err := os.Mkdir(target, 0o700); err != nil {
+			return "", err
+		}
+	case unix.S_IFREG:
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			return "", err
+		}
+		f.Close()
+	default:
+		// A symlink would make the bind one of whatever guest path it
+		// names (/run/c8s/secrets), past the pod's policy, which allows
+		// shared mounts by destination.
+		what := "special file"
+		if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			what = "symbolic link"
+		}
+		return "", fmt.Errorf("entry %q of the share is a %s, not a directory or a regular file: %w", name, what, errdefs.ErrPermissionDenied)
+	}
+	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
+	if err != nil {
+		return "", fmt.Errorf("clone entry %q of the share: %w", name, err)
+	}
+	defer unix.Close(tree)
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return "", fmt.Errorf("stage entry %q of the share at %s: %w", name, target, err)
+	}
+	return target, nil
+}
+
+// testHookSharesStaged, when set, runs once a create has staged its
+// shares, before the runtime binds them (tests: a host swapping an
+// entry then).
+var testHookSharesStaged func()
 
 func (s *Service) mountShare(dir string) error {
 	s.share.mu.Lock()

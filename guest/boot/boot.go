@@ -83,6 +83,11 @@ func Main() {
 		if err := initsys.MountAll(); err != nil {
 			fatal(err)
 		}
+		// Before any container: no core file of a container's process
+		// may land on a disk or share the host reads.
+		if err := initsys.DisableCoreDumps("/proc/sys"); err != nil {
+			fatal(err)
+		}
 		log.L.WithField("guest_uptime", initsys.Uptime()).Debug("filesystems mounted")
 		// The modules boot loads are the SCSI stack for the containers'
 		// root disks. Load them while the agent starts serving and the
@@ -126,8 +131,30 @@ func Main() {
 	cfg.KBSDial = kbsDial()
 	cfg.SecretsDir = agent.SecretsDir
 	cfg.SharedDir = agent.SharedDir
+	// The TEE the VM was started as decides where containers' writes and
+	// emptyDirs live, and the policy of a VM launched without init data.
+	// A command line that cannot be read or names an unknown TEE leaves
+	// it unset: the evidence source then fails the same way, and the
+	// agent takes no container (requirePolicy fails closed).
+	if tee, err := startedAs(cmdlinePath); err != nil {
+		log.L.WithError(err).Error("the TEE this VM was started as is unknown")
+	} else {
+		cfg.TEE = tee
+	}
+	for param, size := range map[string]*string{"c8s.scratch_size": &cfg.ScratchSize, "c8s.emptydir_size": &cfg.EmptyDirSize} {
+		if v, ok := initsys.KernelParam(param); ok {
+			if !agent.ValidTmpfsSize(v) {
+				log.L.Warnf("ignoring %s=%s: not a tmpfs size (bytes with k, m or g, or a percentage of RAM)", param, v)
+				continue
+			}
+			*size = v
+		}
+	}
 	if pid1 {
 		cfg.MountSecrets = agent.MountSecretsTmpfs
+		cfg.LoadOverlay = func() {
+			initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/fs/overlayfs/") })
+		}
 		cfg.LoadNetDriver = func() {
 			// The bridge modules too: the guest has no modprobe for a
 			// container's `brctl addbr` to load them on demand.

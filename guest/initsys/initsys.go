@@ -1,7 +1,8 @@
 // Package initsys does what c8s-agent must do as the VM's PID 1 before it
 // can run containers: mount the API filesystems and cgroup2, load the
-// kernel modules the image lists, bring up loopback, set the hostname, log
-// to the console, and power the VM off when asked or when all is lost.
+// kernel modules the image lists, bring up loopback, set the hostname,
+// disable core dumps (coredump.go), log to the console, and power the VM
+// off when asked or when all is lost.
 package initsys
 
 import (
@@ -117,7 +118,8 @@ func wantedControllers(available []string) []string {
 // load, because most pods never need them: the TEE guest drivers and
 // configfs (attestation loads them), vsock (loaded only when there is no
 // virtio-serial port), device-mapper with its libraries, erofs, overlayfs,
-// virtio-blk (the sealed image's first stage loads those it needs), and the
+// virtio-blk (the sealed image's first stage loads those it needs; the
+// agent loads overlayfs for a container's writable layer), and the
 // network drivers and the bridge (loaded when a pod needs them). Under emulation every module costs boot time. Each entry is a
 // path fragment of the module file.
 var DeferredModules = []string{

@@ -58,6 +58,9 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 		return c, nil
 	}
 	c.rule, c.key = rule, key
+	if r.Spec != nil && r.Spec.Process != nil {
+		c.cwd, c.user = r.Spec.Process.Cwd, r.Spec.Process.User
+	}
 	k := &checker{req: "CreateContainer", name: c.Identity.Name, id: r.ID, key: key}
 	if !rule.Image.Match(c.Identity.Image) {
 		annotation := AnnotationImageName
@@ -114,14 +117,23 @@ var capHints = map[string]string{
 // not required (containerd's CRI gives an exec the container's env, and
 // TERM=xterm with a terminal).
 func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, terminal bool) {
-	if !exec && !policyapi.MatchList(rule.Args, p.Args) {
+	if !exec && !rule.AnyArgs && !policyapi.MatchList(rule.Args, p.Args) {
 		k.deny("process.args", quoted(p.Args), k.key+".args", quoted(policyapi.Strings(rule.Args)))
 	}
 	if p.CommandLine != "" {
 		k.deny("process.commandLine", fmt.Sprintf("%q", p.CommandLine), "", "").Reason = "not allowed (Windows only)"
 	}
 	allowedEnv := listed(policyapi.Strings(rule.Env))
+	first := map[string]int{} // the index of each name's first entry
 	for i, env := range p.Env {
+		name, _, _ := strings.Cut(env, "=")
+		if j, dup := first[name]; dup {
+			d := k.deny(fmt.Sprintf("process.env[%d]", i), fmt.Sprintf("%q", env), "", "")
+			d.Reason = fmt.Sprintf("a second entry for %s (process.env[%d] is the first)", name, j)
+			d.Hint = "the process would see only one of them (glibc and Go take the first, others the last), so the policy could not tell which"
+			continue
+		}
+		first[name] = i
 		if policyapi.MatchAny(rule.Env, env) || exec && terminal && env == "TERM=xterm" {
 			continue
 		}
@@ -134,14 +146,14 @@ func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, ter
 			}
 		}
 	}
-	if rule.WorkingDir != nil && !rule.WorkingDir.Match(p.Cwd) {
-		k.deny("process.cwd", fmt.Sprintf("%q", p.Cwd), k.key+".working_dir", fmt.Sprintf("%q", *rule.WorkingDir))
-	}
-	if rule.UID != nil && p.User.UID != *rule.UID {
-		k.deny("process.user.uid", strconv.FormatUint(uint64(p.User.UID), 10), k.key+".uid", strconv.FormatUint(uint64(*rule.UID), 10))
-	}
-	if rule.GID != nil && p.User.GID != *rule.GID {
-		k.deny("process.user.gid", strconv.FormatUint(uint64(p.User.GID), 10), k.key+".gid", strconv.FormatUint(uint64(*rule.GID), 10))
+	// An exec's cwd, uid and gid are checked by Exec, against the
+	// container's.
+	if !exec {
+		k.workingDir(p.Cwd, rule.WorkingDir, "working_dir", "")
+		if !rule.AnyUser {
+			k.id32("process.user.uid", p.User.UID, rule.UID, "uid", nil)
+			k.id32("process.user.gid", p.User.GID, rule.GID, "gid", nil)
+		}
 	}
 	if rule.AdditionalGIDs != nil && !sameSet(p.User.AdditionalGids, *rule.AdditionalGIDs) {
 		k.deny("process.user.additionalGids", fmt.Sprint(p.User.AdditionalGids), k.key+".additional_gids", fmt.Sprint(*rule.AdditionalGIDs))
@@ -172,6 +184,47 @@ func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, ter
 	}
 	if rule.NoNewPrivileges && !p.NoNewPrivileges {
 		k.deny("process.noNewPrivileges", "false", k.key+".no_new_privileges", "true")
+	}
+}
+
+// workingDir checks process.cwd against want, the pattern of the rule's
+// key; want nil (a rule Validate refused, or noRule) allows nothing, or
+// what fallback says when it is set: the exec's default, the container's
+// own cwd.
+func (k *checker) workingDir(cwd string, want *policyapi.Pattern, key, fallback string) {
+	if want != nil && want.Match(cwd) {
+		return
+	}
+	if want == nil && fallback != "" {
+		if cwd == fallback {
+			return
+		}
+		d := k.deny("process.cwd", fmt.Sprintf("%q", cwd), k.key+"."+key, fmt.Sprintf("%q (the container's working directory; the rule has no %s)", fallback, key))
+		d.Hint = "a process started elsewhere resolves the relative paths in its args there"
+		return
+	}
+	expected := ""
+	if want != nil {
+		expected = fmt.Sprintf("%q", *want)
+	}
+	k.deny("process.cwd", fmt.Sprintf("%q", cwd), k.key+"."+key, expected)
+}
+
+// id32 checks a uid or gid against want, the value of the rule's key;
+// want nil allows nothing, or fallback when set (an exec's default, the
+// container's own).
+func (k *checker) id32(field string, got uint32, want *uint32, key string, fallback *uint32) {
+	switch {
+	case want != nil && got == *want:
+		return
+	case want != nil:
+		k.deny(field, strconv.FormatUint(uint64(got), 10), k.key+"."+key, strconv.FormatUint(uint64(*want), 10))
+	case fallback != nil && got == *fallback:
+		return
+	case fallback != nil:
+		k.deny(field, strconv.FormatUint(uint64(got), 10), k.key+"."+key, fmt.Sprintf("%d (the container's; the rule has no %s)", *fallback, key))
+	default:
+		k.deny(field, strconv.FormatUint(uint64(got), 10), k.key+"."+key, "")
 	}
 }
 
@@ -256,7 +309,10 @@ func (k *checker) namespaces(rule *policyapi.Container, l *specs.Linux, joined *
 	}
 }
 
-// mounts checks each mount against the rule's and the standard ones.
+// mounts checks each mount against the rule's and the standard ones:
+// destinations (and guest binds' sources) must be clean absolute paths,
+// as rules match them as written, and read-only is the flag the runtime
+// ends with (readOnly), not "ro" anywhere in the options.
 func (k *checker) mounts(rule *policyapi.Container, ms []specs.Mount, kinds []policyapi.MountKind) {
 	var allowed []string
 	for _, m := range rule.Mounts {
@@ -277,13 +333,25 @@ func (k *checker) mounts(rule *policyapi.Container, ms []specs.Mount, kinds []po
 			kind = kinds[i]
 		}
 		field := fmt.Sprintf("mounts[%d]", i)
+		if !cleanAbs(m.Destination) {
+			d := k.deny(field+".destination", fmt.Sprintf("%q", m.Destination), "", "")
+			d.Reason = "not a clean absolute path"
+			d.Hint = fmt.Sprintf("rules match destinations as written, and the runtime resolves %q to %q; CRI writes clean absolute paths", m.Destination, path.Join("/", m.Destination))
+			continue
+		}
+		if kind == policyapi.KindGuest && !cleanAbs(m.Source) {
+			d := k.deny(field+".source", fmt.Sprintf("%q", m.Source), "", "")
+			d.Reason = "not a clean absolute path"
+			d.Hint = "a guest bind's source is matched as written"
+			continue
+		}
 		if kind == "" {
 			d := k.deny(field+".type", fmt.Sprintf("%q", m.Type), "", "")
 			d.Reason = "never allowed"
 			d.Hint = fmt.Sprintf("a %q mount on %s: only bind mounts and the filesystems proc, sysfs, tmpfs, devpts, mqueue and cgroup are given to containers", m.Type, m.Destination)
 			continue
 		}
-		ro := slices.Contains(m.Options, "ro")
+		ro := readOnly(m.Options)
 		if slices.ContainsFunc(rule.Mounts, func(r policyapi.Mount) bool {
 			return r.Kind == kind && r.Destination.Match(m.Destination) &&
 				(kind != policyapi.KindGuest || r.Source == m.Source) && (!r.ReadOnly || ro)
@@ -309,6 +377,32 @@ func (k *checker) mounts(rule *policyapi.Container, ms []specs.Mount, kinds []po
 			k.deny(field, fmt.Sprintf("%q (%s)", m.Destination, kind), k.key+".mounts", expected)
 		}
 	}
+}
+
+// cleanAbs reports whether p is absolute and clean: no "..", ".", "//"
+// or trailing slash, so that a pattern matches the path the runtime uses.
+func cleanAbs(p string) bool { return path.IsAbs(p) && path.Clean(p) == p }
+
+// readOnly reports whether the runtime leaves a mount with options opts
+// read-only. runc and crun apply ro and rw in order, the last one wins
+// (["ro", "rw"] is read-write), and the recursive rro and rrw
+// (mount_setattr) after the mount, over either.
+func readOnly(opts []string) bool {
+	ro, rec := false, ""
+	for _, o := range opts {
+		switch o {
+		case "ro":
+			ro = true
+		case "rw":
+			ro = false
+		case "rro", "rrw":
+			rec = o
+		}
+	}
+	if rec != "" {
+		return rec == "rro"
+	}
+	return ro
 }
 
 // under reports whether p is dir or below it.

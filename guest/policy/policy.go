@@ -24,7 +24,9 @@
 // A nil *Evaluator, or one without a policy, allows everything: a pod
 // whose init data has no [policy] section keeps the agent's earlier
 // behaviour. In audit mode (policy.audit) denials are reported to the
-// evaluator's OnDenial and the requests allowed.
+// evaluator's OnDenial and the requests allowed. A built-in policy
+// (policyapi.ZeroLaunchDefault) has a default rule for the containers no
+// other rule names, and its denials say why it is in force.
 package policy
 
 import (
@@ -34,6 +36,7 @@ import (
 	"sync"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 )
@@ -86,6 +89,9 @@ func (e *Evaluator) decide(ds []*Denial) error {
 	audit := e.Audit()
 	for _, d := range ds {
 		d.Audit = audit
+		if e.p != nil && e.p.Explain != "" && !strings.HasSuffix(d.Hint, e.p.Explain) {
+			d.Hint = strings.TrimPrefix(d.Hint+"; "+e.p.Explain, "; ")
+		}
 		if e.onDenial != nil && e.firstReport(d) {
 			e.onDenial(d, !audit)
 		}
@@ -151,6 +157,10 @@ type Container struct {
 	rule  *policyapi.Container
 	key   string
 	audit bool
+	// cwd and user are the container's process's, as created: what an
+	// exec defaults to and is held to (ExecDefaults, Exec).
+	cwd  string
+	user specs.User
 }
 
 // Governed reports whether a policy rule governs the container.
@@ -306,6 +316,9 @@ func (e *Evaluator) ruleFor(req, id string, who Identity) (*policyapi.Container,
 	d := &Denial{Request: req, Container: who.Name, ContainerID: id}
 	switch who.Type {
 	case ContainerTypeSandbox:
+		if e.p.Sandbox == nil && e.p.Default != nil {
+			return e.p.Default, e.defaultKey(), nil
+		}
 		if e.p.Sandbox == nil {
 			d.Field, d.Actual, d.Rule = AnnotationContainerType, `"sandbox"`, "policy.sandbox"
 			d.Reason, d.Hint = "no rule", "the policy has no [policy.sandbox] for the pod's sandbox container"
@@ -315,6 +328,9 @@ func (e *Evaluator) ruleFor(req, id string, who Identity) (*policyapi.Container,
 	case "", ContainerTypeContainer:
 		if r := e.p.Containers[who.Name]; r != nil {
 			return r, "policy.containers." + tomlKey(who.Name), nil
+		}
+		if e.p.Default != nil {
+			return e.p.Default, e.defaultKey(), nil
 		}
 		names := make([]string, 0, len(e.p.Containers))
 		for n := range e.p.Containers {
@@ -333,6 +349,15 @@ func (e *Evaluator) ruleFor(req, id string, who Identity) (*policyapi.Container,
 		d.Reason, d.Expected = "not a CRI container type", `"sandbox", "container"`
 		return nil, "", d
 	}
+}
+
+// defaultKey is the key of the policy's default rule: the built-in
+// policy's name.
+func (e *Evaluator) defaultKey() string {
+	if e.p.Builtin != "" {
+		return e.p.Builtin
+	}
+	return "policy.default"
 }
 
 // tomlKey writes a container name as a key of policy.containers.

@@ -47,9 +47,29 @@ type Exec struct {
 	Stdin, Terminal bool
 }
 
+// ExecDefaults fills in what the host left out of an exec's process in a
+// container a rule governs: the container's working directory for an
+// empty cwd, and its user when the host's process has none (hasUser
+// false). Exec then holds the process to them.
+func (c *Container) ExecDefaults(p *specs.Process, hasUser bool) {
+	if !c.Governed() || p == nil {
+		return
+	}
+	if p.Cwd == "" {
+		p.Cwd = c.cwd
+	}
+	if !hasUser {
+		p.User = c.user
+		p.User.AdditionalGids = slices.Clone(c.user.AdditionalGids)
+	}
+}
+
 // Exec decides whether the host may run the process in container c: its
-// argv must be on the rule's exec list, and the rest of it (env, cwd,
-// user, capabilities, no-new-privileges) as the container's rule allows.
+// argv must be on the rule's exec list; its cwd, uid and gid must be the
+// container's (what it was created with), unless the rule's
+// exec_working_dir, exec_uid or exec_gid allow others; the rest of it
+// (env, additional gids, capabilities, no-new-privileges) as the
+// container's rule allows.
 func (e *Evaluator) Exec(c *Container, r *Exec) error {
 	rule, k, err := e.governed("ExecProcess", c, r.ExecID)
 	if rule == nil {
@@ -70,6 +90,10 @@ func (e *Evaluator) Exec(c *Container, r *Exec) error {
 		}
 	}
 	k.process(rule, r.Process, true, r.Terminal)
+	uid, gid := c.user.UID, c.user.GID
+	k.workingDir(r.Process.Cwd, rule.ExecWorkingDir, "exec_working_dir", c.cwd)
+	k.id32("process.user.uid", r.Process.User.UID, rule.ExecUID, "exec_uid", &uid)
+	k.id32("process.user.gid", r.Process.User.GID, rule.ExecGID, "exec_gid", &gid)
 	if (r.Stdin || r.Terminal) && !rule.ExecStdin {
 		field := "stdio.stdin"
 		if r.Terminal {

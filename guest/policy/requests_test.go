@@ -59,7 +59,7 @@ func TestMaliciousHostExec(t *testing.T) {
 	denied(t, e.Exec(c, x), "process.env[4]", "policy.containers.app.env")
 	x = execOf("/app", "healthcheck")
 	x.Process.User.UID = 0
-	denied(t, e.Exec(c, x), "process.user.uid", "policy.containers.app.uid")
+	denied(t, e.Exec(c, x), "process.user.uid", "policy.containers.app.exec_uid")
 
 	// Stdin or a terminal only under exec_stdin; a terminal's TERM passes.
 	x = execOf("/app", "healthcheck")
@@ -75,6 +75,52 @@ func TestMaliciousHostExec(t *testing.T) {
 	// A sandbox has no exec list.
 	sb := sandbox(t, e)
 	denied(t, e.Exec(sb, &Exec{Process: &specs.Process{Args: []string{"/pause"}}}), "process.args", "policy.sandbox.exec")
+}
+
+// An exec runs where the container runs, as its user: the host cannot
+// point an allowed argv's relative paths (python app.py) at a directory
+// it writes, nor run it as root, unless the rule says so.
+func TestMaliciousHostExecCwdUser(t *testing.T) {
+	e, c := app(t)
+	x := execOf("/app", "healthcheck")
+	x.Process.Cwd = "/var/run/secrets/kubernetes.io/serviceaccount" // a share the host writes
+	d := denied(t, e.Exec(c, x), "process.cwd", "policy.containers.app.exec_working_dir")
+	if !strings.Contains(d.Error(), `(allowed: "/" (the container's working directory; the rule has no exec_working_dir))`) {
+		t.Errorf("denial %v: want the container's cwd named", d)
+	}
+	x = execOf("/app", "healthcheck")
+	x.Process.User.GID = 0
+	denied(t, e.Exec(c, x), "process.user.gid", "policy.containers.app.exec_gid")
+
+	// What the host leaves out is the container's: then allowed.
+	x = execOf("/app", "healthcheck")
+	x.Process.Cwd, x.Process.User = "", specs.User{}
+	c.ExecDefaults(x.Process, false)
+	if x.Process.Cwd != "/" || x.Process.User.UID != 1000 || x.Process.User.GID != 1000 {
+		t.Fatalf("ExecDefaults gave cwd %q, user %+v: want the container's", x.Process.Cwd, x.Process.User)
+	}
+	if err := e.Exec(c, x); err != nil {
+		t.Fatal(err)
+	}
+	// A user the host gave, root, is not replaced.
+	x.Process.User = specs.User{}
+	c.ExecDefaults(x.Process, true)
+	denied(t, e.Exec(c, x), "process.user.uid", "policy.containers.app.exec_uid")
+
+	// The rule may allow others.
+	e, c = app(t, "logs = true", "logs = true\nexec_working_dir = \"re:/|/tmp\"\nexec_uid = 0\nexec_gid = 0")
+	x = execOf("/app", "healthcheck")
+	x.Process.Cwd, x.Process.User = "/tmp", specs.User{}
+	if err := e.Exec(c, x); err != nil {
+		t.Fatal(err)
+	}
+	x.Process.Cwd = "/cache"
+	d = denied(t, e.Exec(c, x), "process.cwd", "policy.containers.app.exec_working_dir")
+	if d.Expected != `"re:/|/tmp"` {
+		t.Errorf("denial %v: want the rule's pattern", d)
+	}
+	x.Process.Cwd, x.Process.User.UID = "/", 1000
+	denied(t, e.Exec(c, x), "process.user.uid", "policy.containers.app.exec_uid")
 }
 
 // A no-logs container's output does not reach the host; an allowed
@@ -109,7 +155,7 @@ func TestMaliciousHostReadsNoLogsContainer(t *testing.T) {
 // its own.
 func TestSignals(t *testing.T) {
 	e, c := app(t)
-	for _, sig := range []int{15, 9, 2, 3} {
+	for _, sig := range []int{15, 9, 2} {
 		if err := e.Signal(c, "", sig, false); err != nil {
 			t.Errorf("signal %d: %v", sig, err)
 		}

@@ -8,7 +8,10 @@
 // measured init data gets only the standard ones and those its
 // agent_policy.allow_devices lists; without init data any other device is
 // created as asked) and cpusets (cpuset.go: CPUs or memory nodes the pod VM
-// does not have are refused with a clear message).
+// does not have are refused with a clear message). What only ever serves
+// an attack from the host is forced or refused in every spec (harden.go:
+// core dumps, annotations the runtime acts on, seccomp notify and no-op
+// syscalls, rootfs propagation, host files' modes).
 package spec
 
 import (
@@ -52,6 +55,10 @@ type Options struct {
 	// SandboxPid, when not zero, is the guest pid of the pod's sandbox
 	// container; namespaces the host spec joins by path are joined from it.
 	SandboxPid int
+	// SandboxNS, when set, are the paths of the sandbox's
+	// namespaces (files the agent holds open), joined in place of
+	// SandboxPid's /proc/<pid>/ns entries.
+	SandboxNS map[specs.LinuxNamespaceType]string
 	// Terminal says whether the process gets a terminal.
 	Terminal bool
 	// Exists reports whether a path exists in the guest.
@@ -75,6 +82,12 @@ type Options struct {
 	// nodes (ReadOnline); a cpuset outside them is refused. Empty: not
 	// checked.
 	OnlineCPUs, OnlineMems string
+	// EmptyDirs, when set, is the guest directory (a tmpfs) that holds the
+	// pod's emptyDir volumes: a bind of a kubelet emptyDir
+	// (EmptyDirVolume) becomes a bind of EmptyDirs/<pod uid>/<name>,
+	// whatever the host shares or passes for it. Empty: an emptyDir is a
+	// host path like any other.
+	EmptyDirs string
 }
 
 // Plan is an adapted spec and the files it needs.
@@ -84,6 +97,9 @@ type Plan struct {
 	// Origins says where the source of each of Spec.Mounts comes from,
 	// for the pod's policy (guest/policy).
 	Origins []MountOrigin
+	// EmptyDirs are the guest directories of the emptyDir volumes the
+	// spec binds (Options.EmptyDirs), which the caller must create.
+	EmptyDirs []string
 }
 
 // MountOrigin is where an adapted mount's source comes from.
@@ -102,6 +118,9 @@ const (
 	// OriginGuest: a bind of a path of the guest's own filesystem, as the
 	// host's spec names it.
 	OriginGuest
+	// OriginEmptyDir: a bind of a kubelet emptyDir volume, replaced by
+	// its directory in guest memory (Options.EmptyDirs).
+	OriginEmptyDir
 )
 
 // sandboxShared are the namespaces a pod's containers join from the sandbox
@@ -130,6 +149,8 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 	readonly := s.Root != nil && s.Root.Readonly
 	s.Root = &specs.Root{Path: o.Rootfs, Readonly: readonly}
 	s.Hooks = nil
+	s.Annotations = criAnnotations(s.Annotations, warn)
+	s.Process.Rlimits = forceNoCore(s.Process.Rlimits, warn)
 	if o.OCIVersion != "" {
 		s.Version = o.OCIVersion
 	}
@@ -141,7 +162,7 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 	}
 	s.Linux.MountLabel = ""
 	s.Linux.CgroupsPath = cgroupsPath(o.CgroupsParent, o.ContainerID)
-	s.Linux.Namespaces = adaptNamespaces(s.Linux.Namespaces, o.SandboxPid)
+	s.Linux.Namespaces = adaptNamespaces(s.Linux.Namespaces, o.SandboxPid, o.SandboxNS)
 	// The shim gives a container that shares the node's UTS namespace
 	// (hostNetwork) the pod's, named as the node, and refuses a hostname
 	// without a UTS namespace as runc does (shim/task/criview.go). A spec
@@ -150,6 +171,10 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 	if s.Hostname != "" && !slices.ContainsFunc(s.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.UTSNamespace }) {
 		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UTSNamespace})
 	}
+	adaptPropagation(s.Linux, warn)
+	if err := adaptSeccomp(s.Linux.Seccomp, warn); err != nil {
+		return nil, fmt.Errorf("container %q: %w", o.ContainerID, err)
+	}
 	if err := adaptDeviceAccess(s.Linux, o); err != nil {
 		return nil, fmt.Errorf("container %q: %w", o.ContainerID, err)
 	}
@@ -157,9 +182,9 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 		return nil, fmt.Errorf("container %q: %w", o.ContainerID, err)
 	}
 
-	mounts, origins, files := adaptMounts(s.Mounts, o, warn)
+	mounts, origins, files, emptyDirs := adaptMounts(s.Mounts, o, warn)
 	s.Mounts = mounts
-	return &Plan{Spec: &s, Files: files, Origins: origins}, nil
+	return &Plan{Spec: &s, Files: files, Origins: origins, EmptyDirs: emptyDirs}, nil
 }
 
 // AdaptProcess parses an exec's process spec and adapts it to the guest.
@@ -174,6 +199,7 @@ func AdaptProcess(raw []byte, terminal bool) (*specs.Process, error) {
 	p.Terminal = terminal
 	p.ApparmorProfile = ""
 	p.SelinuxLabel = ""
+	p.Rlimits = forceNoCore(p.Rlimits, nil)
 	return &p, nil
 }
 
@@ -185,13 +211,17 @@ func cgroupsPath(parent, id string) string {
 	return filepath.Join("/", parent, id)
 }
 
-func adaptNamespaces(in []specs.LinuxNamespace, sandboxPid int) []specs.LinuxNamespace {
+func adaptNamespaces(in []specs.LinuxNamespace, sandboxPid int, sandboxNS map[specs.LinuxNamespaceType]string) []specs.LinuxNamespace {
 	out := make([]specs.LinuxNamespace, 0, len(in))
 	for _, ns := range in {
 		if ns.Path != "" {
 			ns.Path = ""
-			if sandboxPid > 0 && slices.Contains(sandboxShared, ns.Type) {
-				ns.Path = "/proc/" + strconv.Itoa(sandboxPid) + "/ns/" + nsFile(ns.Type)
+			switch {
+			case !slices.Contains(sandboxShared, ns.Type):
+			case sandboxNS != nil:
+				ns.Path = sandboxNS[ns.Type]
+			case sandboxPid > 0:
+				ns.Path = "/proc/" + strconv.Itoa(sandboxPid) + "/ns/" + NSFile(ns.Type)
 			}
 		}
 		out = append(out, ns)
@@ -199,8 +229,8 @@ func adaptNamespaces(in []specs.LinuxNamespace, sandboxPid int) []specs.LinuxNam
 	return out
 }
 
-// nsFile is the /proc/<pid>/ns entry of a namespace type.
-func nsFile(t specs.LinuxNamespaceType) string {
+// NSFile is the /proc/<pid>/ns entry of a namespace type.
+func NSFile(t specs.LinuxNamespaceType) string {
 	switch t {
 	case specs.NetworkNamespace:
 		return "net"
@@ -218,7 +248,7 @@ func isBind(m specs.Mount) bool {
 	return slices.ContainsFunc(m.Options, func(o string) bool { return o == "bind" || o == "rbind" })
 }
 
-func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount, []MountOrigin, []GuestFile) {
+func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount, []MountOrigin, []GuestFile, []string) {
 	byPath := map[string]File{}
 	for _, f := range o.Files {
 		byPath[f.Source] = f
@@ -228,10 +258,21 @@ func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount,
 		origins []MountOrigin
 		files   []GuestFile
 		made    = map[string]string{}
+		dirs    []string
 	)
 	for _, m := range in {
 		if !isBind(m) {
 			out, origins = append(out, m), append(origins, OriginFS)
+			continue
+		}
+		// Before the host's copies and shares: an emptyDir in guest
+		// memory never takes host content.
+		if uid, name, ok := EmptyDirVolume(m.Source); ok && o.EmptyDirs != "" {
+			m.Source = filepath.Join(o.EmptyDirs, uid, name)
+			if !slices.Contains(dirs, m.Source) {
+				dirs = append(dirs, m.Source)
+			}
+			out, origins = append(out, m), append(origins, OriginEmptyDir)
 			continue
 		}
 		if f, ok := byPath[m.Source]; ok {
@@ -239,9 +280,10 @@ func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount,
 			if !done {
 				guest = filepath.Join(o.FilesDir, fmt.Sprintf("%d-%s", len(files), safeName(m.Source)))
 				made[m.Source] = guest
-				files = append(files, GuestFile{Path: guest, Content: f.Content, Mode: f.Mode})
+				files = append(files, GuestFile{Path: guest, Content: f.Content, Mode: f.Mode & hostFilePerm})
 			}
 			m.Source = guest
+			m.Options = hostFileOptions(m.Options)
 			out, origins = append(out, m), append(origins, OriginHostFile)
 			continue
 		}
@@ -256,7 +298,36 @@ func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount,
 		}
 		out, origins = append(out, m), append(origins, OriginGuest)
 	}
-	return out, origins, files
+	return out, origins, files, dirs
+}
+
+// emptyDirPlugin is the kubelet's directory of emptyDir volumes in a pod's
+// volumes directory.
+const emptyDirPlugin = "kubernetes.io~empty-dir"
+
+// EmptyDirVolume reports whether host path p is a kubelet emptyDir
+// volume, <kubelet root>/pods/<uid>/volumes/kubernetes.io~empty-dir/<name>
+// (any kubelet root: --root-dir may move it), and returns the pod's uid
+// and the volume's name. A subPath of an emptyDir reaches the runtime as a
+// path under the kubelet's volume-subpaths and is not one. The host
+// decides what it labels so; a host that labels another path an emptyDir
+// only gives its container an empty guest directory instead.
+func EmptyDirVolume(p string) (podUID, name string, ok bool) {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return "", "", false
+	}
+	parts := strings.Split(p, "/")
+	n := len(parts)
+	if n < 6 || parts[n-5] != "pods" || parts[n-3] != "volumes" || parts[n-2] != emptyDirPlugin {
+		return "", "", false
+	}
+	podUID, name = parts[n-4], parts[n-1]
+	for _, c := range []string{podUID, name} {
+		if c == "" || c == "." || c == ".." || strings.ContainsRune(c, 0) {
+			return "", "", false
+		}
+	}
+	return podUID, name, true
 }
 
 // safeName turns a host path into one file name component.

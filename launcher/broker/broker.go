@@ -8,6 +8,13 @@
 // evidence bound. Each challenge can be answered once: a replayed
 // attestation, or one for another session's nonce, is refused.
 //
+// The host launches the pod, so it chooses the init data the evidence
+// shows. The broker therefore accepts only init data the owner pinned
+// (Broker.InitData, or the HOST_DATA / MRCONFIGID of its Policy), and
+// releases secrets only to init data under which the host cannot run code
+// of its choosing in the pod: an enforced [policy] section
+// (initdata.InitData.HostCanRunCode).
+//
 // Multi-node clusters use Trustee's KBS instead (see the README).
 package broker
 
@@ -73,13 +80,27 @@ type Broker struct {
 	// Verifier checks evidence signatures against the node's trust roots.
 	Verifier *attest.Verifier
 	// Policy is what evidence must show; its Nonce is ignored (each
-	// session's binding is used). When HostData is empty, the evidence's
-	// HOST_DATA must be the digest of the init data sent with it.
+	// session's binding is used). Its HostData (SNP) and MRConfigID
+	// (TDX), when set, each pin one init data digest, as InitData does.
 	Policy attest.Policy
-	// AllowExec releases resources to pods whose init data lets the host
-	// exec into their containers (agent_policy.allow_exec not false),
-	// where the host could read the secrets back. Off by default.
-	AllowExec bool
+	// InitData are the init data documents of the owner's pods (TOML, as
+	// the pods are launched with them). The evidence's HOST_DATA (SNP) or
+	// MRCONFIGID (TDX) must be the digest of the document sent with it,
+	// and that digest must be one of these documents' or the Policy's.
+	// With nothing pinned, every attestation is refused, unless
+	// AnyInitData.
+	InitData [][]byte
+	// AnyInitData accepts whatever init data the pod sends, as long as
+	// its evidence shows the document's digest. The host launches the
+	// pod, so it would write that document: a [policy] of its own that
+	// lets it run what it likes. For development only.
+	AnyInitData bool
+	// AllowUnconfinedHost also releases resources to pods whose init data
+	// lets the host run code of its choosing in them (no [policy]
+	// section, whatever agent_policy.allow_exec says, or a [policy] in
+	// audit mode; initdata.InitData.HostCanRunCode), which could read the
+	// secrets back. For development only.
+	AllowUnconfinedHost bool
 	// Resources are released to attested sessions.
 	Resources Resources
 	// SessionTTL bounds a session's life (default 5 minutes).
@@ -290,46 +311,61 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, error) {
 	}
 	p := b.Policy
 	p.Nonce = rd[:]
-	var body []byte
-	if att.InitData != nil {
-		if err := b.checkInitData(att.InitData); err != nil {
-			return nil, err
-		}
-		body = []byte(att.InitData.Body)
+	doc, err := b.checkInitData(att.InitData)
+	if err != nil {
+		return nil, err
 	}
 	if b.Verifier == nil {
 		return nil, errors.New("the broker has no verifier")
 	}
 	switch s.tee {
 	case kbsapi.TeeSNP:
-		if len(p.HostData) == 0 && body != nil {
-			d := initdata.Digest(body)
-			p.HostData = d[:]
+		var sum []byte
+		if doc != nil {
+			d := initdata.Digest(doc)
+			sum = d[:]
 		}
-		if len(p.HostData) == 0 {
-			return nil, errors.New("the broker pins no HOST_DATA and the attestation carries no init-data to bind it")
+		want, err := b.expectInitData("HOST_DATA", "host_data", sum, b.pins(s.tee))
+		if err != nil {
+			return nil, err
 		}
+		p.HostData = want
 		report, certs, err := decodeSNP(att.TeeEvidence.PrimaryEvidence)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := b.Verifier.VerifySNP(report, certs, &p); err != nil {
+		claims, err := b.Verifier.VerifySNP(report, certs, &p)
+		if err != nil {
 			return nil, err
 		}
+		if want == nil {
+			if err := b.pinned("HOST_DATA", claims.HostData, b.pins(s.tee)); err != nil {
+				return nil, err
+			}
+		}
 	case kbsapi.TeeTDX:
-		if len(p.MRConfigID) == 0 && body != nil {
-			d := initdata.DigestTDX(body)
-			p.MRConfigID = d[:]
+		var sum []byte
+		if doc != nil {
+			d := initdata.DigestTDX(doc)
+			sum = d[:]
 		}
-		if len(p.MRConfigID) == 0 {
-			return nil, errors.New("the broker pins no MRCONFIGID and the attestation carries no init-data to bind it")
+		want, err := b.expectInitData("MRCONFIGID", "mrconfigid", sum, b.pins(s.tee))
+		if err != nil {
+			return nil, err
 		}
+		p.MRConfigID = want
 		quote, err := decodeTDX(att.TeeEvidence.PrimaryEvidence)
 		if err != nil {
 			return nil, err
 		}
-		if _, err := b.Verifier.VerifyTDX(quote, &p); err != nil {
+		claims, err := b.Verifier.VerifyTDX(quote, &p)
+		if err != nil {
 			return nil, err
+		}
+		if want == nil {
+			if err := b.pinned("MRCONFIGID", claims.MRConfigID, b.pins(s.tee)); err != nil {
+				return nil, err
+			}
 		}
 	default:
 		return nil, fmt.Errorf("TEE %q is not supported", s.tee)
@@ -337,28 +373,89 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, error) {
 	return &key, nil
 }
 
-// checkInitData refuses init data that would let the host read the
-// secrets back (exec into the containers), unless AllowExec.
-func (b *Broker) checkInitData(d *kbsapi.InitData) error {
-	if d.Format != "toml" {
-		return fmt.Errorf("init-data format %q: this broker, like Trustee's built-in attestation service, reads toml", d.Format)
+// pins returns the init data digests the owner pinned for a TEE: those of
+// the InitData documents and the Policy's HostData or MRConfigID.
+func (b *Broker) pins(tee string) []attest.Hex {
+	var out []attest.Hex
+	for _, doc := range b.InitData {
+		if tee == kbsapi.TeeTDX {
+			d := initdata.DigestTDX(doc)
+			out = append(out, d[:])
+		} else {
+			d := initdata.Digest(doc)
+			out = append(out, d[:])
+		}
 	}
-	doc, err := initdata.Parse([]byte(d.Body))
-	if err != nil {
-		return err
+	if pin := b.Policy.HostData; tee == kbsapi.TeeSNP && len(pin) > 0 {
+		out = append(out, pin)
 	}
-	if b.AllowExec {
+	if pin := b.Policy.MRConfigID; tee == kbsapi.TeeTDX && len(pin) > 0 {
+		out = append(out, pin)
+	}
+	return out
+}
+
+// expectInitData returns the init data digest the evidence must show
+// (field, HOST_DATA or MRCONFIGID): sum, the digest of the document sent,
+// when the owner pinned it (or AnyInitData). Without a document (only
+// under AllowUnconfinedHost) it returns the one pin, or nil for several:
+// the evidence's digest is then checked against pins once verified.
+func (b *Broker) expectInitData(field, policyKey string, sum []byte, pins []attest.Hex) (attest.Hex, error) {
+	switch {
+	case sum != nil && slices.ContainsFunc(pins, func(p attest.Hex) bool { return string(p) == string(sum) }):
+		return sum, nil
+	case sum != nil && len(pins) > 0:
+		return nil, fmt.Errorf("the init-data sent (%s %x) is not a document the broker pins: add the pod's init data to the broker (c8s-launcher kbs --init-data FILE, or its %s in --policy)", field, sum, policyKey)
+	case sum != nil && b.AnyInitData:
+		return sum, nil
+	case sum != nil:
+		return nil, fmt.Errorf("the broker pins no init data, so it would trust whatever document the host launched the pod with: give it the pods' init data (c8s-launcher kbs --init-data FILE, or %s in --policy)", policyKey)
+	case len(pins) == 0:
+		return nil, fmt.Errorf("the broker pins no %s and the attestation carries no init-data to bind it", field)
+	case len(pins) == 1:
+		return pins[0], nil
+	}
+	return nil, nil
+}
+
+// pinned checks a verified init data digest against pins.
+func (b *Broker) pinned(field string, got attest.Hex, pins []attest.Hex) error {
+	if slices.ContainsFunc(pins, func(p attest.Hex) bool { return string(p) == string(got) }) {
 		return nil
 	}
-	switch doc.HostExec() {
-	case "any":
-		if doc.PolicyGoverns() {
-			return errors.New("the pod's policy is in audit mode (policy.audit = true): the agent only logs what it would refuse, so the host could exec into the containers and read the secrets back; release secrets only to an enforced policy")
+	return fmt.Errorf("%s %s is not the digest of init data the broker pins", field, got)
+}
+
+// checkInitData reads the init data sent with the evidence (nil if none)
+// and refuses one under which the host could run code of its choosing in
+// the pod and read the secrets back (InitData.HostCanRunCode), unless
+// AllowUnconfinedHost.
+func (b *Broker) checkInitData(d *kbsapi.InitData) ([]byte, error) {
+	if d == nil {
+		if b.AllowUnconfinedHost {
+			return nil, nil
 		}
-		return errors.New("the pod's init data allows exec from the host (agent_policy.allow_exec), which could read the secrets back: set allow_exec = false, or give a [policy] whose exec lists name only what the owner allows")
+		return nil, errors.New("the attestation carries no init-data: the broker releases secrets only to a pod whose measured init data has an enforced [policy] section, and must read it to know")
 	}
-	// "listed": only the argv the owner wrote into the measured policy.
-	return nil
+	if d.Format != "toml" {
+		return nil, fmt.Errorf("init-data format %q: this broker, like Trustee's built-in attestation service, reads toml", d.Format)
+	}
+	body := []byte(d.Body)
+	doc, err := initdata.Parse(body)
+	if err != nil {
+		return nil, err
+	}
+	if b.AllowUnconfinedHost {
+		return body, nil
+	}
+	if unconfined, reason := doc.HostCanRunCode(); unconfined {
+		fix := "add a [policy] section (c8s-measure policy can generate one)"
+		if doc.PolicyGoverns() {
+			fix = "set policy.audit = false once the policy is complete (c8s-measure policy can generate one)"
+		}
+		return nil, fmt.Errorf("secrets go only to a pod whose measured init data has an enforced [policy]: %s; %s", reason, fix)
+	}
+	return body, nil
 }
 
 func (b *Broker) resource(w http.ResponseWriter, r *http.Request, path string) {

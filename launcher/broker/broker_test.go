@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -81,10 +82,22 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
+// podInitData is init data under an enforced [policy]: the host creates
+// only container app, as its rule says, and execs nothing.
+const podInitData = `version = "0.1"
+[policy]
+[policy.containers.app]
+image = "registry.example/app:1"
+args = ["/app"]
+working_dir = "/"
+uid = 1000
+gid = 1000
+`
+
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	sp := simSP(t)
-	f := &fixture{sp: sp, initData: []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")}
+	f := &fixture{sp: sp, initData: []byte(podInitData)}
 	if _, err := rand.Read(f.measurement[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -97,6 +110,7 @@ func newFixture(t testing.TB) *fixture {
 		Verifier:  v,
 		Policy:    attest.Policy{Measurements: map[int]attest.Hex{1: m[:]}, VCPUs: 1},
 		Resources: Map{"default/key/db-password": []byte(secret)},
+		InitData:  [][]byte{f.initData}, // the owner's pod
 	}
 	f.logs = &logBuffer{}
 	f.logger = logrus.New()
@@ -133,6 +147,13 @@ func tlsServerLogging(t testing.TB, h http.Handler, ctx context.Context) (*httpt
 		t.Fatal("pin the broker certificate")
 	}
 	return srv, pool
+}
+
+// launch makes doc the init data the pod is launched with, sends and the
+// broker pins.
+func (f *fixture) launch(doc string) {
+	f.initData = []byte(doc)
+	f.broker.InitData = [][]byte{f.initData}
 }
 
 // snpEvidence is the pod's evidence source.
@@ -189,28 +210,83 @@ func TestAlteredMeasurementRefused(t *testing.T) {
 	}
 }
 
+// The evidence's HOST_DATA must be the digest of the document sent with
+// it, even when the owner pinned both documents.
 func TestHostDataMustMatchInitData(t *testing.T) {
 	f := newFixture(t)
+	other := []byte(podInitData + "\n") // not what HOST_DATA holds
+	f.broker.InitData = append(f.broker.InitData, other)
 	c := f.client()
-	c.InitData = []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n\n") // not what HOST_DATA holds
+	c.InitData = other
 	_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
-	if err == nil || !strings.Contains(err.Error(), "HOST_DATA") {
+	if err == nil || !strings.Contains(err.Error(), "HOST_DATA mismatch") {
 		t.Fatalf("err = %v, want a HOST_DATA mismatch", err)
 	}
 }
 
-func TestExecAllowedPodRefused(t *testing.T) {
+// The host launches the pod, so it chooses the init data: only documents
+// the owner pinned (InitData, or Policy.HostData) are accepted.
+func TestInitDataMustBePinned(t *testing.T) {
 	f := newFixture(t)
-	f.initData = []byte("version = \"0.1\"\n") // exec allowed by default
+	// The host's own document, with a [policy] of its liking, sent with
+	// evidence that shows its digest.
+	hostDoc := strings.Replace(podInitData, `args = ["/app"]`, `args = ["re:.*"]`, 1)
+	f.initData = []byte(hostDoc)
 	c := f.client()
-	c.InitData = f.initData
 	_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
-	if err == nil || !strings.Contains(err.Error(), "allow_exec") {
-		t.Fatalf("err = %v, want a refusal naming allow_exec", err)
+	sum := initdata.Digest([]byte(hostDoc))
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("init-data sent (HOST_DATA %x) is not a document the broker pins", sum)) || !strings.Contains(err.Error(), "--init-data FILE") {
+		t.Fatalf("err = %v, want the unpinned document refused, naming its digest and the flag", err)
 	}
-	f.broker.AllowExec = true
+	// Nothing pinned: refused, unless AnyInitData.
+	f.broker.InitData = nil
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "pins no init data") {
+		t.Fatalf("nothing pinned: err = %v", err)
+	}
+	f.broker.AnyInitData = true
 	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err != nil {
-		t.Fatalf("with AllowExec: %v", err)
+		t.Fatalf("with AnyInitData: %v", err)
+	}
+	// The digest pinned as the policy's host_data.
+	f.broker.AnyInitData = false
+	f.broker.Policy.HostData = sum[:]
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err != nil {
+		t.Fatalf("pinned by Policy.HostData: %v", err)
+	}
+}
+
+// Without a [policy] the host creates a container of its own, which gets
+// the pod's secrets, and reads its output, whatever allow_exec says; in
+// audit mode the policy only logs. Such pods get nothing, unless
+// AllowUnconfinedHost.
+func TestUnconfinedHostRefused(t *testing.T) {
+	for name, tc := range map[string]struct {
+		doc  string
+		want []string
+	}{
+		"no policy, allow_exec = false": {"version = \"0.1\"\n[agent_policy]\nallow_exec = false\n", []string{"no [policy] section", "whatever agent_policy.allow_exec says", "add a [policy] section (c8s-measure policy can generate one)"}},
+		"no policy, exec allowed":       {"version = \"0.1\"\n", []string{"no [policy] section", "add a [policy] section"}},
+		"policy in audit mode":          {strings.Replace(podInitData, "[policy]\n", "[policy]\naudit = true\n", 1), []string{"audit mode", "set policy.audit = false"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			f.launch(tc.doc)
+			c := f.client()
+			_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
+			var e *guestkbs.Error
+			if !errors.As(err, &e) || e.Status != http.StatusUnauthorized {
+				t.Fatalf("err = %v, want a 401", err)
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("err = %v: does not say %q", err, want)
+				}
+			}
+			f.broker.AllowUnconfinedHost = true
+			if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err != nil {
+				t.Fatalf("with AllowUnconfinedHost: %v", err)
+			}
+		})
 	}
 }
 
@@ -218,21 +294,18 @@ func TestExecAllowedPodRefused(t *testing.T) {
 // are the owner's choice, but a policy in audit mode only logs denials,
 // so the host could exec anything and read the secrets back.
 func TestPolicyExecRules(t *testing.T) {
-	const rule = "[policy.containers.app]\nimage = \"registry.example/app:1\"\nargs = [\"/app\"]\n"
 	for name, tc := range map[string]struct {
 		doc  string
 		want string // "" = released
 	}{
-		"enforced, no exec":   {"version = \"0.1\"\n[policy]\n" + rule, ""},
-		"enforced, exec list": {"version = \"0.1\"\n[policy]\n" + rule + "exec = [[\"/app\", \"health\"]]\n", ""},
-		"audit mode":          {"version = \"0.1\"\n[policy]\naudit = true\n" + rule, "audit mode"},
+		"enforced, no exec":   {podInitData, ""},
+		"enforced, exec list": {podInitData + "exec = [[\"/app\", \"health\"]]\n", ""},
+		"audit mode":          {strings.Replace(podInitData, "[policy]\n", "[policy]\naudit = true\n", 1), "audit mode"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t)
-			f.initData = []byte(tc.doc)
-			c := f.client()
-			c.InitData = f.initData
-			_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
+			f.launch(tc.doc)
+			_, err := f.client().Fetch(context.Background(), []string{"default/key/db-password"})
 			if tc.want == "" && err != nil {
 				t.Fatalf("released to an enforced policy: %v", err)
 			}
@@ -240,6 +313,35 @@ func TestPolicyExecRules(t *testing.T) {
 				t.Fatalf("err = %v, want a refusal naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// An attestation without init-data: the broker cannot see the pod's
+// policy, so it is refused; under AllowUnconfinedHost the evidence's
+// HOST_DATA must still be a pinned digest.
+func TestNoInitDataSent(t *testing.T) {
+	f := newFixture(t)
+	c := f.client()
+	c.InitData = nil
+	_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
+	if err == nil || !strings.Contains(err.Error(), "carries no init-data") {
+		t.Fatalf("err = %v, want the missing init-data refused", err)
+	}
+	f.broker.AllowUnconfinedHost = true
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err != nil {
+		t.Fatalf("with AllowUnconfinedHost, the launched document pinned: %v", err)
+	}
+	f.broker.InitData = [][]byte{[]byte(podInitData + "\n")}
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "HOST_DATA mismatch") {
+		t.Fatalf("another document pinned: err = %v", err)
+	}
+	f.broker.InitData = append(f.broker.InitData, []byte(podInitData+"\n\n"))
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "not the digest of init data the broker pins") {
+		t.Fatalf("other documents pinned: err = %v", err)
+	}
+	f.broker.InitData = nil
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "pins no HOST_DATA") {
+		t.Fatalf("nothing pinned: err = %v", err)
 	}
 }
 

@@ -33,7 +33,7 @@ func TestChallengeAsTrustee(t *testing.T) {
 // document's sha384, the broker reads the agent policy from c8s.toml.
 func TestCoCoInitDataReleased(t *testing.T) {
 	f := newFixture(t)
-	f.initData = []byte("version = \"0.1.0\"\nalgorithm = \"sha384\"\n[data]\n\"c8s.toml\" = '''\n[agent_policy]\nallow_exec = false\n'''\n")
+	f.launch("version = \"0.1.0\"\nalgorithm = \"sha384\"\n[data]\n\"c8s.toml\" = '''\n" + podInitData[len("version = \"0.1\"\n"):] + "'''\n")
 	sum := sha512.Sum384(f.initData)
 	if d := initdata.Digest(f.initData); string(d[:]) != string(sum[:32]) {
 		t.Fatalf("HOST_DATA %x, want sha384[:32] %x", d, sum[:32])
@@ -43,11 +43,11 @@ func TestCoCoInitDataReleased(t *testing.T) {
 	if err != nil || string(got[0]) != secret {
 		t.Fatalf("Fetch = %q, %v", got, err)
 	}
-	// The same document with exec allowed is refused.
-	f.initData = []byte(strings.Replace(string(f.initData), "allow_exec = false", "allow_exec = true", 1))
+	// The same document in audit mode is refused.
+	f.launch(strings.Replace(string(f.initData), "[policy]\n", "[policy]\naudit = true\n", 1))
 	c.InitData = f.initData
-	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "allow_exec") {
-		t.Fatalf("exec allowed: err %v", err)
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "audit mode") {
+		t.Fatalf("audit mode: err %v", err)
 	}
 }
 
@@ -96,7 +96,10 @@ func TestTDXEvidenceDecoded(t *testing.T) {
 		t.Fatal(err)
 	}
 	body := q.GetTdQuoteBody()
-	b := &Broker{Verifier: v, Resources: Map{},
+	// The sample quote comes without its init data: only under
+	// AllowUnconfinedHost is it checked against the pinned MRCONFIGID
+	// alone.
+	b := &Broker{Verifier: v, Resources: Map{}, AllowUnconfinedHost: true,
 		Policy: attest.Policy{MRTD: body.GetMrTd(), MRConfigID: body.GetMrConfigId()}}
 	srv, roots := tlsServer(t, b)
 	f := &fixture{srv: srv, roots: roots, broker: b}

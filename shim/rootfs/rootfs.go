@@ -5,8 +5,12 @@
 // The guest cannot see the host's filesystem, and a confidential guest must
 // not share live host directories, so the shim copies the rootfs into an
 // ext4 image once per container: a sparse file with room for the
-// container's writes. Writes stay in the image and are discarded with the
-// container, as they would be with any VM-isolated runtime.
+// container's writes. A guest started as a TEE (every c8s pod VM names
+// one: c8s.tee) mounts it read-only and keeps the container's writes in
+// its own memory (guest/agent confidential.go), so the host's copy is
+// never written; a guest that names no TEE writes to the image. Either
+// way writes are discarded with the container, as they would be with any
+// VM-isolated runtime.
 package rootfs
 
 import (

@@ -22,6 +22,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	"github.com/c8s-dev/c8s/guest/policy"
 	"github.com/c8s-dev/c8s/launcher/attest"
 	kbs "github.com/c8s-dev/c8s/launcher/broker"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
@@ -57,8 +58,11 @@ func (b *broker) Log() string {
 
 // startBroker serves default/key/db-password to pods whose sim evidence
 // (from the sim TEE of the node state dir stateDir) shows the launch
-// digest for one vCPU of the image manifest in imageDir.
-func startBroker(t *testing.T, stateDir, imageDir string) *broker {
+// digest for one vCPU of the image manifest in imageDir. configure sets
+// what the owner pins (kbs.Broker's InitData; the broker refuses every
+// pod without), given the broker's address and certificate, which the
+// pods' init data names, before it serves.
+func startBroker(t *testing.T, stateDir, imageDir string, configure func(b *broker, kb *kbs.Broker)) *broker {
 	t.Helper()
 	spDir := statedir.SimSP(stateDir)
 	if _, err := sim.Open(spDir); err != nil {
@@ -96,22 +100,118 @@ func startBroker(t *testing.T, stateDir, imageDir string) *broker {
 	logger := logrus.New()
 	logger.SetOutput(b)
 	logCtx := log.WithLogger(context.Background(), logrus.NewEntry(logger))
-	srv := &http.Server{Handler: &kbs.Broker{
+	kb := &kbs.Broker{
 		Verifier:  v,
 		Policy:    attest.Policy{Measurements: expected, VCPUs: 1},
 		Resources: kbs.Map{"default/key/db-password": []byte(kbsSecret)},
-	}, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return logCtx }}
+	}
+	configure(b, kb)
+	srv := &http.Server{Handler: kb, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return logCtx }}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return b
 }
 
-// podInitData asks for the secret from the broker that certPEM pins.
+// The kbs pods run with ctr, one container each: its process, as ctr
+// writes it from the image, and what its [policy] rule pins.
+var (
+	kbsReadArgs  = []string{"sh", "-c", "cat /run/secrets/db-password; echo; if (echo x > /run/secrets/db-password) 2>/dev/null; then echo writable; fi; grep ' /run/secrets/db-password ' /proc/mounts"}
+	kbsCatArgs   = []string{"cat", "/run/secrets/db-password"}
+	kbsSleepArgs = []string{"sleep", "600"}
+)
+
+// kbsImage is the image annotation the kbs pods are run with: ctr writes
+// no CRI annotations, so it is passed as CRI passes it, and the [policy]
+// checks it (a container without CRI annotations is matched by its id).
+var kbsImage = policy.AnnotationImageName + "=" + image
+
+// kbsPolicy is the [policy] of the kbs pods: a rule per container id that
+// may run (ctr run IMAGE ID ARGS...), pinning what ctr writes (the
+// image's PATH, its working directory "/", root, a tmpfs on /run), with
+// the broker's secret and its output for the test to read. Without an
+// enforced [policy] the broker releases nothing: the host could create a
+// container of its own, which would get the secret.
+func kbsPolicy(entry string) string {
+	rule := func(id string, args []string) string {
+		return fmt.Sprintf(`
+[policy.containers.%s]
+image = %q
+args = %s
+env = %s
+working_dir = "/"
+uid = 0
+gid = 0
+logs = true
+mounts = [{ destination = "/run", kind = "tmpfs" }]
+secrets = [{ resource = %q }]
+`, id, image, tomlStrings(args...), tomlStrings(imagePath), entry)
+	}
+	return "\n[policy]\n" + rule("kbs1", kbsReadArgs) + rule("kbs2", kbsCatArgs) + rule("kbs4", kbsSleepArgs) + rule("kbs5", kbsCatArgs)
+}
+
+// podInitDoc asks for the secret from the broker that certPEM pins, under
+// kbsPolicy.
+func podInitDoc(addr string, certPEM []byte) []byte {
+	doc := fmt.Sprintf(`version = "0.1"
+
+[kbs]
+url = "https://%s"
+cert = '''
+%s'''
+
+[[kbs.secrets]]
+resource = "kbs:///default/key/db-password"
+path = "/run/secrets/db-password"
+%s`, addr, certPEM, kbsPolicy("kbs:///default/key/db-password"))
+	if _, err := initdata.Parse([]byte(doc)); err != nil {
+		panic(err)
+	}
+	return []byte(doc)
+}
+
+// podInitData is podInitDoc for the pod annotation (base64).
 func podInitData(addr string, certPEM []byte) string {
+	return base64.StdEncoding.EncodeToString(podInitDoc(addr, certPEM))
+}
+
+// podCoCoInitDoc is podInitDoc in CoCo's init data format, as Trustee
+// reads it: sha384 over the whole document (its first 32 bytes are
+// HOST_DATA), c8s's settings in data."c8s.toml", the broker in CoCo's own
+// cdh.toml.
+func podCoCoInitDoc(addr string, certPEM []byte) []byte {
+	doc := fmt.Sprintf(`version = "0.1.0"
+algorithm = "sha384"
+
+[data]
+"c8s.toml" = '''
+[[kbs.secrets]]
+resource = "kbs:///default/key/db-password"
+path = "/run/secrets/db-password"
+%s'''
+
+"cdh.toml" = '''
+[kbc]
+name = "cc_kbc"
+url = "https://%s"
+kbs_cert = """
+%s"""
+'''
+`, kbsPolicy("kbs:///default/key/db-password"), addr, certPEM)
+	if d, err := initdata.Parse([]byte(doc)); err != nil || d.Format != initdata.FormatCoCo {
+		panic(fmt.Sprint(d, err))
+	}
+	return []byte(doc)
+}
+
+// noPolicyInitDoc is init data without a [policy]: exec refused
+// (allow_exec = false), but CreateContainer unrestricted, so the host
+// could create a container of its own, which gets the pod's secrets, and
+// read its output. The broker must refuse it.
+func noPolicyInitDoc(addr string, certPEM []byte) []byte {
 	doc := fmt.Sprintf(`version = "0.1"
 
 [agent_policy]
-allow_exec = false   # the host cannot exec in and read the secret back
+allow_exec = false
 
 [kbs]
 url = "https://%s"
@@ -125,39 +225,14 @@ path = "/run/secrets/db-password"
 	if _, err := initdata.Parse([]byte(doc)); err != nil {
 		panic(err)
 	}
-	return base64.StdEncoding.EncodeToString([]byte(doc))
+	return []byte(doc)
 }
 
-// podCoCoInitData is podInitData in CoCo's init data format, as Trustee
-// reads it: sha384 over the whole document (its first 32 bytes are
-// HOST_DATA), c8s's settings in data."c8s.toml", the broker in CoCo's own
-// cdh.toml.
-func podCoCoInitData(addr string, certPEM []byte) string {
-	doc := fmt.Sprintf(`version = "0.1.0"
-algorithm = "sha384"
-
-[data]
-"c8s.toml" = '''
-[agent_policy]
-allow_exec = false
-
-[[kbs.secrets]]
-resource = "kbs:///default/key/db-password"
-path = "/run/secrets/db-password"
-'''
-
-"cdh.toml" = '''
-[kbc]
-name = "cc_kbc"
-url = "https://%s"
-kbs_cert = """
-%s"""
-'''
-`, addr, certPEM)
-	if d, err := initdata.Parse([]byte(doc)); err != nil || d.Format != initdata.FormatCoCo {
-		panic(fmt.Sprint(d, err))
-	}
-	return base64.StdEncoding.EncodeToString([]byte(doc))
+// pinPods pins the kbs pods' init data (both formats, and the document
+// without a [policy], which the broker then refuses for that, not for
+// being unpinned): the owner's broker knows its pods' documents.
+func pinPods(b *broker, kb *kbs.Broker) {
+	kb.InitData = [][]byte{podInitDoc(b.addr, b.certPEM), podCoCoInitDoc(b.addr, b.certPEM), noPolicyInitDoc(b.addr, b.certPEM)}
 }
 
 // TestKBSSecrets: a pod gets its secret from the key broker only when
@@ -165,12 +240,11 @@ kbs_cert = """
 // chose, and the value never appears on the host.
 func TestKBSSecrets(t *testing.T) {
 	e := setup(t)
-	b := startBroker(t, e.stateDir, e.imageDir)
+	b := startBroker(t, e.stateDir, e.imageDir, pinPods)
 	good := podInitData(b.addr, b.certPEM)
 
 	t.Run("SecretReachesTheAttestedPod", func(t *testing.T) {
-		stdout, stderr, code := result(t, e.run(ctx(t), e.config, "--rm", "--annotation", initdata.Annotation+"="+good, image, "kbs1",
-			"sh", "-c", "cat /run/secrets/db-password; echo; if (echo x > /run/secrets/db-password) 2>/dev/null; then echo writable; fi; grep ' /run/secrets/db-password ' /proc/mounts"))
+		stdout, stderr, code := result(t, e.run(ctx(t), e.config, append([]string{"--rm", "--annotation", kbsImage, "--annotation", initdata.Annotation + "=" + good, image, "kbs1"}, kbsReadArgs...)...))
 		lines := strings.Split(strings.TrimSpace(stdout), "\n")
 		if code != 0 || len(lines) != 2 || lines[0] != kbsSecret {
 			t.Fatalf("exit %d, stdout %q: want the secret, then its mount\nstderr: %s\nbroker:\n%s\ncontainerd log:\n%s", code, stdout, stderr, b.Log(), e.d.Log())
@@ -185,9 +259,8 @@ func TestKBSSecrets(t *testing.T) {
 	})
 
 	t.Run("CoCoInitData", func(t *testing.T) {
-		coco := podCoCoInitData(b.addr, b.certPEM)
-		stdout, stderr, code := result(t, e.run(ctx(t), e.config, "--rm", "--annotation", initdata.Annotation+"="+coco, image, "kbs5",
-			"cat", "/run/secrets/db-password"))
+		coco := base64.StdEncoding.EncodeToString(podCoCoInitDoc(b.addr, b.certPEM))
+		stdout, stderr, code := result(t, e.run(ctx(t), e.config, append([]string{"--rm", "--annotation", kbsImage, "--annotation", initdata.Annotation + "=" + coco, image, "kbs5"}, kbsCatArgs...)...))
 		if code != 0 || strings.TrimSpace(stdout) != kbsSecret {
 			t.Fatalf("exit %d, stdout %q: want the secret\nstderr: %s\nbroker:\n%s", code, stdout, stderr, b.Log())
 		}
@@ -196,7 +269,7 @@ func TestKBSSecrets(t *testing.T) {
 
 	t.Run("NoTraceOnTheHostWhileRunning", func(t *testing.T) {
 		c := ctx(t)
-		if _, stderr, code := result(t, e.run(c, e.config, "-d", "--annotation", initdata.Annotation+"="+good, image, "kbs4", "sleep", "600")); code != 0 {
+		if _, stderr, code := result(t, e.run(c, e.config, append([]string{"-d", "--annotation", kbsImage, "--annotation", initdata.Annotation + "=" + good, image, "kbs4"}, kbsSleepArgs...)...)); code != 0 {
 			t.Fatalf("exit %d: %s\nbroker:\n%s", code, stderr, b.Log())
 		}
 		// The pod's VM state dir (console log, sockets), its container
@@ -206,6 +279,31 @@ func TestKBSSecrets(t *testing.T) {
 		waitStopped(t, e, "kbs4")
 		e.d.Ctr(t, "task", "delete", "kbs4")
 		e.d.Ctr(t, "container", "delete", "kbs4")
+		e.assertNothingLeft(t)
+	})
+
+	t.Run("NoPolicyRefusedByTheBroker", func(t *testing.T) {
+		// allow_exec = false alone: the host could still create a
+		// container that prints the secret, so the broker refuses the pod
+		// though its evidence verifies, and the pod does not start.
+		before := strings.Count(b.Log(), "kbs: released")
+		noPolicy := base64.StdEncoding.EncodeToString(noPolicyInitDoc(b.addr, b.certPEM))
+		stdout, stderr, code := result(t, e.run(ctx(t), e.config, append([]string{"--rm", "--annotation", initdata.Annotation + "=" + noPolicy, image, "kbs6"}, kbsCatArgs...)...))
+		if code == 0 || strings.Contains(stdout, kbsSecret) {
+			t.Fatalf("a pod without a [policy] started (exit %d, stdout %q)", code, stdout)
+		}
+		for _, want := range []string{"key broker", "401", "no [policy] section", "add a [policy] section (c8s-measure policy can generate one)"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("ctr's error does not say %q:\n%s", want, stderr)
+			}
+		}
+		if after := strings.Count(b.Log(), "kbs: released"); after != before {
+			t.Fatalf("the broker released a secret to a pod without a [policy]:\n%s", b.Log())
+		}
+		if !strings.Contains(b.Log(), "attestation refused") {
+			t.Fatalf("the broker's log does not show the refusal:\n%s", b.Log())
+		}
+		e.d.CtrCommand(ctx(t), "container", "delete", "kbs6").Run()
 		e.assertNothingLeft(t)
 	})
 
@@ -226,7 +324,7 @@ func TestKBSSecrets(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := b.Log()
-		_, stderr, code := result(t, e.run(ctx(t), e.config, "--rm", "--annotation", initdata.Annotation+"="+podInitData(b.addr, other), image, "kbs3", "true"))
+		_, stderr, code := result(t, e.run(ctx(t), e.config, "--rm", "--annotation", kbsImage, "--annotation", initdata.Annotation+"="+podInitData(b.addr, other), image, "kbs3", "true"))
 		if code == 0 || !strings.Contains(stderr, "certificate") || !strings.Contains(stderr, "key broker") {
 			t.Fatalf("exit %d: want the pod to fail on the broker's certificate:\n%s", code, stderr)
 		}
@@ -313,8 +411,7 @@ state_dir = %q
 	}
 	c, cancel := context.WithTimeout(ctx(t), 5*time.Minute)
 	defer cancel()
-	stdout, stderr, code := result(t, e.run(c, config(filepath.Join(dir, manifest.FileName)), "--rm", "--annotation", initdata.Annotation+"="+initData, image, "kbs2",
-		"cat", "/run/secrets/db-password"))
+	stdout, stderr, code := result(t, e.run(c, config(filepath.Join(dir, manifest.FileName)), append([]string{"--rm", "--annotation", kbsImage, "--annotation", initdata.Annotation + "=" + initData, image, "kbs2"}, kbsCatArgs...)...))
 	if code == 0 || strings.Contains(stdout, kbsSecret) {
 		t.Fatalf("a pod booted from an altered initrd started (exit %d, stdout %q)", code, stdout)
 	}

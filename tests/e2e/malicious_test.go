@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -23,6 +24,7 @@ import (
 	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 	"github.com/c8s-dev/c8s/guest/api/reportdata"
+	kbs "github.com/c8s-dev/c8s/launcher/broker"
 )
 
 // The processes of the test pods. In the agent-policy pod the sandbox
@@ -76,8 +78,9 @@ allow_port_forward = [8080]
 
 // policyInitData is the measured init data of a pod under a [policy]
 // naming its sandbox and container app exactly as sandboxSpec and
-// containerSpec write them: the host may exec only `echo allowed` in app,
-// which alone gets the broker's secret, and may not read app's logs.
+// containerSpec write them (in "/", as root): the host may exec only
+// `echo allowed` in app, there and as that user, which alone gets the
+// broker's secret, and may not read app's logs.
 func policyInitData(b *broker) []byte {
 	doc := fmt.Sprintf(`version = "0.1"
 %s
@@ -85,11 +88,17 @@ func policyInitData(b *broker) []byte {
 image = %q
 args = %s
 env = %s
+working_dir = "/"
+uid = 0
+gid = 0
 
 [policy.containers.app]
 image = %q
 args = %s
 env = %s
+working_dir = "/"
+uid = 0
+gid = 0
 exec = [["echo", "allowed"]]
 secrets = [{ resource = "kbs:///default/key/db-password" }]
 `, kbsInitData(b), image, tomlStrings(policySandboxArgs...), tomlStrings(imagePath), image, tomlStrings(appArgs...), tomlStrings(imagePath))
@@ -132,8 +141,19 @@ func TestMaliciousHost(t *testing.T) {
 func testAgentPolicyPod(t *testing.T, h *hostEnv) {
 	c, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	b := startBroker(t, h.stateDir, h.imageDir)
-	doc := agentPolicyInitData(b)
+	// This pod shows agent_policy alone, which a [policy] section cannot
+	// carry (allow_exec), so it has none; the host could then create a
+	// container of its own that gets the secret and read its output, and
+	// the owner's broker would refuse the pod. Its broker is started with
+	// the development escape hatch (AllowUnconfinedHost) so that the pod
+	// gets its secret as before and HostKBSHandshake shows what stops the
+	// host's own handshake: REPORT_DATA, after the pinned init data,
+	// signature, measurement and HOST_DATA passed.
+	var doc []byte
+	b := startBroker(t, h.stateDir, h.imageDir, func(b *broker, kb *kbs.Broker) {
+		doc = agentPolicyInitData(b)
+		kb.InitData, kb.AllowUnconfinedHost = [][]byte{doc}, true
+	})
 	p := h.boot(t, c, "agent-policy-pod", doc, "sandbox", "app")
 	ag, pf := p.sb.Agent, p.sb.PortForward()
 
@@ -287,8 +307,12 @@ func genuineInitData(t *testing.T, c context.Context, p *hostPod, b *broker) {
 func testPolicyPod(t *testing.T, h *hostEnv) {
 	c, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	b := startBroker(t, h.stateDir, h.imageDir)
-	p := h.boot(t, c, "policy-pod", policyInitData(b), "sandbox", "app")
+	var doc []byte
+	b := startBroker(t, h.stateDir, h.imageDir, func(b *broker, kb *kbs.Broker) {
+		doc = policyInitData(b)
+		kb.InitData = [][]byte{doc}
+	})
+	p := h.boot(t, c, "policy-pod", doc, "sandbox", "app")
 	ag := p.sb.Agent
 
 	genuineInitData(t, c, p, b)
@@ -321,6 +345,34 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 		if w, err := ag.WaitProcess(c, &agent.ProcessRequest{ContainerId: "app", ExecId: "echo"}); err != nil || w.ExitStatus != 0 {
 			t.Fatalf("the allowed exec: %v, %v", w, errgrpc.ToNative(err))
 		}
+	})
+
+	t.Run("ExecElsewhere", func(t *testing.T) {
+		// The allowed argv, started in another directory (where its
+		// relative paths would find what the host put there) or as
+		// another user.
+		for name, proc := range map[string]specs.Process{
+			"cwd":  {Args: []string{"echo", "allowed"}, Env: []string{imagePath}, Cwd: "/tmp"},
+			"user": {Args: []string{"echo", "allowed"}, Env: []string{imagePath}, Cwd: "/", User: specs.User{UID: 1000, GID: 1000}},
+		} {
+			raw, err := json.Marshal(proc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = ag.ExecProcess(c, &agent.ExecProcessRequest{ContainerId: "app", ExecId: "elsewhere-" + name, Process: raw, Stdio: &agent.Stdio{Stdout: true}})
+			if name == "cwd" {
+				refused(t, err, errdefs.ErrPermissionDenied, `process.cwd "/tmp"`, "policy.containers.app.exec_working_dir", "the container's working directory")
+			} else {
+				refused(t, err, errdefs.ErrPermissionDenied, "process.user.uid 1000", "policy.containers.app.exec_uid")
+			}
+		}
+	})
+
+	t.Run("ChangedWorkingDir", func(t *testing.T) {
+		s := containerSpec("app", true, appArgs...)
+		s.Process.Cwd = "/tmp"
+		p.createRefused(t, c, "attack-cwd", "sandbox", s, "app", errdefs.ErrPermissionDenied,
+			`process.cwd "/tmp"`, "policy.containers.app.working_dir")
 	})
 
 	t.Run("UnnamedContainer", func(t *testing.T) {

@@ -43,7 +43,8 @@ const (
 	// secrets but no broker.
 	CoCoCDHKey = "cdh.toml"
 	CoCoAAKey  = "aa.toml"
-	// CoCoPolicyKey is a Kata agent policy, which c8s does not evaluate.
+	// CoCoPolicyKey is a Kata agent policy, which c8s does not evaluate:
+	// a document carrying one is refused.
 	CoCoPolicyKey = "policy.rego"
 )
 
@@ -146,13 +147,16 @@ func parseCoCo(data []byte) (*InitData, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The owner wrote a policy the guest would not enforce: refused,
+	// with or without c8s's own, rather than silently ignored.
+	if _, ok := c.Data[CoCoPolicyKey]; ok {
+		return nil, fmt.Errorf("init data: entry %s is a Kata agent policy, which c8s does not evaluate and would ignore: remove it and state the agent policy in the entry %q (its [agent_policy] and [policy] sections, guest/api/policy)", CoCoPolicyKey, CoCoC8sKey)
+	}
 	d := &InitData{Version: Version}
 	if body, ok := c.Data[CoCoC8sKey]; ok {
 		if d, err = parseC8s([]byte(body)); err != nil {
 			return nil, fmt.Errorf("init data entry %s: %w", CoCoC8sKey, err)
 		}
-	} else if _, ok := c.Data[CoCoPolicyKey]; ok {
-		return nil, fmt.Errorf("init data: entry %s is a Kata agent policy, which c8s does not evaluate: state the agent policy in an entry %q (its [policy] section, guest/api/policy)", CoCoPolicyKey, CoCoC8sKey)
 	}
 	d.Format, d.CoCo = FormatCoCo, c
 	if d.KBS.URL == "" && len(d.KBS.Secrets) > 0 {

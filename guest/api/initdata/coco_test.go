@@ -144,3 +144,22 @@ func TestParseCoCoC8sEntry(t *testing.T) {
 		t.Fatalf("no secrets: %+v, %v", d, err)
 	}
 }
+
+// A document with a Kata agent policy (policy.rego) is refused even when
+// it also carries c8s.toml: the guest enforces only c8s's own policy, and
+// silently ignoring the owner's rules would run the pod under weaker ones
+// than the owner wrote.
+func TestParseCoCoRefusesPolicyRego(t *testing.T) {
+	rego := "\"policy.rego\" = '''\npackage agent_policy\ndefault ExecProcessRequest := false\n'''\n"
+	c8s := "\"c8s.toml\" = '''\n[agent_policy]\nallow_exec = false\n'''\n"
+	head := "version = \"0.1.0\"\nalgorithm = \"sha256\"\n[data]\n"
+	for name, doc := range map[string]string{"alone": head + rego, "with c8s.toml": head + c8s + rego} {
+		_, err := Parse([]byte(doc))
+		if err == nil || !strings.Contains(err.Error(), "policy.rego") || !strings.Contains(err.Error(), "c8s.toml") {
+			t.Errorf("%s: Parse = %v, want an error naming policy.rego and c8s.toml", name, err)
+		}
+	}
+	if _, err := Parse([]byte(head + c8s)); err != nil {
+		t.Errorf("c8s.toml alone: %v", err)
+	}
+}

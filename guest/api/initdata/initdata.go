@@ -37,7 +37,10 @@
 // default-deny: which containers the host may create and with what image,
 // args, env, mounts, capabilities and namespaces; exec; logs and stdin;
 // signals; which containers get which secrets. Without one, init data
-// restricts devices (and, by allow_exec, exec) only.
+// restricts devices (and, by allow_exec, exec) only: the host can still
+// create containers of its own, which get the pod's secrets, so c8s's key
+// broker releases secrets only to a pod with an enforced [policy]
+// (HostCanRunCode).
 //
 // Empty init data means the default policy (everything allowed but the
 // pod VM's own devices) and an all-zero HOST_DATA. Both sides of the host-guest API use this package,
@@ -84,6 +87,9 @@ type InitData struct {
 // AgentPolicy says which host requests the agent serves.
 type AgentPolicy struct {
 	// AllowExec permits exec processes from the host (default true).
+	// Without a [policy] section the host can still create containers of
+	// its own, so it does not keep the pod's secrets from the host
+	// (HostCanRunCode).
 	AllowExec *bool `toml:"allow_exec"`
 	// AllowDevices lists the character devices, beyond the standard ones,
 	// that the host may create in the pod's containers and let them open

@@ -32,30 +32,25 @@ func (d *InitData) checkPolicy() error {
 // which the agent refuses whatever it does not allow.
 func (d *InitData) PolicyGoverns() bool { return d.Policy != nil }
 
-// HostExec says whether, and how, the host may exec into the pod's
-// containers under this document, for a key broker deciding whether the
-// host could read released secrets back: "any" (no [policy] and
-// agent_policy.allow_exec not false, or a [policy] in audit mode, which
-// only logs denials), "listed" (a [policy]: only the argv lists the owner
-// wrote per container) or "none".
-func (d *InitData) HostExec() string {
+// HostCanRunCode reports whether the host can run code of its choosing in
+// the pod under this document, and so read back whatever the pod holds,
+// such as the secrets a key broker releases to it; reason says why, for a
+// broker's refusal. True without a [policy] section, whatever
+// agent_policy.allow_exec says: CreateContainer is then unrestricted and
+// the pod's secrets are mounted into every container, so the host creates
+// one that prints them and reads its stdout. True with a [policy] in audit
+// mode, which only logs what it would refuse. False under an enforced
+// [policy]: the host creates only the containers, and execs only the argv
+// lists, the owner wrote, so what runs is the owner's choice (a rule as
+// loose as image = "re:.*" is that choice too).
+func (d *InitData) HostCanRunCode() (bool, string) {
 	switch {
-	case d.Policy != nil && d.Policy.Audit:
-		return "any"
-	case d.Policy != nil:
-		if d.Policy.Sandbox != nil && len(d.Policy.Sandbox.Exec) > 0 {
-			return "listed"
-		}
-		for _, c := range d.Policy.Containers {
-			if c != nil && len(c.Exec) > 0 {
-				return "listed"
-			}
-		}
-		return "none"
-	case d.Agent.ExecAllowed():
-		return "any"
+	case d.Policy == nil:
+		return true, "the init data has no [policy] section, so CreateContainer is unrestricted and every container gets the pod's secrets: the host can create a container that prints them and read its output, whatever agent_policy.allow_exec says"
+	case d.Policy.Audit:
+		return true, "the init data's [policy] is in audit mode (policy.audit = true): the agent only logs what it would refuse, so the host can create or exec what it likes and read the secrets back"
 	}
-	return "none"
+	return false, "the init data's [policy] is enforced: the host may create and exec only what the owner's rules allow"
 }
 
 // knownKeysAt lists the keys the TOML document of v may have in the table

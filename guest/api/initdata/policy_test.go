@@ -31,6 +31,9 @@ update_resources = true
 image = "registry.k8s.io/pause:3.10"
 args = ["/pause"]
 env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+working_dir = "/"
+uid = 65535
+gid = 65535
 
 [policy.containers.app]
 image = "ghcr.io/example/app@sha256:0f6e"
@@ -69,7 +72,7 @@ func TestParsePolicy(t *testing.T) {
 		t.Fatalf("no [policy]: %+v, %v", d, err)
 	}
 	// CoCo's format carries it in c8s.toml.
-	coco := "version = \"0.1.0\"\nalgorithm = \"sha384\"\n[data]\n\"c8s.toml\" = '''\n[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\n'''\n"
+	coco := "version = \"0.1.0\"\nalgorithm = \"sha384\"\n[data]\n\"c8s.toml\" = '''\n[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\n'''\n"
 	if d, err := Parse([]byte(coco)); err != nil || d.Policy.Containers["app"] == nil {
 		t.Fatalf("CoCo: %+v, %v", d, err)
 	}
@@ -88,6 +91,29 @@ func TestParsePolicyStrict(t *testing.T) {
 		_, err := Parse(policyDoc(t, policy))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err = %v, want one saying %q", policy, err, want)
+		}
+	}
+}
+
+// The key broker releases secrets only where the host cannot run code of
+// its choosing: under an enforced [policy]. Without one, allow_exec =
+// false does not stop the host from creating a container of its own.
+func TestHostCanRunCode(t *testing.T) {
+	for doc, want := range map[string]string{
+		"version = \"0.1\"\n": "no [policy] section",
+		"version = \"0.1\"\n[agent_policy]\nallow_exec = false\n":                                "whatever agent_policy.allow_exec says",
+		"version = \"0.1\"\n[policy]\naudit = true\n":                                            "audit mode",
+		string(policyDoc(t, strings.Replace(examplePolicy, "audit = false", "audit = true", 1))): "audit mode",
+		string(policyDoc(t, examplePolicy)):                                                      "",
+		"version = \"0.1\"\n[policy]\n":                                                          "", // nothing may be created
+	} {
+		d, err := Parse([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		can, reason := d.HostCanRunCode()
+		if can != (want != "") || want != "" && !strings.Contains(reason, want) {
+			t.Errorf("%s: HostCanRunCode = %v, %q; want %v naming %q", doc, can, reason, want != "", want)
 		}
 	}
 }

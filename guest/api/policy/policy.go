@@ -2,7 +2,7 @@
 // [policy] section of its init data (guest/api/initdata), whose digest is
 // the VM's HOST_DATA or MRCONFIGID. The guest's agent evaluates every
 // request of the untrusted host against it (guest/policy); `c8s-measure
-// policy` will write it from a pod's YAML. Both sides read this package,
+// policy` writes it from a pod's YAML (measurements/policygen). Both sides read this package,
 // so that they agree on what a document means.
 //
 // Init data without a [policy] section keeps the agent's earlier
@@ -21,6 +21,9 @@
 //	image = "registry.k8s.io/pause:3.10"
 //	args = ["/pause"]
 //	env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+//	working_dir = "/"
+//	uid = 65535                # the pause image's user
+//	gid = 65535
 //
 //	[policy.containers.app]    # by CRI container name
 //	image = "ghcr.io/example/app@sha256:0f6e…"
@@ -42,7 +45,11 @@
 //	mounts = [
 //	  { destination = "/var/run/secrets/kubernetes.io/serviceaccount", kind = "shared", read_only = true },
 //	  { destination = "/cache", kind = "tmpfs" },
+//	  { destination = "/scratch", kind = "emptydir" },   # an emptyDir, in guest memory
 //	]
+//
+// Every rule (the sandbox's too) must state image, args, working_dir, uid
+// and gid: what the process is, where it starts and who it runs as.
 //
 // Values marked "pattern" below are exact strings, or, prefixed "re:", RE2
 // regular expressions that must match the whole value (Pattern): for
@@ -85,6 +92,21 @@ type Policy struct {
 	// Containers are the rules of the pod's other containers, by CRI
 	// container name.
 	Containers map[string]*Container `toml:"containers"`
+
+	// The fields below are for built-in policies (ZeroLaunchDefault),
+	// which the agent enforces when no document says otherwise; an init
+	// data document cannot set them.
+
+	// Default, when set, is the rule of every container that neither
+	// Sandbox nor Containers names (the sandbox included).
+	Default *Container `toml:"-"`
+	// Builtin names a built-in policy: the keys of its rules start with
+	// it ("zero-launch-default.exec") instead of "policy.", since no
+	// document holds them.
+	Builtin string `toml:"-"`
+	// Explain, when set, ends every denial under the policy: why it is in
+	// force and how to have another.
+	Explain string `toml:"-"`
 }
 
 // StatsAllowed reports whether the host may read cgroup metrics.
@@ -103,16 +125,27 @@ type Container struct {
 	Image Pattern `toml:"image"`
 	// Args (patterns, required) is process.args, element by element.
 	Args []Pattern `toml:"args"`
+	// AnyArgs lets process.args be anything; Args is then not used.
+	// Built-in policies only (a document pins its args).
+	AnyArgs bool `toml:"-"`
 	// Env (patterns) are the environment entries "NAME=VALUE" the process
 	// may have. Each entry of the spec must match one; each exact entry
 	// here must be in the spec (the host can neither add nor drop one).
 	// Absent: none.
 	Env []Pattern `toml:"env"`
-	// WorkingDir (pattern) is process.cwd. Absent: not pinned.
+	// WorkingDir (pattern, required) is process.cwd: the directory the
+	// process starts in, and so where a relative path in its args is
+	// resolved (python app.py): left to the host, it could be a share
+	// the host writes.
 	WorkingDir *Pattern `toml:"working_dir"`
-	// UID, GID and AdditionalGIDs pin process.user. Absent: not pinned.
-	UID            *uint32   `toml:"uid"`
-	GID            *uint32   `toml:"gid"`
+	// UID and GID (required) pin process.user.uid and gid: 0 for root.
+	UID *uint32 `toml:"uid"`
+	GID *uint32 `toml:"gid"`
+	// AnyUser lets process.user.uid and gid be anything; UID and GID are
+	// then not used. Built-in policies only (a document pins the user).
+	AnyUser bool `toml:"-"`
+	// AdditionalGIDs pins process.user.additionalGids. Absent: not
+	// pinned.
 	AdditionalGIDs *[]uint32 `toml:"additional_gids"`
 	// Capabilities bounds each capability set of the process (bounding,
 	// effective, permitted, inheritable, ambient): each must be a subset.
@@ -147,8 +180,20 @@ type Container struct {
 	// set. Absent: none.
 	Sysctls []Pattern `toml:"sysctls"`
 	// Exec lists the argv (patterns, element by element) the host may
-	// exec in the container. Absent: no exec.
+	// exec in the container. Absent: no exec. An exec runs in the
+	// container's working directory, as its user and group (those it was
+	// created with; the guest fills them in when the host leaves them
+	// out), unless ExecWorkingDir, ExecUID or ExecGID say otherwise; the
+	// rest of its process (env, capabilities, additional_gids,
+	// no_new_privileges) is held to the container's rule.
 	Exec [][]Pattern `toml:"exec"`
+	// ExecWorkingDir (pattern) is the process.cwd an exec may have.
+	// Absent: the container's own.
+	ExecWorkingDir *Pattern `toml:"exec_working_dir"`
+	// ExecUID and ExecGID are the user and group an exec may run as.
+	// Absent: the container's own.
+	ExecUID *uint32 `toml:"exec_uid"`
+	ExecGID *uint32 `toml:"exec_gid"`
 	// ExecStdin lets an exec have stdin or a terminal (kubectl exec -i,
 	// -t): with a shell on the list that is any command.
 	ExecStdin bool `toml:"exec_stdin"`
@@ -204,6 +249,14 @@ const (
 	// the source a rule names passes: never /run/c8s (the pod's secrets,
 	// the other containers' roots), /, /dev, unless named.
 	KindGuest MountKind = "guest"
+	// KindEmptyDir is a kubelet emptyDir volume
+	// (<kubelet root>/pods/<uid>/volumes/kubernetes.io~empty-dir/<name>)
+	// held in guest memory: in a guest started as a TEE (c8s.tee = sim,
+	// snp or tdx) each emptyDir of the pod is a directory of a guest tmpfs,
+	// shared by the pod's containers that mount it and gone with the pod
+	// VM, never a host path or a virtio-fs share. A guest started without
+	// a TEE gives an emptyDir as the host shares it (shared), or drops it.
+	KindEmptyDir MountKind = "emptydir"
 	// Filesystems the container's runtime creates.
 	KindProc   MountKind = "proc"
 	KindSysfs  MountKind = "sysfs"
@@ -214,7 +267,7 @@ const (
 )
 
 // Kinds are the mount kinds a rule may name.
-var Kinds = []MountKind{KindFile, KindShared, KindGuest, KindProc, KindSysfs, KindTmpfs, KindDevpts, KindMqueue, KindCgroup}
+var Kinds = []MountKind{KindFile, KindShared, KindGuest, KindEmptyDir, KindProc, KindSysfs, KindTmpfs, KindDevpts, KindMqueue, KindCgroup}
 
 // FSKind is the kind of a mount of filesystem type fstype that is not a
 // bind, or "" for a type no rule may allow (a disk's filesystem, virtiofs,
@@ -291,9 +344,11 @@ var (
 )
 
 // DefaultSignals are the signals the host may send when a rule lists
-// none: those that stop a container (SIGTERM, SIGKILL, and the STOPSIGNALs
-// images commonly declare).
-var DefaultSignals = []string{"SIGTERM", "SIGKILL", "SIGINT", "SIGQUIT"}
+// none: those that stop a container (SIGTERM, SIGKILL, and SIGINT, a
+// STOPSIGNAL images commonly declare). Not SIGQUIT: its default action
+// dumps core (the guest writes no core files: guest/spec, guest/initsys),
+// and a rule that needs it (an image whose STOPSIGNAL it is) lists it.
+var DefaultSignals = []string{"SIGTERM", "SIGKILL", "SIGINT"}
 
 // Namespaces are the namespace types VMNamespaces may name (OCI names):
 // those a container may share with the VM only where its rule says so.
@@ -427,9 +482,23 @@ func (c *Container) validate(key string, secrets []string) error {
 	checkPatterns("args", c.Args)
 	checkPatterns("env", c.Env)
 	checkPatterns("sysctls", c.Sysctls)
-	if c.WorkingDir != nil {
+	switch {
+	case c.WorkingDir == nil || *c.WorkingDir == "":
+		bad("working_dir", `required: the container's process.cwd (the image's WorkingDir, or "/"), so that the host cannot start it where a relative path in its args finds files of the host's`)
+	default:
 		if err := c.WorkingDir.Validate(); err != nil {
 			bad("working_dir", "%v", err)
+		}
+	}
+	if c.UID == nil {
+		bad("uid", "required: the user the container runs as (process.user.uid; 0 for root)")
+	}
+	if c.GID == nil {
+		bad("gid", "required: the group the container runs as (process.user.gid; 0 for root)")
+	}
+	if c.ExecWorkingDir != nil {
+		if err := c.ExecWorkingDir.Validate(); err != nil {
+			bad("exec_working_dir", "%v", err)
 		}
 	}
 	for i, argv := range c.Exec {

@@ -79,6 +79,8 @@ func TestValidate(t *testing.T) {
 		"policy.containers.app.mounts[2]: source: only a guest bind", "policy.containers.app.mounts[3]: destination is required",
 		"policy.containers.app.secrets[0].resource", "policy.containers.app.secrets[1].path",
 		`policy.containers."weird name": empty rule`,
+		// What the process is, where it starts, who it runs as.
+		"policy.containers.app.working_dir: required", "policy.containers.app.uid: required", "policy.containers.app.gid: required",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q:\n%v", want, err)
@@ -86,9 +88,44 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// Every rule, the sandbox's too, pins working_dir, uid and gid; an empty
+// working_dir is no pin.
+func TestValidateRequiredKeys(t *testing.T) {
+	root, dir, empty := uint32(0), Pattern("/"), Pattern("")
+	full := func() *Container {
+		return &Container{Image: "x", Args: []Pattern{"y"}, WorkingDir: &dir, UID: &root, GID: &root}
+	}
+	if err := (&Policy{Sandbox: full(), Containers: map[string]*Container{"app": full()}}).Validate(nil); err != nil {
+		t.Fatalf("a complete policy: %v", err)
+	}
+	for key, mod := range map[string]func(*Container){
+		"working_dir": func(c *Container) { c.WorkingDir = nil },
+		"uid":         func(c *Container) { c.UID = nil },
+		"gid":         func(c *Container) { c.GID = nil },
+	} {
+		sb := full()
+		mod(sb)
+		err := (&Policy{Sandbox: sb}).Validate(nil)
+		if want := "policy.sandbox." + key + ": required"; err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("without %s: err = %v, want %q", key, err, want)
+		}
+	}
+	c := full()
+	c.WorkingDir = &empty
+	if err := (&Policy{Containers: map[string]*Container{"app": c}}).Validate(nil); err == nil || !strings.Contains(err.Error(), "policy.containers.app.working_dir: required") {
+		t.Errorf("an empty working_dir: err = %v", err)
+	}
+	bad := Pattern("re:(")
+	c = full()
+	c.ExecWorkingDir = &bad
+	if err := (&Policy{Containers: map[string]*Container{"app": c}}).Validate(nil); err == nil || !strings.Contains(err.Error(), "policy.containers.app.exec_working_dir") {
+		t.Errorf("a bad exec_working_dir: err = %v", err)
+	}
+}
+
 func TestDefaults(t *testing.T) {
 	c := &Container{}
-	if len(c.AllowedCapabilities()) != 14 || len(c.RequiredMaskedPaths()) == 0 || len(c.AllowedSignals()) != 4 {
+	if len(c.AllowedCapabilities()) != 14 || len(c.RequiredMaskedPaths()) == 0 || len(c.AllowedSignals()) != 3 {
 		t.Fatal("defaults")
 	}
 	c.Privileged = true

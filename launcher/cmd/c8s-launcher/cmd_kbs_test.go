@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -32,5 +33,43 @@ func TestKBSEnsureCert(t *testing.T) {
 	os.Remove(key)
 	if err := ensureCert(cert, key, nil, io.Discard); err == nil || !strings.Contains(err.Error(), "both") {
 		t.Fatalf("a certificate without its key: err = %v", err)
+	}
+}
+
+// The broker serves only pods whose init data the owner pinned, and
+// refuses to start with a pinned document it would release nothing to.
+func TestKBSRequiresPinnedInitData(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"--dir", dir, "--cert", filepath.Join(dir, "cert.pem"), "--key", filepath.Join(dir, "key.pem"), "--config", filepath.Join(dir, "missing.toml")}
+	err := runKBS(t.Context(), base, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--init-data FILE") || !strings.Contains(err.Error(), "--any-init-data") {
+		t.Fatalf("nothing pinned: err = %v, want the pinning flags named", err)
+	}
+	write := func(name, doc string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	noPolicy := write("no-policy.toml", "version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")
+	err = runKBS(t.Context(), append(base, "--init-data", noPolicy), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "no [policy] section") || !strings.Contains(err.Error(), "c8s-measure policy") {
+		t.Fatalf("a document without [policy]: err = %v", err)
+	}
+	audit := write("audit.toml", "version = \"0.1\"\n[policy]\naudit = true\n")
+	if err = runKBS(t.Context(), append(base, "--init-data", audit), io.Discard); err == nil || !strings.Contains(err.Error(), "audit mode") {
+		t.Fatalf("a document in audit mode: err = %v", err)
+	}
+	// Past the pins, to the missing config: each flag passes the check.
+	enforced := write("pod.toml", "version = \"0.1\"\n[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\n")
+	for _, extra := range [][]string{
+		{"--init-data", enforced, "--init-data", enforced},
+		{"--any-init-data"},
+		{"--init-data", noPolicy, "--allow-unconfined-host"},
+	} {
+		if err := runKBS(t.Context(), append(slices.Clone(base), extra...), io.Discard); err == nil || !strings.Contains(err.Error(), "missing.toml") {
+			t.Errorf("%v: err = %v, want the pins accepted (and the missing config refused)", extra, err)
+		}
 	}
 }

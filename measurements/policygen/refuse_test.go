@@ -1,0 +1,119 @@
+package policygen
+
+import (
+	"strings"
+	"testing"
+
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+)
+
+// pod is a one-container Pod with the container fields given (YAML,
+// indented for a container entry).
+func pod(container string) string {
+	return `apiVersion: v1
+kind: Pod
+metadata:
+  name: p
+spec:
+  containers:
+    - name: app
+      image: ghcr.io/example/app@sha256:` + strings.Repeat("ab", 32) + `
+` + container
+}
+
+const pinned = `      command: ["/app"]
+      workingDir: /
+      securityContext:
+        runAsUser: 10
+        runAsGroup: 10
+`
+
+// What the generator cannot pin it refuses, naming what is missing and
+// how to give it.
+func TestRefuses(t *testing.T) {
+	for name, c := range map[string]struct {
+		yaml string
+		o    Options
+		want []string
+	}{
+		"no command, no image": {pod("      workingDir: /\n      securityContext:\n        runAsUser: 1\n"), Options{},
+			[]string{"cannot pin the args of container app: the pod spec gives no command and no image config was given; pass --image ghcr.io/example/app@sha256:", "=LAYOUT or set command"}},
+		"no working dir, no user": {pod("      command: [\"/app\"]\n"), Options{},
+			[]string{"cannot pin the working dir of container app", "set workingDir", "cannot pin the user of container app", "set securityContext.runAsUser"}},
+		"unpinned image, strict": {strings.Replace(pod(pinned), "@sha256:"+strings.Repeat("ab", 32), ":1.0", 1), Options{Strict: true},
+			[]string{`image "ghcr.io/example/app:1.0" is not pinned by digest (--strict)`}},
+		"envFrom a ConfigMap not in the input": {pod(pinned + "      envFrom:\n        - configMapRef:\n            name: cfg\n"), Options{},
+			[]string{"cannot pin the env of container app: envFrom[0] takes its variable names from ConfigMap cfg, which is not in the input"}},
+		"envFrom a Secret not in the input": {pod(pinned + "      envFrom:\n        - secretRef:\n            name: s\n"), Options{},
+			[]string{"Secret s, which is not in the input", "its values are not measured"}},
+		"a typo":            {pod(pinned + "      comand: [\"/x\"]\n"), Options{}, []string{`YAML document 1: v1 Pod:`, `unknown field "comand"`}},
+		"an old apiVersion": {"apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata:\n  name: d\n", Options{}, []string{`apiVersion "extensions/v1beta1" kind "Deployment" is not read`}},
+		"no workload":       {"apiVersion: v1\nkind: Service\nmetadata:\n  name: s\n", Options{}, []string{"the input has no Pod, Deployment"}},
+		"a raw block device": {pod(pinned + "      volumeDevices:\n        - name: disk\n          devicePath: /dev/xvda\n"), Options{},
+			[]string{"volumeDevices (raw block device /dev/xvda) are never given"}},
+		"CAP_ prefix": {pod(strings.Replace(pinned, "        runAsUser: 10\n", "        runAsUser: 10\n        capabilities:\n          add: [CAP_NET_ADMIN]\n", 1)), Options{},
+			[]string{`capability "CAP_NET_ADMIN": containerd makes it CAP_CAP_NET_ADMIN`}},
+		"--secret for a container the pod lacks": {pod(pinned), Options{Secrets: []Secret{{Container: "db", Resource: "kbs:///a/b/c", Path: "/s"}}},
+			[]string{`--secret names container "db", which the pod does not have (it has app)`}},
+		"--allow-exec for a container the pod lacks": {pod(pinned), Options{Exec: map[string][][]policyapi.Pattern{"ap": {{"sh"}}}},
+			[]string{`--allow-exec names container "ap"`}},
+		"a sandbox image with no config": {pod(pinned), Options{SandboxImage: "registry.example/pause@sha256:" + strings.Repeat("cd", 32)},
+			[]string{"cannot pin the sandbox container: no image config for sandbox image registry.example/pause@sha256:", "pass --image registry.example/pause@sha256:"}},
+		"an image volume": {strings.Replace(pod(pinned+"      volumeMounts:\n        - name: v\n          mountPath: /v\n"), "spec:\n", "spec:\n  volumes:\n    - name: v\n      image:\n        reference: x\n", 1), Options{},
+			[]string{"volume v is an image volume"}},
+		"a secret without a broker": {pod(pinned), Options{Secrets: []Secret{{Container: "app", Resource: "kbs:///a/b/c", Path: "/s"}}},
+			[]string{"kbs.url is required"}},
+		"an image config with no user: root": {pod("      command: [\"/app\"]\n      workingDir: /\n"), Options{Images: map[string]*Image{"app": {Source: "t"}}},
+			[]string{}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := Generate([]byte(c.yaml), c.o)
+			if len(c.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("the error does not say %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+// Loose pins are warned about: images not pinned by digest, env the
+// generator could only assume, volumes of host content.
+func TestWarns(t *testing.T) {
+	y := strings.Replace(pod(`      command: ["/app"]
+      workingDir: /
+      securityContext:
+        runAsUser: 10
+        runAsNonRoot: true
+      volumeMounts:
+        - name: h
+          mountPath: /host
+`), "spec:\n", "spec:\n  volumes:\n    - name: h\n      hostPath:\n        path: /srv\n", 1)
+	y = strings.Replace(y, "@sha256:"+strings.Repeat("ab", 32), ":1.0", 1)
+	rs, err := Generate([]byte(y), Options{Layouts: map[string]string{"nginx": "/nonexistent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(rs[0].Warnings, "\n")
+	for _, w := range []string{
+		`container app: IMAGE "ghcr.io/example/app:1.0" IS NOT PINNED BY DIGEST`,
+		`the sandbox: IMAGE "registry.k8s.io/pause:3.10.1" IS NOT PINNED`,
+		"container app: no image config",
+		"runAsUser 10 without runAsGroup and no image config: gid 0 is assumed",
+		"volume h is the node's /srv: content the host reads and writes",
+		"--image nginx names no container's image",
+	} {
+		if !strings.Contains(all, w) {
+			t.Errorf("no warning %q in:\n%s", w, all)
+		}
+	}
+}

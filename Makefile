@@ -39,7 +39,7 @@ deps-demo: ## Install only the Debian packages `make demo` needs (idempotent).
 	hack/install-deps.sh demo
 
 .PHONY: tools
-tools: ## Build containerd, Kubernetes (etcd, apiserver, scheduler, kubelet), crictl, critest and CNI plugins from their Go modules (cached).
+tools: ## Build containerd, Kubernetes (etcd, apiserver, controller-manager, scheduler, kubelet), crictl, critest and CNI plugins from their Go modules (cached).
 	hack/build-tools.sh $(TOOLS_BIN) containerd kubernetes
 	hack/build-critools.sh $(TOOLS_BIN)
 

@@ -8,9 +8,9 @@
 # Builds containerd, ctr and containerd-shim-runc-v2 into OUTDIR from the tools
 # module in tests/tools, at the containerd version that the root go.mod
 # requires (the version the shim is built against), and etcd, kube-apiserver,
-# kube-scheduler and kubelet from the module in tests/tools/kubernetes, at the
-# k8s.io/kubernetes version it requires (for the real-Kubernetes e2e test),
-# and staticcheck from the module in tests/tools/staticcheck, at the
+# kube-controller-manager, kube-scheduler and kubelet from the module in
+# tests/tools/kubernetes, at the k8s.io/kubernetes version it requires (for
+# the real-Kubernetes e2e tests), and staticcheck from the module in tests/tools/staticcheck, at the
 # honnef.co/go/tools version it requires. Each group is cached: a stamp
 # file in OUTDIR records what was built, and a run that would build the
 # same thing again does nothing.
@@ -128,10 +128,11 @@ KUBE_MOD="$TOOLS_MOD/kubernetes"
 KUBE_PKGS=(
 	go.etcd.io/etcd/server/v3
 	k8s.io/kubernetes/cmd/kube-apiserver
+	k8s.io/kubernetes/cmd/kube-controller-manager
 	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubelet
 )
-KUBE_BINS=(etcd kube-apiserver kube-scheduler kubelet)
+KUBE_BINS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet)
 kube=$(modversion "$KUBE_MOD" k8s.io/kubernetes)
 etcd=$(modversion "$KUBE_MOD" go.etcd.io/etcd/server/v3)
 build_group "Kubernetes $kube (etcd $etcd)" "$OUTDIR/.c8s-kube.stamp" "$KUBE_MOD" "${KUBE_PKGS[*]}" "${KUBE_BINS[*]}" \

@@ -2,8 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+
+	"github.com/containerd/log"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
@@ -150,5 +153,19 @@ func (s *Sandbox) HandInitData(ctx context.Context) error {
 	if _, err := s.Agent.SetInitData(ctx, &agent.SetInitDataRequest{InitData: s.initData}); err != nil {
 		return fmt.Errorf("the agent refused the pod's init data: %w", err)
 	}
+	// What the operator (and an e2e test) can match against the owner's
+	// c8s-measure output: the digests the VM was launched with, and
+	// whether the agent now enforces a [policy].
+	pol := "none"
+	if doc, err := initdata.Parse(s.initData); err == nil && doc.Policy != nil {
+		pol = "enforced"
+		if doc.Policy.Audit {
+			pol = "audit"
+		}
+	}
+	hd, mc := initdata.Digest(s.initData), initdata.DigestTDX(s.initData)
+	log.G(ctx).WithFields(log.Fields{
+		"sandbox": s.ID, "host_data": hex.EncodeToString(hd[:]), "mrconfigid": hex.EncodeToString(mc[:]), "policy": pol,
+	}).Info("measured init data accepted")
 	return nil
 }

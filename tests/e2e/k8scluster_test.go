@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,10 +26,11 @@ import (
 )
 
 // cluster is a one-node Kubernetes on loopback: etcd, kube-apiserver,
-// kube-scheduler and a kubelet on the test's containerd. There is no
-// kube-controller-manager: the test needs no controller (the kubelet
+// kube-scheduler and a kubelet on the test's containerd. By default there
+// is no kube-controller-manager: the test needs no controller (the kubelet
 // deletes terminated pods itself), and pods run with host networking and
-// no service-account token.
+// no service-account token. clusterOptions.controllers adds one, for
+// tests of workloads (a Deployment) and of the service-account token.
 type cluster struct {
 	dir        string // short temp dir: sockets live below it
 	bin        string // tools bin with the Kubernetes binaries
@@ -150,12 +152,34 @@ func restoreSysctls(t *testing.T) {
 	})
 }
 
+// clusterOptions add to the default cluster.
+type clusterOptions struct {
+	// controllers, when set, runs kube-controller-manager with these
+	// controllers (for example deployment-controller,
+	// replicaset-controller) and enables the ServiceAccount admission
+	// plugin, which gives each pod the default service account's token
+	// (the serviceaccount-controller creates the account, and
+	// root-ca-certificate-publisher-controller the kube-root-ca.crt
+	// ConfigMap the token's volume reads).
+	controllers []string
+}
+
 // startCluster starts the control plane and a kubelet named node on the
 // CRI socket of containerd at criSocket.
 func startCluster(t *testing.T, dir, criSocket string) *cluster {
 	t.Helper()
+	return startClusterWith(t, dir, criSocket, clusterOptions{})
+}
+
+// startClusterWith is startCluster with the components o adds.
+func startClusterWith(t *testing.T, dir, criSocket string, o clusterOptions) *cluster {
+	t.Helper()
 	c := &cluster{dir: dir, bin: containerdtest.ToolsBin(t), node: "c8s-e2e-node", logs: map[string]string{}}
-	for _, b := range kubeBins {
+	bins := kubeBins
+	if len(o.controllers) > 0 {
+		bins = append(slices.Clone(bins), "kube-controller-manager")
+	}
+	for _, b := range bins {
 		if _, err := os.Stat(filepath.Join(c.bin, b)); err != nil {
 			containerdtest.SkipOrFail(t, "%s not found in %s: run make tools", b, c.bin)
 		}
@@ -185,14 +209,22 @@ func startCluster(t *testing.T, dir, criSocket string) *cluster {
 	token := rand.Text()
 	tokens := write("tokens.csv", token+`,admin,admin,"system:masters"`+"\n")
 	apiPort := freePort(t)
-	c.start(t, "kube-apiserver",
+	pki := filepath.Join(dir, "apiserver-pki")
+	apiArgs := []string{
 		fmt.Sprintf("--etcd-servers=http://127.0.0.1:%d", etcdClient),
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", apiPort),
-		"--cert-dir="+filepath.Join(dir, "apiserver-pki"), "--token-auth-file="+tokens,
+		"--cert-dir=" + pki, "--token-auth-file=" + tokens,
 		"--authorization-mode=AlwaysAllow", "--allow-privileged=true",
-		"--service-account-key-file="+saKey, "--service-account-signing-key-file="+saKey,
+		"--service-account-key-file=" + saKey, "--service-account-signing-key-file=" + saKey,
 		"--service-account-issuer=https://kubernetes.default.svc", "--service-cluster-ip-range=10.96.0.0/24",
-		"--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none", "--kubelet-preferred-address-types=InternalIP")
+		"--endpoint-reconciler-type=none", "--kubelet-preferred-address-types=InternalIP",
+	}
+	if len(o.controllers) == 0 {
+		// Without the serviceaccount controller there is no default
+		// service account for the admission plugin to find.
+		apiArgs = append(apiArgs, "--disable-admission-plugins=ServiceAccount")
+	}
+	c.start(t, "kube-apiserver", apiArgs...)
 
 	c.kubeconfig = write("kubeconfig", fmt.Sprintf(`apiVersion: v1
 kind: Config
@@ -221,6 +253,17 @@ current-context: e2e
 		_, err := c.cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil, nil
 	}, func() string { return c.logTail("kube-apiserver", 30) + "\netcd:\n" + c.logTail("etcd", 10) })
+
+	if len(o.controllers) > 0 {
+		// The apiserver's self-signed serving certificate (written before
+		// it turned ready) is the cluster's CA: root-ca-certificate-
+		// publisher-controller puts it in each namespace's kube-root-ca.crt.
+		c.start(t, "kube-controller-manager", "--kubeconfig="+c.kubeconfig, "--leader-elect=false",
+			"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", freePort(t)),
+			"--authentication-kubeconfig="+c.kubeconfig, "--authorization-kubeconfig="+c.kubeconfig,
+			"--controllers="+strings.Join(o.controllers, ","),
+			"--service-account-private-key-file="+saKey, "--root-ca-file="+filepath.Join(pki, "apiserver.crt"))
+	}
 
 	c.start(t, "kube-scheduler", "--kubeconfig="+c.kubeconfig, "--leader-elect=false",
 		"--bind-address=127.0.0.1", fmt.Sprintf("--secure-port=%d", freePort(t)),

@@ -7,6 +7,9 @@
 #   - QEMU's host RSS per pod
 #   - exec with 4 MB of output, tty and pipes, over runc's
 #   - the sealed image: build time, sizes, sealed/plain boot (hack/bench-image.sh)
+#   - the agent's measured policy: evaluation per CreateContainer and per
+#     exec, the agent's size and RSS against the agent before it
+#     (hack/bench-policy.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -18,6 +21,8 @@ echo "== attestation: verified SNP reports per second per core vs raw ECDSA P-38
 GOMAXPROCS=1 go test -run '^$' -bench 'BenchmarkVerify' -benchtime "${ATTEST_BENCHTIME:-300x}" ./launcher/attest 2>&1 | grep -E '^(Benchmark|ok|FAIL)' || true
 
 hack/bench-image.sh || true
+
+hack/bench-policy.sh || true
 
 [[ -x hack/bench-measure.sh ]] && { echo "== c8s-measure against the reference tool"; hack/bench-measure.sh || true; }
 

@@ -6,7 +6,9 @@ package e2e
 // builds container disks as the shim does (shim/rootfs), writes the OCI
 // specs containerd's CRI would, and speaks the raw agent API (Agent, IO,
 // PortForward) over the real agent channel, so that it can send what no
-// honest shim sends.
+// honest shim sends. A pod may get a virtio-fs share run as the shim runs
+// it (shim/sharedfs: a virtiofsd per pod serving its directory of the
+// state dir, host paths bind-mounted in under entry names).
 
 import (
 	"context"
@@ -17,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +39,7 @@ import (
 	"github.com/c8s-dev/c8s/manifest"
 	"github.com/c8s-dev/c8s/shim/rootfs"
 	"github.com/c8s-dev/c8s/shim/sandbox"
+	"github.com/c8s-dev/c8s/shim/sharedfs"
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
 	"github.com/c8s-dev/c8s/tests/internal/ociimage"
 )
@@ -83,6 +87,9 @@ func newHostEnv(t *testing.T) *hostEnv {
 	if _, err := os.Stat(ociimage.DefaultBusybox); err != nil {
 		containerdtest.SkipOrFail(t, "%s is missing: install busybox-static (make deps)", ociimage.DefaultBusybox)
 	}
+	if _, err := os.Stat(virtiofsd); err != nil {
+		containerdtest.SkipOrFail(t, "%s is missing: install qemu-system-common (make deps)", virtiofsd)
+	}
 	// Short: runtime.state_dir must leave room for the VMs' unix sockets.
 	root, err := os.MkdirTemp("", "c8s-mh-")
 	if err != nil {
@@ -91,8 +98,9 @@ func newHostEnv(t *testing.T) *hostEnv {
 	h := &hostEnv{root: root, imageDir: imageDir, stateDir: filepath.Join(root, "state"),
 		diskDir: filepath.Join(root, "disks"), tree: filepath.Join(root, "tree")}
 	t.Cleanup(func() {
-		h.assertNothingLeft(t)
-		os.RemoveAll(root)
+		if h.assertNothingLeft(t) {
+			os.RemoveAll(root)
+		}
 	})
 	h.config = fmt.Sprintf(`
 [hypervisor]
@@ -133,8 +141,9 @@ func writeBusyboxTree(dir string) error {
 	return os.WriteFile(filepath.Join(dir, "etc", "hostname"), []byte("pod\n"), 0o644)
 }
 
-// qemus lists the QEMU processes of the harness's pods.
-func (h *hostEnv) qemus() []string {
+// processes lists the QEMU and virtiofsd processes of the harness's pods
+// ("pid command").
+func (h *hostEnv) processes() []string {
 	var found []string
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
@@ -143,24 +152,52 @@ func (h *hostEnv) qemus() []string {
 			continue
 		}
 		cmd := strings.ReplaceAll(string(data), "\x00", " ")
-		if strings.Contains(cmd, "qemu-system") && strings.Contains(cmd, h.root) {
-			found = append(found, filepath.Base(filepath.Dir(p)))
+		if strings.Contains(cmd, h.root) {
+			for _, name := range []string{"qemu-system", "virtiofsd"} {
+				if strings.Contains(cmd, name) {
+					found = append(found, filepath.Base(filepath.Dir(p))+" "+name)
+					break
+				}
+			}
 		}
 	}
 	return found
 }
 
-// assertNothingLeft checks that no QEMU of the harness's pods runs and
-// that only node-wide state (the probe cache, the sim TEE's identity) and
-// empty directories are left in the state dir.
-func (h *hostEnv) assertNothingLeft(t *testing.T) {
+// mounts lists the mount points below the harness's root (the shares'
+// binds of host paths).
+func (h *hostEnv) mounts(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == h.root || strings.HasPrefix(f[4], h.root+"/")) {
+			found = append(found, f[4])
+		}
+	}
+	return found
+}
+
+// assertNothingLeft checks that no QEMU or virtiofsd of the harness's
+// pods runs, that nothing is mounted below its root, and that only
+// node-wide state (the probe cache, the sim TEE's identity) and empty
+// directories are left in the state dir. It reports whether the root may
+// be removed: not through a mount, which would delete what it shows.
+func (h *hostEnv) assertNothingLeft(t *testing.T) bool {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for len(h.qemus()) > 0 && time.Now().Before(deadline) {
+	for len(h.processes()) > 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if pids := h.qemus(); len(pids) > 0 {
-		t.Errorf("QEMU processes left behind: %v", pids)
+	if pids := h.processes(); len(pids) > 0 {
+		t.Errorf("processes left behind: %v", pids)
+	}
+	mounted := h.mounts(t)
+	if len(mounted) > 0 {
+		t.Errorf("mounts left behind (%s kept): %v", h.root, mounted)
 	}
 	var left []string
 	filepath.Walk(h.stateDir, func(path string, info os.FileInfo, err error) error {
@@ -179,6 +216,7 @@ func (h *hostEnv) assertNothingLeft(t *testing.T) {
 	if len(left) > 0 {
 		t.Errorf("left in the c8s state dir: %v", left)
 	}
+	return len(mounted) == 0
 }
 
 // hostPod is one pod VM the harness drives.
@@ -187,13 +225,28 @@ type hostPod struct {
 	cfg      config.Config
 	initData []byte
 	disks    map[string]vm.DiskAddress // by disk name
+	// share is the pod's virtio-fs share, or nil; shared maps the host
+	// paths bind-mounted into it to their entry names.
+	share  *sharedfs.Share
+	shared map[string]string
 }
+
+// virtioFS says whether a pod VM gets a virtio-fs share.
+type virtioFS bool
+
+const (
+	noVirtioFS   virtioFS = false
+	withVirtioFS virtioFS = true
+)
 
 // boot starts pod id's VM with initData measured into its HOST_DATA and a
 // root disk per name in disks, built from the busybox tree, attached at
-// boot as the shim attaches a pod's first. It connects to the agent and
-// stops the VM at cleanup.
-func (h *hostEnv) boot(t *testing.T, ctx context.Context, id string, initData []byte, disks ...string) *hostPod {
+// boot as the shim attaches a pod's first. With fs, it first starts the
+// pod's virtio-fs share as the shim does (shim/task/sharedfs.go: a
+// virtiofsd from shim/sharedfs serving the pod's directory of the state
+// dir) and gives it to the VM. It connects to the agent and, at cleanup,
+// stops the VM, then the share (unmounting the host paths shared).
+func (h *hostEnv) boot(t *testing.T, ctx context.Context, id string, initData []byte, fs virtioFS, disks ...string) *hostPod {
 	t.Helper()
 	cfgp, err := config.Parse([]byte(h.config))
 	if err != nil {
@@ -215,14 +268,34 @@ func (h *hostEnv) boot(t *testing.T, ctx context.Context, id string, initData []
 		}
 		vmDisks = append(vmDisks, vm.Disk{ID: id + "-" + name, Path: path})
 	}
+	dirs := statedir.ForPod(cfg.Runtime.StateDir, hostNamespace, id)
+	var (
+		share   *sharedfs.Share
+		vmShare *vm.SharedFS
+	)
+	if fs {
+		var err error
+		if share, err = sharedfs.Start(ctx, virtiofsd, dirs.FS); err != nil {
+			t.Fatalf("pod %s: %v", id, err)
+		}
+		// Registered first, so run after the VM's stop.
+		t.Cleanup(func() {
+			if err := share.Close(); err != nil {
+				t.Errorf("close the virtio-fs share of pod %s: %v", id, err)
+			}
+			os.Remove(filepath.Dir(dirs.FS)) // as the shim, once no other pod shares
+		})
+		vmShare = &vm.SharedFS{Socket: share.Socket(), Tag: sharedfs.Tag}
+	}
 	ctx = namespaces.WithNamespace(ctx, hostNamespace)
 	t0 := time.Now()
 	sb, err := sandbox.Start(ctx, sandbox.Options{
 		ID:       id,
-		StateDir: statedir.ForPod(cfg.Runtime.StateDir, hostNamespace, id).VM,
+		StateDir: dirs.VM,
 		Config:   cfg,
 		InitData: initData,
 		Disks:    vmDisks,
+		SharedFS: vmShare,
 	})
 	if err != nil {
 		t.Fatalf("boot pod VM %s: %v", id, err)
@@ -234,7 +307,7 @@ func (h *hostEnv) boot(t *testing.T, ctx context.Context, id string, initData []
 		os.RemoveAll(filepath.Join(h.diskDir, id))
 	})
 	t.Logf("pod VM %s up in %v (agent %s, kernel %s)", id, time.Since(t0).Round(time.Millisecond), sb.Info.AgentVersion, sb.Info.KernelRelease)
-	p := &hostPod{sb: sb, cfg: cfg, initData: initData, disks: map[string]vm.DiskAddress{}}
+	p := &hostPod{sb: sb, cfg: cfg, initData: initData, disks: map[string]vm.DiskAddress{}, share: share, shared: map[string]string{}}
 	for i, name := range disks {
 		addr, err := sb.AttachDisk(ctx, vmDisks[i])
 		if err != nil {
@@ -245,8 +318,25 @@ func (h *hostEnv) boot(t *testing.T, ctx context.Context, id string, initData []
 	return p
 }
 
+// shareHostPath bind-mounts host path src into the pod's virtio-fs share
+// as entry name, as the shim shares a container's host-path bind mount
+// (shim/task/sharedfs.go); from then on each request whose spec binds src
+// names that entry (CreateContainerRequest.shared_mounts), and the guest
+// binds the entry in place of src. Closing the share unmounts it.
+func (p *hostPod) shareHostPath(t *testing.T, src, name string, readOnly bool) {
+	t.Helper()
+	if p.share == nil {
+		t.Fatal("the pod has no virtio-fs share")
+	}
+	if err := p.share.Add(src, name, readOnly); err != nil {
+		t.Fatal(err)
+	}
+	p.shared[src] = name
+}
+
 // createRequest is a CreateContainerRequest for container id of pod
-// sandboxID with spec s, its root on disk.
+// sandboxID with spec s, its root on disk, and the share's entry for
+// each host path of s that shareHostPath shared.
 func (p *hostPod) createRequest(t *testing.T, id, sandboxID string, s *specs.Spec, disk string) *agent.CreateContainerRequest {
 	t.Helper()
 	addr, ok := p.disks[disk]
@@ -257,6 +347,13 @@ func (p *hostPod) createRequest(t *testing.T, id, sandboxID string, s *specs.Spe
 	if err != nil {
 		t.Fatal(err)
 	}
+	var shared []*agent.SharedMount
+	for _, m := range s.Mounts {
+		name, ok := p.shared[m.Source]
+		if ok && !slices.ContainsFunc(shared, func(sm *agent.SharedMount) bool { return sm.Source == m.Source }) {
+			shared = append(shared, &agent.SharedMount{Source: m.Source, Name: name})
+		}
+	}
 	return &agent.CreateContainerRequest{
 		ContainerId: id,
 		SandboxId:   sandboxID,
@@ -265,7 +362,8 @@ func (p *hostPod) createRequest(t *testing.T, id, sandboxID string, s *specs.Spe
 			Source: &agent.Rootfs_Scsi{Scsi: &agent.ScsiDisk{Target: uint32(addr.Target), Lun: uint32(addr.LUN)}},
 			Fstype: rootfs.FSType,
 		},
-		Stdio: &agent.Stdio{Stdout: true, Stderr: true},
+		Stdio:        &agent.Stdio{Stdout: true, Stderr: true},
+		SharedMounts: shared,
 	}
 }
 

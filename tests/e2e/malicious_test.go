@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ var (
 	sandboxArgs       = []string{"sh", "-c", "httpd -p 8080 && httpd -p 9090 && netstat -ltn && exec sleep 3600"}
 	appArgs           = []string{"sh", "-c", "cat /run/secrets/db-password && exec sleep 3600"}
 	policySandboxArgs = []string{"sleep", "3600"}
+	readerArgs        = []string{"cat", "/config/hello"}
 )
 
 // tomlStrings writes a TOML array of strings.
@@ -77,10 +79,13 @@ allow_port_forward = [8080]
 }
 
 // policyInitData is the measured init data of a pod under a [policy]
-// naming its sandbox and container app exactly as sandboxSpec and
-// containerSpec write them (in "/", as root): the host may exec only
-// `echo allowed` in app, there and as that user, which alone gets the
-// broker's secret, and may not read app's logs.
+// naming its sandbox and containers app and reader exactly as sandboxSpec,
+// containerSpec and testPolicyPod's readerSpec write them (in "/", as
+// root): the host may
+// exec only `echo allowed` in app, there and as that user, which alone
+// gets the broker's secret, and may not read app's logs; reader has a
+// host share (virtio-fs) on /config, read-only, and a tmpfs on /scratch,
+// and its logs go to the host.
 func policyInitData(b *broker) []byte {
 	doc := fmt.Sprintf(`version = "0.1"
 %s
@@ -101,7 +106,21 @@ uid = 0
 gid = 0
 exec = [["echo", "allowed"]]
 secrets = [{ resource = "kbs:///default/key/db-password" }]
-`, kbsInitData(b), image, tomlStrings(policySandboxArgs...), tomlStrings(imagePath), image, tomlStrings(appArgs...), tomlStrings(imagePath))
+
+[policy.containers.reader]
+image = %q
+args = %s
+env = %s
+working_dir = "/"
+uid = 0
+gid = 0
+logs = true
+mounts = [
+  { destination = "/config", kind = "shared", read_only = true },
+  { destination = "/scratch", kind = "tmpfs" },
+]
+`, kbsInitData(b), image, tomlStrings(policySandboxArgs...), tomlStrings(imagePath), image, tomlStrings(appArgs...), tomlStrings(imagePath),
+		image, tomlStrings(readerArgs...), tomlStrings(imagePath))
 	if _, err := initdata.Parse([]byte(doc)); err != nil {
 		panic(err)
 	}
@@ -130,8 +149,9 @@ allow_port_forward = [8080, 9090]
 // agent_policy.allow_exec: AgentPolicyPod is the pod of agent_policy
 // alone (allow_exec, allow_port_forward, allow_devices), PolicyPod the pod
 // of a [policy] (exec allowlist, mounts, capabilities, image, args, env,
-// logs). Within each, the subtests run in order: attacks before the init
-// data, the genuine init data, the pod's own containers, then the rest.
+// logs), which the host also gives a virtio-fs share. Within each, the
+// subtests run in order: attacks before the init data, the genuine init
+// data, the pod's own containers, then the rest.
 func TestMaliciousHost(t *testing.T) {
 	h := newHostEnv(t)
 	t.Run("AgentPolicyPod", func(t *testing.T) { testAgentPolicyPod(t, h) })
@@ -154,7 +174,7 @@ func testAgentPolicyPod(t *testing.T, h *hostEnv) {
 		doc = agentPolicyInitData(b)
 		kb.InitData, kb.AllowUnconfinedHost = [][]byte{doc}, true
 	})
-	p := h.boot(t, c, "agent-policy-pod", doc, "sandbox", "app")
+	p := h.boot(t, c, "agent-policy-pod", doc, noVirtioFS, "sandbox", "app")
 	ag, pf := p.sb.Agent, p.sb.PortForward()
 
 	t.Run("BeforeInitData", func(t *testing.T) {
@@ -312,7 +332,17 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 		doc = policyInitData(b)
 		kb.InitData = [][]byte{doc}
 	})
-	p := h.boot(t, c, "policy-pod", doc, "sandbox", "app")
+	// The host offers the pod a share: a host directory with a file, on
+	// virtio-fs.
+	hostDir := filepath.Join(h.root, "host-config")
+	if err := os.Mkdir(hostDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(hostDir, "hello"), []byte("from the host's share\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := h.boot(t, c, "policy-pod", doc, withVirtioFS, "sandbox", "app", "reader")
+	p.shareHostPath(t, hostDir, "host-config", true)
 	ag := p.sb.Agent
 
 	genuineInitData(t, c, p, b)
@@ -446,6 +476,51 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 		s.Process.Env = append(s.Process.Env, "LD_PRELOAD=/tmp/spy.so")
 		p.createRefused(t, c, "attack-env", "sandbox", s, "app", errdefs.ErrPermissionDenied,
 			`process.env[1] "LD_PRELOAD=/tmp/spy.so"`, "policy.containers.app.env")
+	})
+
+	// reader's spec as the guest accepts it (VirtioFSNamed): hostDir bound
+	// on /config, which the host shares over virtio-fs, and a tmpfs on
+	// /scratch. Each attack moves the share to one other destination.
+	scratch := len(containerSpec("reader", true).Mounts) // its index in reader's spec
+	config := scratch + 1
+	readerSpec := func(scratchMount, configMount specs.Mount) *specs.Spec {
+		s := containerSpec("reader", true, readerArgs...)
+		s.Mounts = append(s.Mounts, scratchMount, configMount)
+		return s
+	}
+	shareOn := func(dest string) specs.Mount {
+		return specs.Mount{Destination: dest, Type: "bind", Source: hostDir, Options: []string{"rbind", "ro"}}
+	}
+	scratchTmpfs := specs.Mount{Destination: "/scratch", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}}
+
+	t.Run("VirtioFSNotNamed", func(t *testing.T) {
+		// The host's directory, through the share, where the policy names
+		// no mount: the host would put files of its choosing in the
+		// container (a config, a binary on its PATH) and read what it
+		// writes there.
+		p.createRefused(t, c, "attack-share", "sandbox", readerSpec(scratchTmpfs, shareOn("/stolen")), "reader", errdefs.ErrPermissionDenied,
+			fmt.Sprintf(`mounts[%d] "/stolen" (shared)`, config), "policy.containers.reader.mounts")
+	})
+
+	t.Run("VirtioFSOverTmpfs", func(t *testing.T) {
+		// The share in place of the tmpfs the policy names on /scratch:
+		// the destination is allowed, but as guest memory, not as host
+		// content.
+		p.createRefused(t, c, "attack-share-tmpfs", "sandbox", readerSpec(shareOn("/scratch"), shareOn("/config")), "reader", errdefs.ErrPermissionDenied,
+			fmt.Sprintf(`mounts[%d] "/scratch" (shared)`, scratch), "policy.containers.reader.mounts", "/scratch (tmpfs)")
+	})
+
+	t.Run("VirtioFSNamed", func(t *testing.T) {
+		// The control: the share where the policy names one is served,
+		// and the container reads the host's file through it.
+		p.run(t, c, "reader", "sandbox", readerSpec(scratchTmpfs, shareOn("/config")), "reader")
+		out, err := readOutput(c, p.sb.IO, "reader", "", "from the host's share\n")
+		if err != nil || out != "from the host's share\n" {
+			t.Fatalf("reader printed %q (%v): want the host's file", out, err)
+		}
+		if w, err := ag.WaitProcess(c, &agent.ProcessRequest{ContainerId: "reader"}); err != nil || w.ExitStatus != 0 {
+			t.Fatalf("reader: %v, %v", w, errgrpc.ToNative(err))
+		}
 	})
 
 	t.Run("NoLogsStdout", func(t *testing.T) {

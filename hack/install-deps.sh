@@ -33,6 +33,7 @@ DEMO_PACKAGES=(
 # What the rest of the build and every test need besides.
 TEST_PACKAGES=(
 	qemu-utils
+	cpio # GNU cpio reads the newc writer's archives in internal/newc's test
 	squashfs-tools
 	e2fsprogs
 	protobuf-compiler

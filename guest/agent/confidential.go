@@ -76,6 +76,30 @@ func (s *Service) hardwareTEE() bool {
 	return s.cfg.TEE == teeparam.SNP || s.cfg.TEE == teeparam.TDX
 }
 
+// rootfsTypes are the file systems a container's root disk may hold: what
+// the shim builds (ext4) and read-only images (erofs).
+var rootfsTypes = []string{"ext4", "erofs"}
+
+// checkRootfs refuses a root disk request with another file system type
+// than rootfsTypes, or with a mount option that is not a plain flag
+// (guest/rootfs's flag options: ro, rw, nodev, noatime, ...). A data
+// option is refused, and with it any file system that takes its "device"
+// from its options: overlayfs asked to stack
+// lowerdir=/run/c8s/secrets:<another container's upper> would hand a
+// container the pod's secrets and other containers' writes, past the
+// policy, which never sees the root's mount.
+func checkRootfs(id string, r *agentapi.Rootfs) error {
+	if !slices.Contains(rootfsTypes, r.GetFstype()) {
+		return fmt.Errorf("container %q: root file system type %q: not allowed (allowed: %s): %w", id, r.GetFstype(), strings.Join(rootfsTypes, ", "), errdefs.ErrPermissionDenied)
+	}
+	for _, o := range r.GetOptions() {
+		if _, data := rootfs.ParseOptions([]string{o}); data != "" {
+			return fmt.Errorf("container %q: root mount option %q: not allowed (only mount flags such as ro, noatime, nodev are): %w", id, o, errdefs.ErrPermissionDenied)
+		}
+	}
+	return nil
+}
+
 // Paths in a container's bundle (confidential writes).
 const (
 	lowerDir   = "lower"   // the host's disk, read-only
@@ -86,6 +110,9 @@ const (
 // host's disk, or in a guest started as a TEE an overlay of it under a
 // guest tmpfs.
 func (s *Service) mountRoot(ctx context.Context, c *container, r *agentapi.Rootfs, spec *specs.Spec) error {
+	if err := checkRootfs(c.id, r); err != nil {
+		return err
+	}
 	if !s.confidentialWrites() {
 		return s.cfg.MountRootfs(ctx, r, c.rootfs)
 	}
@@ -139,7 +166,7 @@ func (s *Service) writableRoot(ctx context.Context, c *container, r *agentapi.Ro
 		s.overlayOnce.Do(s.cfg.LoadOverlay)
 	}
 	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
-	if err := unix.Mount("overlay", c.rootfs, "overlay", 0, opts); err != nil {
+	if err := unix.Mount("overlay", c.rootfs, "overlay", unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount container %q's root (overlay %s): %w", c.id, opts, err)
 	}
 	log.G(ctx).WithField("container", c.id).WithField("size", size).Debug("writable layer in guest memory")

@@ -140,7 +140,11 @@ func (s *Service) mountShare(dir string) error {
 	}
 	mount := s.cfg.MountShared
 	if mount == nil {
-		mount = func(tag, target string) error { return unix.Mount(tag, target, "virtiofs", 0, "") }
+		// The host serves the share: its setuid bits and device nodes mean
+		// nothing in the pod (the binds of its entries inherit these).
+		mount = func(tag, target string) error {
+			return unix.Mount(tag, target, "virtiofs", unix.MS_NOSUID|unix.MS_NODEV, "")
+		}
 	}
 	if err := mount(agentapi.SharedFSTag, dir); err != nil {
 		return fmt.Errorf("mount the pod's virtio-fs share %s on %s: %w", agentapi.SharedFSTag, dir, err)

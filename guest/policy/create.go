@@ -192,6 +192,12 @@ func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, ter
 // what fallback says when it is set: the exec's default, the container's
 // own cwd.
 func (k *checker) workingDir(cwd string, want *policyapi.Pattern, key, fallback string) {
+	if !cleanAbs(cwd) {
+		// "/app/../tmp" would match re:/app(/.*)? and run elsewhere.
+		d := k.deny("process.cwd", fmt.Sprintf("%q", cwd), k.key+"."+key, "a clean absolute path")
+		d.Reason = "not a clean absolute path"
+		return
+	}
 	if want != nil && want.Match(cwd) {
 		return
 	}

@@ -131,3 +131,17 @@ signals = ["SIGTERM", "SIGQUIT"]`)
 		t.Errorf("SIGQUIT where the rule lists it: %v", err)
 	}
 }
+
+// A working directory is matched only when clean: "/app/../tmp" would
+// match a pattern such as re:/app(/.*)? and run the container elsewhere.
+func TestMaliciousHostDotDotWorkingDir(t *testing.T) {
+	e := withData(t)
+	for _, cwd := range []string{"/./", "//", "/tmp/..", "relative"} {
+		s := appSpec()
+		s.Process.Cwd = cwd
+		d := denied(t, second(create(t, e, s)), "process.cwd", "")
+		if d.Reason != "not a clean absolute path" {
+			t.Errorf("cwd %q: denial %v, want one saying it is not a clean absolute path", cwd, d)
+		}
+	}
+}

@@ -161,8 +161,14 @@ func DigestTDX(data []byte) [48]byte {
 // Parse reads init data strictly, in either format: an unknown key is an
 // error naming it. Empty data gives the default policy.
 func Parse(data []byte) (*InitData, error) {
-	if len(bytes.TrimSpace(data)) == 0 {
+	if len(data) == 0 {
 		return &InitData{Version: Version, Format: FormatC8s}, nil
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		// Its digest is not zero, so the VM counts as launched with init
+		// data, yet it would mean the allow-all default: refused, so that
+		// no document both looks measured and allows everything.
+		return nil, errors.New("init data: the document is only white space; give no init data at all, or a document with its version")
 	}
 	var (
 		d   *InitData

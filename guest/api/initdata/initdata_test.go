@@ -162,3 +162,17 @@ func TestParseAllowDevices(t *testing.T) {
 		t.Fatalf("CoCo init data without c8s.toml: %+v, %v; want devices restricted", d, err)
 	}
 }
+
+// A document of white space only has a non-zero digest, so a VM launched
+// with it counts as measured, yet it would read as the allow-all default:
+// a host could launch a pod so and pass for one with a policy. Refused.
+func TestWhiteSpaceOnlyInitDataRefused(t *testing.T) {
+	for _, doc := range []string{"\n", " ", "\t\n  \n"} {
+		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), "white space") {
+			t.Errorf("Parse(%q) = %v, want an error naming the white space", doc, err)
+		}
+	}
+	if d, err := Parse(nil); err != nil || d.Policy != nil {
+		t.Errorf("Parse(nil) = %v, %v; want the default", d, err)
+	}
+}

@@ -121,6 +121,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	p, err := s.create(ctx, c, req, join, joined)
 	join.release() // the runtime has joined them, or failed
 	if err != nil {
+		s.evaluator().ReleaseSandbox(c.policy())
 		s.mu.Lock()
 		delete(s.containers, id)
 		s.mu.Unlock()
@@ -188,6 +189,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	// it is carried out (policy.go).
 	grant, err := s.evaluator().CreateContainer(&policy.CreateContainer{
 		ID: c.id, Spec: plan.Spec, MountKinds: mountKinds(plan.Spec.Mounts, plan.Origins), Joined: joined,
+		SecretPaths: s.secretPaths(),
 	})
 	if err != nil {
 		return nil, err

@@ -155,18 +155,27 @@ func (p *portForward) podPid() (int, error) {
 // one. One whose init has exited is skipped: its pid may name another
 // process of the VM now. A pod whose sandboxes all exited (or are still
 // being created) is refused, rather than given the agent's namespace.
+//
+// Under a [policy] the sandbox is the one container the policy admitted
+// as the pod's sandbox (policy.Container.PodSandbox), whatever ids the
+// host gave, and a pod without it running is refused: the VM's own
+// namespace is never the pod's.
 func (p *portForward) podSandbox() (*container, error) {
 	s := p.s
+	governed := s.evaluator().Governs()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var err error
+	if governed {
+		err = fmt.Errorf("port-forward: no sandbox container admitted by the pod's policy runs (the VM's own network namespace is not the pod's): %w", errdefs.ErrFailedPrecondition)
+	}
 	for id, c := range s.containers {
-		if c.sandboxID != id {
+		c.mu.Lock()
+		init, grant := c.init, c.grant
+		c.mu.Unlock()
+		if governed && !grant.PodSandbox() || !governed && c.sandboxID != id {
 			continue
 		}
-		c.mu.Lock()
-		init := c.init
-		c.mu.Unlock()
 		switch {
 		case init == nil:
 			err = fmt.Errorf("port-forward: the pod's sandbox %q is still being created: %w", id, errdefs.ErrUnavailable)

@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+	"github.com/c8s-dev/c8s/guest/policy"
 )
 
 // procNetTCP is /proc/net/tcp as a little-endian guest prints it: a
@@ -278,5 +281,67 @@ func TestPortForwardConnectionLimit(t *testing.T) {
 	}
 	if len(s.forward.conns) != maxForwardConns {
 		t.Fatalf("%d connections recorded, want %d", len(s.forward.conns), maxForwardConns)
+	}
+}
+
+// Under a [policy] the pod's network namespace is that of the sandbox the
+// policy admitted: not the VM's own when none runs, and not that of a
+// container the host merely calls the sandbox (its id as sandbox id).
+func TestMaliciousHostPortForwardWithoutPolicySandbox(t *testing.T) {
+	ctx := context.Background()
+	port := echoServer(t)
+	proc := fakeProc(t, procNetTCP, "")
+	podNet := filepath.Join(proc, "4242", "net")
+	if err := os.MkdirAll(podNet, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pod := strings.SplitAfterN(procNetTCP, "\n", 3)
+	if err := os.WriteFile(filepath.Join(podNet, "tcp"), []byte(pod[0]+pod[1]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := initdata.Parse([]byte(`
+[policy]
+[policy.sandbox]
+image = "pause:1"
+args = ["/pause"]
+working_dir = "/"
+uid = 65535
+gid = 65535
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := withPolicy(t, "", proc)
+	s.eval = policy.New(d.Policy, nil)
+
+	refused := func(what string) {
+		t.Helper()
+		if _, err := s.forward.ListenPorts(ctx, &agentapi.ListenPortsRequest{}); !errdefs.IsFailedPrecondition(err) {
+			t.Errorf("ListenPorts %s: %v, want failed precondition", what, err)
+		}
+		if _, err := s.forward.Dial(ctx, &agentapi.DialRequest{Port: port}); !errdefs.IsFailedPrecondition(err) {
+			t.Errorf("Dial %s: %v, want failed precondition, not the VM's namespace", what, err)
+		}
+	}
+	refused("with no sandbox")
+	// A container the host names as its own sandbox, not admitted by
+	// policy.sandbox.
+	s.containers["fake"] = &container{id: "fake", sandboxID: "fake", init: &process{pid: 4242}}
+	refused("with a container the policy did not admit as the sandbox")
+
+	spec := &specs.Spec{
+		Annotations: map[string]string{policy.AnnotationContainerType: policy.ContainerTypeSandbox, policy.AnnotationSandboxImageName: "pause:1"},
+		Process:     &specs.Process{Args: []string{"/pause"}, Cwd: "/", User: specs.User{UID: 65535, GID: 65535}},
+		Linux:       &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}}, MaskedPaths: policyapi.DefaultMaskedPaths, ReadonlyPaths: policyapi.DefaultReadonlyPaths},
+	}
+	grant, err := s.eval.CreateContainer(&policy.CreateContainer{ID: "pod", Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.containers["pod"] = &container{id: "pod", sandboxID: "pod", init: &process{pid: 4242}, grant: grant}
+	delete(s.containers, "fake")
+	r, err := s.forward.ListenPorts(ctx, &agentapi.ListenPortsRequest{})
+	if err != nil || !slices.Equal(r.Ports, []uint32{80}) {
+		t.Fatalf("with the admitted sandbox (pid 4242): %v, %v; want its namespace's [80]", r, err)
 	}
 }

@@ -140,6 +140,21 @@ func (s *Service) kbsEvidence(ctx context.Context, reportData [64]byte) (string,
 	return "", nil, fmt.Errorf("key broker attestation with %q evidence is not supported (snp or tdx): %w", ev.Kind, errdefs.ErrNotImplemented)
 }
 
+// secretPaths are the fetched secrets' [[kbs.secrets]] paths, by
+// resource, for the policy to check where they will be mounted.
+func (s *Service) secretPaths() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.secrets) == 0 {
+		return nil
+	}
+	paths := make(map[string]string, len(s.secrets))
+	for _, m := range s.secrets {
+		paths[m.resource] = m.destination
+	}
+	return paths
+}
+
 // secretMounts are the read-only bind mounts of the pod's secrets into a
 // container: every secret at its [[kbs.secrets]] path when no policy
 // governs the container, else those its rule names, where it names them.

@@ -28,6 +28,10 @@ type CreateContainer struct {
 	// Joined is the container whose namespaces the spec joins (the one
 	// the host named as the pod's sandbox), or nil.
 	Joined *Container
+	// SecretPaths are the pod's fetched secrets: the [[kbs.secrets]] path
+	// of each resource, where a rule that names the resource without a
+	// path mounts it.
+	SecretPaths map[string]string
 }
 
 // noRule governs a container that no rule names but that audit mode let
@@ -79,11 +83,105 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 	k.paths(rule, r.Spec.Linux)
 	k.namespaces(rule, r.Spec.Linux, r.Joined)
 	k.mounts(rule, r.Spec.Mounts, r.MountKinds)
+	k.belowShared(rule, r.Spec.Mounts, r.MountKinds, r.SecretPaths)
 	k.sysctls(rule, r.Spec.Linux)
+	if c.Identity.Sandbox() {
+		e.claimSandbox(k, r.ID)
+	}
 	if err := e.decide(k.ds); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// claimSandbox makes container id the pod's one sandbox, unless another
+// is: a VM runs one pod, whose containers join its sandbox's namespaces
+// and whose ports port-forward reaches, so a second sandbox (in a network
+// namespace of the host's choosing) is refused. A create the checks
+// refused does not claim it; one that fails later gives it back
+// (ReleaseSandbox).
+func (e *Evaluator) claimSandbox(k *checker, id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sandbox != "" && e.sandbox != id {
+		d := k.deny(AnnotationContainerType, `"sandbox"`, "policy.sandbox", "")
+		d.Reason = fmt.Sprintf("a second sandbox container: %q is the pod's sandbox already", e.sandbox)
+		d.Hint = "a pod VM runs one pod, and one sandbox whose namespaces its containers join and port-forward reaches"
+		return
+	}
+	if len(k.ds) == 0 || e.Audit() {
+		e.sandbox = id
+	}
+}
+
+// ReleaseSandbox gives back the pod's sandbox claim of c, whose create
+// failed after the policy admitted it, so that the host may create the
+// sandbox again.
+func (e *Evaluator) ReleaseSandbox(c *Container) {
+	if !e.Governs() || c == nil || !c.Identity.Sandbox() {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sandbox == c.ID {
+		e.sandbox = ""
+	}
+}
+
+// belowShared refuses a secret, or a mount that is not a virtio-fs
+// share, whose path lies below the destination of a shared mount of the
+// container. The host serves a share's directory entries: when it
+// replaces the one a mount sits on, virtio-fs revalidation drops the
+// entry (d_invalidate), which detaches the mounts below it, and the
+// container reads the host's files where it expects the secret, the
+// tmpfs or the guest's copy.
+func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds []policyapi.MountKind, secretPaths map[string]string) {
+	var shared []string
+	for i, m := range ms {
+		if i < len(kinds) && kinds[i] == policyapi.KindShared && cleanAbs(m.Destination) {
+			shared = append(shared, m.Destination)
+		}
+	}
+	if len(shared) == 0 {
+		return
+	}
+	below := func(p string) string {
+		for _, s := range shared {
+			if p != s && under(p, s) {
+				return s
+			}
+		}
+		return ""
+	}
+	const hint = "the host serves a shared mount's entries: replacing the one a mount sits on makes the guest's virtio-fs revalidation detach it, and the container reads host content in its place"
+	for i, m := range ms {
+		if i < len(kinds) && kinds[i] == policyapi.KindShared || !cleanAbs(m.Destination) {
+			continue
+		}
+		if s := below(m.Destination); s != "" {
+			kind := policyapi.MountKind("")
+			if i < len(kinds) {
+				kind = kinds[i]
+			}
+			d := k.deny(fmt.Sprintf("mounts[%d].destination", i), fmt.Sprintf("%q (%s)", m.Destination, kind), "", "")
+			d.Reason = fmt.Sprintf("below the shared (virtio-fs) mount on %q", s)
+			d.Hint = hint
+		}
+	}
+	for i, sec := range rule.Secrets {
+		p := sec.Path
+		if p == "" {
+			p = secretPaths[sec.Resource]
+		}
+		if _, fetched := secretPaths[sec.Resource]; !fetched || p == "" {
+			continue // not mounted
+		}
+		if s := below(path.Clean("/" + p)); s != "" {
+			d := k.deny("secret "+sec.Resource, fmt.Sprintf("%q", p), fmt.Sprintf("%s.secrets[%d]", k.key, i), "")
+			d.Reason = fmt.Sprintf("below the shared (virtio-fs) mount on %q", s)
+			d.Hint = hint
+		}
+	}
 }
 
 // checker collects the denials of one request.

@@ -63,6 +63,9 @@ type Evaluator struct {
 	// once.
 	mu       sync.Mutex
 	reported map[string]bool
+	// sandbox is the id of the container the policy admitted as the
+	// pod's sandbox: a VM runs one pod, so one sandbox (CreateContainer).
+	sandbox string
 }
 
 // maxReported bounds reported: past it, repeats are reported again.
@@ -182,6 +185,14 @@ func (c *Container) Secrets() (named []policyapi.Secret, all bool) {
 		return nil, true
 	}
 	return c.rule.Secrets, false
+}
+
+// PodSandbox reports whether the container is the pod's sandbox as the
+// policy admitted it: a sandbox container under a rule (policy.sandbox,
+// or the default rule), not one audit mode let through without. Under a
+// policy, the VM has at most one (Evaluator.CreateContainer).
+func (c *Container) PodSandbox() bool {
+	return c.Governed() && c.rule != noRule && c.Identity.Sandbox()
 }
 
 // OutputAllowed reports whether the container's stdout and stderr may

@@ -204,7 +204,47 @@ func (g *gen) container(c *corev1.Container, where string) (*rule, error) {
 			r.c.Secrets = append(r.c.Secrets, policyapi.Secret{Resource: s.Resource, Path: s.Path})
 		}
 	}
+	g.warnBelowShared(c.Name, &r.c)
 	return r, nil
+}
+
+// warnBelowShared warns of a secret or a mount that is not a virtio-fs
+// share below a shared mount's destination: the host can detach it
+// (virtio-fs revalidation of the entry it sits on), and the guest refuses
+// the container (guest/policy).
+func (g *gen) warnBelowShared(name string, c *policyapi.Container) {
+	var shared []string
+	for _, m := range c.Mounts {
+		if m.Kind == policyapi.KindShared && !m.Destination.IsRegex() {
+			shared = append(shared, path.Clean(string(m.Destination)))
+		}
+	}
+	below := func(p string) string {
+		p = path.Clean("/" + p)
+		for _, s := range shared {
+			if p != s && strings.HasPrefix(p, strings.TrimSuffix(s, "/")+"/") {
+				return s
+			}
+		}
+		return ""
+	}
+	const why = "the host can detach it by replacing the share's entry it sits on, and show its own files there; the guest refuses CreateContainer: put it elsewhere"
+	for _, m := range c.Mounts {
+		if m.Kind == policyapi.KindShared || m.Destination.IsRegex() {
+			continue
+		}
+		if s := below(string(m.Destination)); s != "" {
+			g.warn("container %s: the %s mount on %s is below the shared (virtio-fs) mount on %s: %s", name, m.Kind, m.Destination, s, why)
+		}
+	}
+	for _, sec := range c.Secrets {
+		if sec.Path == "" {
+			continue
+		}
+		if s := below(sec.Path); s != "" {
+			g.warn("container %s: secret %s at %s is below the shared (virtio-fs) mount on %s: %s", name, sec.Resource, sec.Path, s, why)
+		}
+	}
 }
 
 // args is process.args by Kubernetes' and containerd's rules: command

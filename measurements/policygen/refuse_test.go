@@ -117,3 +117,36 @@ func TestWarns(t *testing.T) {
 		}
 	}
 }
+
+// A secret, or an emptyDir (kept in guest memory), below a volume shared
+// over virtio-fs is warned about: the host can detach it, and the guest
+// refuses the container.
+func TestWarnsBelowShared(t *testing.T) {
+	y := strings.Replace(pod(`      command: ["/app"]
+      workingDir: /
+      securityContext:
+        runAsUser: 10
+        runAsGroup: 10
+      volumeMounts:
+        - name: h
+          mountPath: /data
+        - name: e
+          mountPath: /data/cache
+`), "spec:\n", "spec:\n  volumes:\n    - name: h\n      hostPath:\n        path: /srv\n    - name: e\n      emptyDir: {}\n", 1)
+	o := deploymentOptions(t)
+	o.Images, o.Exec, o.PortForward = nil, nil, nil
+	o.Secrets = []Secret{{Container: "app", Resource: "kbs:///default/key/db", Path: "/data/db"}}
+	rs, err := Generate([]byte(y), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(rs[0].Warnings, "\n")
+	for _, w := range []string{
+		"container app: the emptydir mount on /data/cache is below the shared (virtio-fs) mount on /data",
+		"container app: secret kbs:///default/key/db at /data/db is below the shared (virtio-fs) mount on /data",
+	} {
+		if !strings.Contains(all, w) {
+			t.Errorf("no warning %q in:\n%s", w, all)
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// A tmpfs the rule allows, on a destination below the service account's
+// virtio-fs share: the host can detach it (by replacing the share's entry
+// it sits on) and show its own files there. Refused, naming both.
+func TestMaliciousHostMountBelowSharedMount(t *testing.T) {
+	doc := strings.Replace(podPolicy, `{ destination = "/cache", kind = "tmpfs" },`,
+		`{ destination = "/cache", kind = "tmpfs" },
+  { destination = "`+saDir+`/cache", kind = "tmpfs" },`, 1)
+	e := evaluator(t, doc)
+	s := appSpec()
+	s.Mounts = append(s.Mounts, specs.Mount{Destination: saDir + "/cache", Type: "tmpfs", Source: "tmpfs"})
+	_, err := create(t, e, s)
+	field := "mounts[" + itoa(len(s.Mounts)-1) + "].destination"
+	d := denied(t, err, field, "")
+	if !strings.Contains(d.Error(), saDir+"/cache") || !strings.Contains(d.Error(), `"`+saDir+`"`) {
+		t.Errorf("denial %q does not name the mount and the share", d)
+	}
+	// The same tmpfs elsewhere, and the share itself, are fine.
+	s = appSpec()
+	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/cache", Type: "tmpfs", Source: "tmpfs"})
+	if _, err := create(t, e, s); err != nil {
+		t.Fatalf("a tmpfs beside the share: %v", err)
+	}
+}
+
+// A secret whose path (the rule's, or the [[kbs.secrets]] entry's) lies
+// below a shared mount: the host could detach its bind and serve its own
+// file as the secret. Refused, naming both.
+func TestMaliciousHostSecretBelowSharedMount(t *testing.T) {
+	const res = "kbs:///default/key/db"
+	for _, tc := range []struct {
+		name, rulePath, kbsPath string
+	}{
+		{"rule path", saDir + "/db", "/etc/db"},
+		{"kbs path", "", saDir + "/token2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := strings.Replace(podPolicy, `secrets = [{ resource = "kbs:///default/key/db", path = "/etc/app/db" }]`,
+				`secrets = [{ resource = "kbs:///default/key/db", path = "`+tc.rulePath+`" }]`, 1)
+			e := evaluator(t, doc)
+			s := appSpec()
+			_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
+				SecretPaths: map[string]string{res: tc.kbsPath}})
+			d := denied(t, err, "secret "+res, "policy.containers.app.secrets[0]")
+			want := tc.rulePath
+			if want == "" {
+				want = tc.kbsPath
+			}
+			if !strings.Contains(d.Error(), want) || !strings.Contains(d.Error(), `"`+saDir+`"`) {
+				t.Errorf("denial %q does not name the secret's path %s and the share", d, want)
+			}
+		})
+	}
+	// The policy's own layout: the secret at /etc/app/db.
+	e := evaluator(t, podPolicy)
+	s := appSpec()
+	if _, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
+		SecretPaths: map[string]string{res: saDir + "/db"}}); err != nil {
+		t.Fatalf("the secret at the rule's /etc/app/db: %v", err)
+	}
+}
+
+// A VM runs one pod: a second container matching [policy.sandbox] is
+// refused, so that the host cannot start a sandbox of its own for the
+// pod's containers to join or port-forward to reach.
+func TestMaliciousHostSecondSandbox(t *testing.T) {
+	e := evaluator(t, podPolicy)
+	sb := sandbox(t, e)
+	if !sb.PodSandbox() {
+		t.Fatal("the admitted sandbox is not the pod's sandbox")
+	}
+	s := sandboxSpec()
+	c, err := e.CreateContainer(&CreateContainer{ID: "pod2", Spec: s, MountKinds: kindsOf(s.Mounts)})
+	d := denied(t, err, AnnotationContainerType, "policy.sandbox")
+	if c != nil || !strings.Contains(d.Error(), `"pod"`) {
+		t.Errorf("second sandbox: %v, %q; want refused, naming the pod's sandbox", c, d)
+	}
+	// A create of the sandbox that failed later gives the claim back.
+	e.ReleaseSandbox(sb)
+	if _, err := e.CreateContainer(&CreateContainer{ID: "pod2", Spec: s, MountKinds: kindsOf(s.Mounts)}); err != nil {
+		t.Fatalf("the sandbox after the first one's create failed: %v", err)
+	}
+	// An app container is not a sandbox.
+	if app, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: appSpec(), MountKinds: kindsOf(appSpec().Mounts), Joined: sb}); err != nil || app.PodSandbox() {
+		t.Fatalf("app: %v, sandbox %v", err, app.PodSandbox())
+	}
+}

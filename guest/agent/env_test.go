@@ -307,6 +307,18 @@ func (e *env) wait(t *testing.T, id, exec string) uint32 {
 	return resp.GetExitStatus()
 }
 
+// run creates and starts container id from s with piped stdio, waits for
+// it, removes it and returns its stdout.
+func (e *env) run(t *testing.T, id string, s specs.Spec) string {
+	t.Helper()
+	e.create(t, id, s, pipes(), nil)
+	e.start(t, id)
+	e.wait(t, id, "")
+	out := e.readAll(t, id, "", false)
+	e.remove(t, id)
+	return out
+}
+
 func (e *env) remove(t *testing.T, id string) {
 	t.Helper()
 	if _, err := e.agent.RemoveContainer(ctxT(t), &agentapi.RemoveContainerRequest{ContainerId: id}); err != nil {

@@ -154,13 +154,9 @@ func TestMaliciousHostCreateUnderPolicy(t *testing.T) {
 	e.refused(t, s, `io.kubernetes.cri.container-name "debugger"`)
 
 	// What the policy allows runs; its secret is where the rule says.
-	e.create(t, "c1", e.podSpec(t, "app", "cat /etc/c8s-file"), pipes(), nil)
-	e.start(t, "c1")
-	e.wait(t, "c1", "")
-	if out := e.readAll(t, "c1", "", false); out != "db-secret\n" {
+	if out := e.run(t, "c1", e.podSpec(t, "app", "cat /etc/c8s-file")); out != "db-secret\n" {
 		t.Errorf("app's stdout = %q, want its secret", out)
 	}
-	e.remove(t, "c1")
 }
 
 // TestSecretsOnlyWhereNamed: a container the policy gives no secret does
@@ -168,13 +164,9 @@ func TestMaliciousHostCreateUnderPolicy(t *testing.T) {
 func TestSecretsOnlyWhereNamed(t *testing.T) {
 	e := newEnv(t)
 	e.enforce(t, policyDoc(t, ""))
-	e.create(t, "o1", e.podSpec(t, "other", "cat /etc/c8s-file; ls /run/secrets 2>&1"), pipes(), nil)
-	e.start(t, "o1")
-	e.wait(t, "o1", "")
-	if out := e.readAll(t, "o1", "", false); !strings.HasPrefix(out, "image content\n") || strings.Contains(out, "db") {
+	if out := e.run(t, "o1", e.podSpec(t, "other", "cat /etc/c8s-file; ls /run/secrets 2>&1")); !strings.HasPrefix(out, "image content\n") || strings.Contains(out, "db") {
 		t.Errorf("other's stdout = %q: it saw the pod's secret", out)
 	}
-	e.remove(t, "o1")
 }
 
 // TestMaliciousHostExecUnderPolicy: exec runs only argv on the
@@ -268,13 +260,9 @@ func TestAuditModeLogsDenials(t *testing.T) {
 	e := newEnv(t)
 	e.enforce(t, policyDoc(t, "audit = true"))
 	s := e.podSpec(t, "nobody-named", "cat /etc/c8s-file")
-	e.create(t, "a1", s, pipes(), nil)
-	e.start(t, "a1")
-	e.wait(t, "a1", "")
-	if out := e.readAll(t, "a1", "", false); out != "image content\n" {
+	if out := e.run(t, "a1", s); out != "image content\n" {
 		t.Errorf("stdout = %q: want the container run, without the secret", out)
 	}
-	e.remove(t, "a1")
 }
 
 // The IO, signal, stats and update checks, without runc: a container the

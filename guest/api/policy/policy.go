@@ -208,6 +208,12 @@ type Container struct {
 	// Secrets are the pod's broker secrets ([kbs] secrets) mounted into
 	// the container. Absent: none.
 	Secrets []Secret `toml:"secrets"`
+	// Layers pins the image's file system: its layers, bottom first, each
+	// by diff ID and dm-verity root (Layer). The guest then builds the
+	// container's root only from these layers, each opened through
+	// dm-verity with the root written here, and refuses a host-built root
+	// disk. Absent: the root is not pinned (what the host attaches).
+	Layers []Layer `toml:"layers"`
 }
 
 // Mount allows one mount of a container.
@@ -472,6 +478,7 @@ func (c *Container) validate(key string, secrets []string) error {
 	if len(c.Args) == 0 {
 		bad("args", "required: the container's process.args")
 	}
+	errs = append(errs, validateLayers(key, c.Layers))
 	checkPatterns := func(field string, ps []Pattern) {
 		for i, p := range ps {
 			if err := p.Validate(); err != nil {

@@ -304,8 +304,12 @@ type Rootfs struct {
 	//	*Rootfs_Scsi
 	Source isRootfs_Source `protobuf_oneof:"source"`
 	// fstype of the disk, for example "ext4" or "erofs".
-	Fstype        string   `protobuf:"bytes,2,opt,name=fstype,proto3" json:"fstype,omitempty"`
-	Options       []string `protobuf:"bytes,3,rep,name=options,proto3" json:"options,omitempty"`
+	Fstype  string   `protobuf:"bytes,2,opt,name=fstype,proto3" json:"fstype,omitempty"`
+	Options []string `protobuf:"bytes,3,rep,name=options,proto3" json:"options,omitempty"`
+	// layers, when set (and source is not), make the root an overlay of
+	// the image's layers, bottom first, each a read-only disk the guest
+	// opens through dm-verity; the container's writes go to guest memory.
+	Layers        []*Layer `protobuf:"bytes,4,rep,name=layers,proto3" json:"layers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -370,6 +374,13 @@ func (x *Rootfs) GetOptions() []string {
 	return nil
 }
 
+func (x *Rootfs) GetLayers() []*Layer {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
 type isRootfs_Source interface {
 	isRootfs_Source()
 }
@@ -379,6 +390,84 @@ type Rootfs_Scsi struct {
 }
 
 func (*Rootfs_Scsi) isRootfs_Source() {}
+
+// Layer is one image layer attached as a read-only disk in c8s's layer
+// format (measurements/layer): the layer's files as ext4, then their
+// dm-verity hash tree (sha256, 4096-byte blocks, no salt) from block
+// data_blocks on. A layer two containers of a pod share is attached once
+// and named by both.
+type Layer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Scsi  *ScsiDisk              `protobuf:"bytes,1,opt,name=scsi,proto3" json:"scsi,omitempty"`
+	// digest is the layer's diff ID: sha256 of its uncompressed tar.
+	Digest string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	// root_hash (hex) and data_blocks are the dm-verity parameters as the
+	// host computed them. Where the pod's policy pins the container's
+	// layers, the guest opens each with the policy's and refuses a request
+	// whose layers differ from the policy's.
+	RootHash      string `protobuf:"bytes,3,opt,name=root_hash,json=rootHash,proto3" json:"root_hash,omitempty"`
+	DataBlocks    uint64 `protobuf:"varint,4,opt,name=data_blocks,json=dataBlocks,proto3" json:"data_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Layer) Reset() {
+	*x = Layer{}
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Layer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Layer) ProtoMessage() {}
+
+func (x *Layer) ProtoReflect() protoreflect.Message {
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Layer.ProtoReflect.Descriptor instead.
+func (*Layer) Descriptor() ([]byte, []int) {
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Layer) GetScsi() *ScsiDisk {
+	if x != nil {
+		return x.Scsi
+	}
+	return nil
+}
+
+func (x *Layer) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *Layer) GetRootHash() string {
+	if x != nil {
+		return x.RootHash
+	}
+	return ""
+}
+
+func (x *Layer) GetDataBlocks() uint64 {
+	if x != nil {
+		return x.DataBlocks
+	}
+	return 0
+}
 
 // File is a small host file the container bind-mounts (for example
 // /etc/hosts or /etc/resolv.conf), passed by value because the guest cannot
@@ -395,7 +484,7 @@ type File struct {
 
 func (x *File) Reset() {
 	*x = File{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +496,7 @@ func (x *File) String() string {
 func (*File) ProtoMessage() {}
 
 func (x *File) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +509,7 @@ func (x *File) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use File.ProtoReflect.Descriptor instead.
 func (*File) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *File) GetSource() string {
@@ -474,7 +563,7 @@ type CreateContainerRequest struct {
 
 func (x *CreateContainerRequest) Reset() {
 	*x = CreateContainerRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +575,7 @@ func (x *CreateContainerRequest) String() string {
 func (*CreateContainerRequest) ProtoMessage() {}
 
 func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +588,7 @@ func (x *CreateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerRequest.ProtoReflect.Descriptor instead.
 func (*CreateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CreateContainerRequest) GetContainerId() string {
@@ -570,7 +659,7 @@ type SharedMount struct {
 
 func (x *SharedMount) Reset() {
 	*x = SharedMount{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -582,7 +671,7 @@ func (x *SharedMount) String() string {
 func (*SharedMount) ProtoMessage() {}
 
 func (x *SharedMount) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -595,7 +684,7 @@ func (x *SharedMount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SharedMount.ProtoReflect.Descriptor instead.
 func (*SharedMount) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SharedMount) GetSource() string {
@@ -621,7 +710,7 @@ type CreateContainerResponse struct {
 
 func (x *CreateContainerResponse) Reset() {
 	*x = CreateContainerResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +722,7 @@ func (x *CreateContainerResponse) String() string {
 func (*CreateContainerResponse) ProtoMessage() {}
 
 func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +735,7 @@ func (x *CreateContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateContainerResponse.ProtoReflect.Descriptor instead.
 func (*CreateContainerResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CreateContainerResponse) GetPid() uint32 {
@@ -665,7 +754,7 @@ type StartContainerRequest struct {
 
 func (x *StartContainerRequest) Reset() {
 	*x = StartContainerRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +766,7 @@ func (x *StartContainerRequest) String() string {
 func (*StartContainerRequest) ProtoMessage() {}
 
 func (x *StartContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +779,7 @@ func (x *StartContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartContainerRequest.ProtoReflect.Descriptor instead.
 func (*StartContainerRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StartContainerRequest) GetContainerId() string {
@@ -709,7 +798,7 @@ type StartContainerResponse struct {
 
 func (x *StartContainerResponse) Reset() {
 	*x = StartContainerResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +810,7 @@ func (x *StartContainerResponse) String() string {
 func (*StartContainerResponse) ProtoMessage() {}
 
 func (x *StartContainerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +823,7 @@ func (x *StartContainerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartContainerResponse.ProtoReflect.Descriptor instead.
 func (*StartContainerResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartContainerResponse) GetPid() uint32 {
@@ -753,7 +842,7 @@ type RemoveContainerRequest struct {
 
 func (x *RemoveContainerRequest) Reset() {
 	*x = RemoveContainerRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +854,7 @@ func (x *RemoveContainerRequest) String() string {
 func (*RemoveContainerRequest) ProtoMessage() {}
 
 func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +867,7 @@ func (x *RemoveContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveContainerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveContainerRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RemoveContainerRequest) GetContainerId() string {
@@ -801,7 +890,7 @@ type ExecProcessRequest struct {
 
 func (x *ExecProcessRequest) Reset() {
 	*x = ExecProcessRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -813,7 +902,7 @@ func (x *ExecProcessRequest) String() string {
 func (*ExecProcessRequest) ProtoMessage() {}
 
 func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -826,7 +915,7 @@ func (x *ExecProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessRequest.ProtoReflect.Descriptor instead.
 func (*ExecProcessRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecProcessRequest) GetContainerId() string {
@@ -866,7 +955,7 @@ type ExecProcessResponse struct {
 
 func (x *ExecProcessResponse) Reset() {
 	*x = ExecProcessResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +967,7 @@ func (x *ExecProcessResponse) String() string {
 func (*ExecProcessResponse) ProtoMessage() {}
 
 func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +980,7 @@ func (x *ExecProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecProcessResponse.ProtoReflect.Descriptor instead.
 func (*ExecProcessResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecProcessResponse) GetPid() uint32 {
@@ -911,7 +1000,7 @@ type ProcessRequest struct {
 
 func (x *ProcessRequest) Reset() {
 	*x = ProcessRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1012,7 @@ func (x *ProcessRequest) String() string {
 func (*ProcessRequest) ProtoMessage() {}
 
 func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1025,7 @@ func (x *ProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessRequest.ProtoReflect.Descriptor instead.
 func (*ProcessRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ProcessRequest) GetContainerId() string {
@@ -967,7 +1056,7 @@ type WaitProcessResponse struct {
 
 func (x *WaitProcessResponse) Reset() {
 	*x = WaitProcessResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -979,7 +1068,7 @@ func (x *WaitProcessResponse) String() string {
 func (*WaitProcessResponse) ProtoMessage() {}
 
 func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -992,7 +1081,7 @@ func (x *WaitProcessResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitProcessResponse.ProtoReflect.Descriptor instead.
 func (*WaitProcessResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WaitProcessResponse) GetExitStatus() uint32 {
@@ -1028,7 +1117,7 @@ type SignalProcessRequest struct {
 
 func (x *SignalProcessRequest) Reset() {
 	*x = SignalProcessRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1040,7 +1129,7 @@ func (x *SignalProcessRequest) String() string {
 func (*SignalProcessRequest) ProtoMessage() {}
 
 func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1053,7 +1142,7 @@ func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
 func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SignalProcessRequest) GetContainerId() string {
@@ -1096,7 +1185,7 @@ type ResizePtyRequest struct {
 
 func (x *ResizePtyRequest) Reset() {
 	*x = ResizePtyRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1108,7 +1197,7 @@ func (x *ResizePtyRequest) String() string {
 func (*ResizePtyRequest) ProtoMessage() {}
 
 func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1121,7 +1210,7 @@ func (x *ResizePtyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizePtyRequest.ProtoReflect.Descriptor instead.
 func (*ResizePtyRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResizePtyRequest) GetContainerId() string {
@@ -1161,7 +1250,7 @@ type ListPidsRequest struct {
 
 func (x *ListPidsRequest) Reset() {
 	*x = ListPidsRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1262,7 @@ func (x *ListPidsRequest) String() string {
 func (*ListPidsRequest) ProtoMessage() {}
 
 func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1275,7 @@ func (x *ListPidsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsRequest.ProtoReflect.Descriptor instead.
 func (*ListPidsRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListPidsRequest) GetContainerId() string {
@@ -1207,7 +1296,7 @@ type ProcessInfo struct {
 
 func (x *ProcessInfo) Reset() {
 	*x = ProcessInfo{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1219,7 +1308,7 @@ func (x *ProcessInfo) String() string {
 func (*ProcessInfo) ProtoMessage() {}
 
 func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1232,7 +1321,7 @@ func (x *ProcessInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessInfo.ProtoReflect.Descriptor instead.
 func (*ProcessInfo) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ProcessInfo) GetPid() uint32 {
@@ -1258,7 +1347,7 @@ type ListPidsResponse struct {
 
 func (x *ListPidsResponse) Reset() {
 	*x = ListPidsResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1359,7 @@ func (x *ListPidsResponse) String() string {
 func (*ListPidsResponse) ProtoMessage() {}
 
 func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1372,7 @@ func (x *ListPidsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPidsResponse.ProtoReflect.Descriptor instead.
 func (*ListPidsResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListPidsResponse) GetProcesses() []*ProcessInfo {
@@ -1302,7 +1391,7 @@ type StatsRequest struct {
 
 func (x *StatsRequest) Reset() {
 	*x = StatsRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1403,7 @@ func (x *StatsRequest) String() string {
 func (*StatsRequest) ProtoMessage() {}
 
 func (x *StatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1416,7 @@ func (x *StatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsRequest.ProtoReflect.Descriptor instead.
 func (*StatsRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StatsRequest) GetContainerId() string {
@@ -1348,7 +1437,7 @@ type StatsResponse struct {
 
 func (x *StatsResponse) Reset() {
 	*x = StatsResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1449,7 @@ func (x *StatsResponse) String() string {
 func (*StatsResponse) ProtoMessage() {}
 
 func (x *StatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1462,7 @@ func (x *StatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsResponse.ProtoReflect.Descriptor instead.
 func (*StatsResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StatsResponse) GetStats() *anypb.Any {
@@ -1398,7 +1487,7 @@ type UpdateContainerRequest struct {
 
 func (x *UpdateContainerRequest) Reset() {
 	*x = UpdateContainerRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1499,7 @@ func (x *UpdateContainerRequest) String() string {
 func (*UpdateContainerRequest) ProtoMessage() {}
 
 func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1512,7 @@ func (x *UpdateContainerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateContainerRequest.ProtoReflect.Descriptor instead.
 func (*UpdateContainerRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *UpdateContainerRequest) GetContainerId() string {
@@ -1454,7 +1543,7 @@ type OnlineCPUMemRequest struct {
 
 func (x *OnlineCPUMemRequest) Reset() {
 	*x = OnlineCPUMemRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1555,7 @@ func (x *OnlineCPUMemRequest) String() string {
 func (*OnlineCPUMemRequest) ProtoMessage() {}
 
 func (x *OnlineCPUMemRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1568,7 @@ func (x *OnlineCPUMemRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnlineCPUMemRequest.ProtoReflect.Descriptor instead.
 func (*OnlineCPUMemRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *OnlineCPUMemRequest) GetVcpus() uint32 {
@@ -1520,7 +1609,7 @@ type OnlineCPUMemResponse struct {
 
 func (x *OnlineCPUMemResponse) Reset() {
 	*x = OnlineCPUMemResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1621,7 @@ func (x *OnlineCPUMemResponse) String() string {
 func (*OnlineCPUMemResponse) ProtoMessage() {}
 
 func (x *OnlineCPUMemResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[26]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1634,7 @@ func (x *OnlineCPUMemResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OnlineCPUMemResponse.ProtoReflect.Descriptor instead.
 func (*OnlineCPUMemResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *OnlineCPUMemResponse) GetVcpus() uint32 {
@@ -1583,7 +1672,7 @@ type GetEvidenceRequest struct {
 
 func (x *GetEvidenceRequest) Reset() {
 	*x = GetEvidenceRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1595,7 +1684,7 @@ func (x *GetEvidenceRequest) String() string {
 func (*GetEvidenceRequest) ProtoMessage() {}
 
 func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[27]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1608,7 +1697,7 @@ func (x *GetEvidenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEvidenceRequest.ProtoReflect.Descriptor instead.
 func (*GetEvidenceRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetEvidenceRequest) GetNonce() []byte {
@@ -1640,7 +1729,7 @@ type GetEvidenceResponse struct {
 
 func (x *GetEvidenceResponse) Reset() {
 	*x = GetEvidenceResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1652,7 +1741,7 @@ func (x *GetEvidenceResponse) String() string {
 func (*GetEvidenceResponse) ProtoMessage() {}
 
 func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[28]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1665,7 +1754,7 @@ func (x *GetEvidenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetEvidenceResponse.ProtoReflect.Descriptor instead.
 func (*GetEvidenceResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetEvidenceResponse) GetKind() string {
@@ -1712,7 +1801,7 @@ type SetInitDataRequest struct {
 
 func (x *SetInitDataRequest) Reset() {
 	*x = SetInitDataRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1813,7 @@ func (x *SetInitDataRequest) String() string {
 func (*SetInitDataRequest) ProtoMessage() {}
 
 func (x *SetInitDataRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[29]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1826,7 @@ func (x *SetInitDataRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetInitDataRequest.ProtoReflect.Descriptor instead.
 func (*SetInitDataRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetInitDataRequest) GetInitData() []byte {
@@ -1759,7 +1848,7 @@ type ReadStreamRequest struct {
 
 func (x *ReadStreamRequest) Reset() {
 	*x = ReadStreamRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +1860,7 @@ func (x *ReadStreamRequest) String() string {
 func (*ReadStreamRequest) ProtoMessage() {}
 
 func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[30]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +1873,7 @@ func (x *ReadStreamRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamRequest.ProtoReflect.Descriptor instead.
 func (*ReadStreamRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadStreamRequest) GetContainerId() string {
@@ -1818,7 +1907,7 @@ type ReadStreamResponse struct {
 
 func (x *ReadStreamResponse) Reset() {
 	*x = ReadStreamResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +1919,7 @@ func (x *ReadStreamResponse) String() string {
 func (*ReadStreamResponse) ProtoMessage() {}
 
 func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[31]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +1932,7 @@ func (x *ReadStreamResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadStreamResponse.ProtoReflect.Descriptor instead.
 func (*ReadStreamResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{31}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadStreamResponse) GetData() []byte {
@@ -1871,7 +1960,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1883,7 +1972,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[32]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1896,7 +1985,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{32}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WriteStdinRequest) GetContainerId() string {
@@ -1929,7 +2018,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2030,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[33]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2043,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{33}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WriteStdinResponse) GetWritten() uint32 {
@@ -1974,7 +2063,7 @@ type PodNetwork struct {
 
 func (x *PodNetwork) Reset() {
 	*x = PodNetwork{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2075,7 @@ func (x *PodNetwork) String() string {
 func (*PodNetwork) ProtoMessage() {}
 
 func (x *PodNetwork) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[34]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2088,7 @@ func (x *PodNetwork) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PodNetwork.ProtoReflect.Descriptor instead.
 func (*PodNetwork) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{34}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PodNetwork) GetInterfaces() []*NetInterface {
@@ -2032,7 +2121,7 @@ type NetInterface struct {
 
 func (x *NetInterface) Reset() {
 	*x = NetInterface{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2133,7 @@ func (x *NetInterface) String() string {
 func (*NetInterface) ProtoMessage() {}
 
 func (x *NetInterface) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[35]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2146,7 @@ func (x *NetInterface) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetInterface.ProtoReflect.Descriptor instead.
 func (*NetInterface) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{35}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NetInterface) GetName() string {
@@ -2107,7 +2196,7 @@ type NetRoute struct {
 
 func (x *NetRoute) Reset() {
 	*x = NetRoute{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2208,7 @@ func (x *NetRoute) String() string {
 func (*NetRoute) ProtoMessage() {}
 
 func (x *NetRoute) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[36]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2221,7 @@ func (x *NetRoute) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NetRoute.ProtoReflect.Descriptor instead.
 func (*NetRoute) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{36}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *NetRoute) GetInterface() string {
@@ -2183,7 +2272,7 @@ type ListenPortsRequest struct {
 
 func (x *ListenPortsRequest) Reset() {
 	*x = ListenPortsRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2195,7 +2284,7 @@ func (x *ListenPortsRequest) String() string {
 func (*ListenPortsRequest) ProtoMessage() {}
 
 func (x *ListenPortsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[37]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2208,7 +2297,7 @@ func (x *ListenPortsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListenPortsRequest.ProtoReflect.Descriptor instead.
 func (*ListenPortsRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{37}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListenPortsRequest) GetKnown() []uint32 {
@@ -2242,7 +2331,7 @@ type ListenPortsResponse struct {
 
 func (x *ListenPortsResponse) Reset() {
 	*x = ListenPortsResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2343,7 @@ func (x *ListenPortsResponse) String() string {
 func (*ListenPortsResponse) ProtoMessage() {}
 
 func (x *ListenPortsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[38]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2356,7 @@ func (x *ListenPortsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListenPortsResponse.ProtoReflect.Descriptor instead.
 func (*ListenPortsResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{38}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListenPortsResponse) GetPorts() []uint32 {
@@ -2286,7 +2375,7 @@ type DialRequest struct {
 
 func (x *DialRequest) Reset() {
 	*x = DialRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2298,7 +2387,7 @@ func (x *DialRequest) String() string {
 func (*DialRequest) ProtoMessage() {}
 
 func (x *DialRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[39]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2311,7 +2400,7 @@ func (x *DialRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialRequest.ProtoReflect.Descriptor instead.
 func (*DialRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{39}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DialRequest) GetPort() uint32 {
@@ -2330,7 +2419,7 @@ type DialResponse struct {
 
 func (x *DialResponse) Reset() {
 	*x = DialResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2342,7 +2431,7 @@ func (x *DialResponse) String() string {
 func (*DialResponse) ProtoMessage() {}
 
 func (x *DialResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[40]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2355,7 +2444,7 @@ func (x *DialResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DialResponse.ProtoReflect.Descriptor instead.
 func (*DialResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{40}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DialResponse) GetConnId() uint64 {
@@ -2376,7 +2465,7 @@ type ConnReadRequest struct {
 
 func (x *ConnReadRequest) Reset() {
 	*x = ConnReadRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2388,7 +2477,7 @@ func (x *ConnReadRequest) String() string {
 func (*ConnReadRequest) ProtoMessage() {}
 
 func (x *ConnReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[41]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2401,7 +2490,7 @@ func (x *ConnReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnReadRequest.ProtoReflect.Descriptor instead.
 func (*ConnReadRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{41}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ConnReadRequest) GetConnId() uint64 {
@@ -2428,7 +2517,7 @@ type ConnReadResponse struct {
 
 func (x *ConnReadResponse) Reset() {
 	*x = ConnReadResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2529,7 @@ func (x *ConnReadResponse) String() string {
 func (*ConnReadResponse) ProtoMessage() {}
 
 func (x *ConnReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[42]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2542,7 @@ func (x *ConnReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnReadResponse.ProtoReflect.Descriptor instead.
 func (*ConnReadResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{42}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ConnReadResponse) GetData() []byte {
@@ -2480,7 +2569,7 @@ type ConnWriteRequest struct {
 
 func (x *ConnWriteRequest) Reset() {
 	*x = ConnWriteRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2492,7 +2581,7 @@ func (x *ConnWriteRequest) String() string {
 func (*ConnWriteRequest) ProtoMessage() {}
 
 func (x *ConnWriteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[43]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2594,7 @@ func (x *ConnWriteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnWriteRequest.ProtoReflect.Descriptor instead.
 func (*ConnWriteRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{43}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ConnWriteRequest) GetConnId() uint64 {
@@ -2531,7 +2620,7 @@ type ConnWriteResponse struct {
 
 func (x *ConnWriteResponse) Reset() {
 	*x = ConnWriteResponse{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2543,7 +2632,7 @@ func (x *ConnWriteResponse) String() string {
 func (*ConnWriteResponse) ProtoMessage() {}
 
 func (x *ConnWriteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[44]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2556,7 +2645,7 @@ func (x *ConnWriteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnWriteResponse.ProtoReflect.Descriptor instead.
 func (*ConnWriteResponse) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{44}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ConnWriteResponse) GetWritten() uint32 {
@@ -2577,7 +2666,7 @@ type ConnCloseRequest struct {
 
 func (x *ConnCloseRequest) Reset() {
 	*x = ConnCloseRequest{}
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2589,7 +2678,7 @@ func (x *ConnCloseRequest) String() string {
 func (*ConnCloseRequest) ProtoMessage() {}
 
 func (x *ConnCloseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[45]
+	mi := &file_guest_api_agent_v1_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2602,7 +2691,7 @@ func (x *ConnCloseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConnCloseRequest.ProtoReflect.Descriptor instead.
 func (*ConnCloseRequest) Descriptor() ([]byte, []int) {
-	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{45}
+	return file_guest_api_agent_v1_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ConnCloseRequest) GetConnId() uint64 {
@@ -2638,12 +2727,19 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\x06stderr\x18\x04 \x01(\bR\x06stderr\"4\n" +
 	"\bScsiDisk\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\rR\x06target\x12\x10\n" +
-	"\x03lun\x18\x02 \x01(\rR\x03lun\"r\n" +
+	"\x03lun\x18\x02 \x01(\rR\x03lun\"\x9f\x01\n" +
 	"\x06Rootfs\x12,\n" +
 	"\x04scsi\x18\x01 \x01(\v2\x16.c8s.agent.v1.ScsiDiskH\x00R\x04scsi\x12\x16\n" +
 	"\x06fstype\x18\x02 \x01(\tR\x06fstype\x12\x18\n" +
-	"\aoptions\x18\x03 \x03(\tR\aoptionsB\b\n" +
-	"\x06source\"L\n" +
+	"\aoptions\x18\x03 \x03(\tR\aoptions\x12+\n" +
+	"\x06layers\x18\x04 \x03(\v2\x13.c8s.agent.v1.LayerR\x06layersB\b\n" +
+	"\x06source\"\x89\x01\n" +
+	"\x05Layer\x12*\n" +
+	"\x04scsi\x18\x01 \x01(\v2\x16.c8s.agent.v1.ScsiDiskR\x04scsi\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1b\n" +
+	"\troot_hash\x18\x03 \x01(\tR\brootHash\x12\x1f\n" +
+	"\vdata_blocks\x18\x04 \x01(\x04R\n" +
+	"dataBlocks\"L\n" +
 	"\x04File\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x18\n" +
 	"\acontent\x18\x02 \x01(\fR\acontent\x12\x12\n" +
@@ -2832,7 +2928,7 @@ func file_guest_api_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_guest_api_agent_v1_agent_proto_rawDescData
 }
 
-var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_guest_api_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 47)
 var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Empty)(nil),                   // 0: c8s.agent.v1.Empty
 	(*GetInfoRequest)(nil),          // 1: c8s.agent.v1.GetInfoRequest
@@ -2840,118 +2936,121 @@ var file_guest_api_agent_v1_agent_proto_goTypes = []any{
 	(*Stdio)(nil),                   // 3: c8s.agent.v1.Stdio
 	(*ScsiDisk)(nil),                // 4: c8s.agent.v1.ScsiDisk
 	(*Rootfs)(nil),                  // 5: c8s.agent.v1.Rootfs
-	(*File)(nil),                    // 6: c8s.agent.v1.File
-	(*CreateContainerRequest)(nil),  // 7: c8s.agent.v1.CreateContainerRequest
-	(*SharedMount)(nil),             // 8: c8s.agent.v1.SharedMount
-	(*CreateContainerResponse)(nil), // 9: c8s.agent.v1.CreateContainerResponse
-	(*StartContainerRequest)(nil),   // 10: c8s.agent.v1.StartContainerRequest
-	(*StartContainerResponse)(nil),  // 11: c8s.agent.v1.StartContainerResponse
-	(*RemoveContainerRequest)(nil),  // 12: c8s.agent.v1.RemoveContainerRequest
-	(*ExecProcessRequest)(nil),      // 13: c8s.agent.v1.ExecProcessRequest
-	(*ExecProcessResponse)(nil),     // 14: c8s.agent.v1.ExecProcessResponse
-	(*ProcessRequest)(nil),          // 15: c8s.agent.v1.ProcessRequest
-	(*WaitProcessResponse)(nil),     // 16: c8s.agent.v1.WaitProcessResponse
-	(*SignalProcessRequest)(nil),    // 17: c8s.agent.v1.SignalProcessRequest
-	(*ResizePtyRequest)(nil),        // 18: c8s.agent.v1.ResizePtyRequest
-	(*ListPidsRequest)(nil),         // 19: c8s.agent.v1.ListPidsRequest
-	(*ProcessInfo)(nil),             // 20: c8s.agent.v1.ProcessInfo
-	(*ListPidsResponse)(nil),        // 21: c8s.agent.v1.ListPidsResponse
-	(*StatsRequest)(nil),            // 22: c8s.agent.v1.StatsRequest
-	(*StatsResponse)(nil),           // 23: c8s.agent.v1.StatsResponse
-	(*UpdateContainerRequest)(nil),  // 24: c8s.agent.v1.UpdateContainerRequest
-	(*OnlineCPUMemRequest)(nil),     // 25: c8s.agent.v1.OnlineCPUMemRequest
-	(*OnlineCPUMemResponse)(nil),    // 26: c8s.agent.v1.OnlineCPUMemResponse
-	(*GetEvidenceRequest)(nil),      // 27: c8s.agent.v1.GetEvidenceRequest
-	(*GetEvidenceResponse)(nil),     // 28: c8s.agent.v1.GetEvidenceResponse
-	(*SetInitDataRequest)(nil),      // 29: c8s.agent.v1.SetInitDataRequest
-	(*ReadStreamRequest)(nil),       // 30: c8s.agent.v1.ReadStreamRequest
-	(*ReadStreamResponse)(nil),      // 31: c8s.agent.v1.ReadStreamResponse
-	(*WriteStdinRequest)(nil),       // 32: c8s.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 33: c8s.agent.v1.WriteStdinResponse
-	(*PodNetwork)(nil),              // 34: c8s.agent.v1.PodNetwork
-	(*NetInterface)(nil),            // 35: c8s.agent.v1.NetInterface
-	(*NetRoute)(nil),                // 36: c8s.agent.v1.NetRoute
-	(*ListenPortsRequest)(nil),      // 37: c8s.agent.v1.ListenPortsRequest
-	(*ListenPortsResponse)(nil),     // 38: c8s.agent.v1.ListenPortsResponse
-	(*DialRequest)(nil),             // 39: c8s.agent.v1.DialRequest
-	(*DialResponse)(nil),            // 40: c8s.agent.v1.DialResponse
-	(*ConnReadRequest)(nil),         // 41: c8s.agent.v1.ConnReadRequest
-	(*ConnReadResponse)(nil),        // 42: c8s.agent.v1.ConnReadResponse
-	(*ConnWriteRequest)(nil),        // 43: c8s.agent.v1.ConnWriteRequest
-	(*ConnWriteResponse)(nil),       // 44: c8s.agent.v1.ConnWriteResponse
-	(*ConnCloseRequest)(nil),        // 45: c8s.agent.v1.ConnCloseRequest
-	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
-	(*anypb.Any)(nil),               // 47: google.protobuf.Any
+	(*Layer)(nil),                   // 6: c8s.agent.v1.Layer
+	(*File)(nil),                    // 7: c8s.agent.v1.File
+	(*CreateContainerRequest)(nil),  // 8: c8s.agent.v1.CreateContainerRequest
+	(*SharedMount)(nil),             // 9: c8s.agent.v1.SharedMount
+	(*CreateContainerResponse)(nil), // 10: c8s.agent.v1.CreateContainerResponse
+	(*StartContainerRequest)(nil),   // 11: c8s.agent.v1.StartContainerRequest
+	(*StartContainerResponse)(nil),  // 12: c8s.agent.v1.StartContainerResponse
+	(*RemoveContainerRequest)(nil),  // 13: c8s.agent.v1.RemoveContainerRequest
+	(*ExecProcessRequest)(nil),      // 14: c8s.agent.v1.ExecProcessRequest
+	(*ExecProcessResponse)(nil),     // 15: c8s.agent.v1.ExecProcessResponse
+	(*ProcessRequest)(nil),          // 16: c8s.agent.v1.ProcessRequest
+	(*WaitProcessResponse)(nil),     // 17: c8s.agent.v1.WaitProcessResponse
+	(*SignalProcessRequest)(nil),    // 18: c8s.agent.v1.SignalProcessRequest
+	(*ResizePtyRequest)(nil),        // 19: c8s.agent.v1.ResizePtyRequest
+	(*ListPidsRequest)(nil),         // 20: c8s.agent.v1.ListPidsRequest
+	(*ProcessInfo)(nil),             // 21: c8s.agent.v1.ProcessInfo
+	(*ListPidsResponse)(nil),        // 22: c8s.agent.v1.ListPidsResponse
+	(*StatsRequest)(nil),            // 23: c8s.agent.v1.StatsRequest
+	(*StatsResponse)(nil),           // 24: c8s.agent.v1.StatsResponse
+	(*UpdateContainerRequest)(nil),  // 25: c8s.agent.v1.UpdateContainerRequest
+	(*OnlineCPUMemRequest)(nil),     // 26: c8s.agent.v1.OnlineCPUMemRequest
+	(*OnlineCPUMemResponse)(nil),    // 27: c8s.agent.v1.OnlineCPUMemResponse
+	(*GetEvidenceRequest)(nil),      // 28: c8s.agent.v1.GetEvidenceRequest
+	(*GetEvidenceResponse)(nil),     // 29: c8s.agent.v1.GetEvidenceResponse
+	(*SetInitDataRequest)(nil),      // 30: c8s.agent.v1.SetInitDataRequest
+	(*ReadStreamRequest)(nil),       // 31: c8s.agent.v1.ReadStreamRequest
+	(*ReadStreamResponse)(nil),      // 32: c8s.agent.v1.ReadStreamResponse
+	(*WriteStdinRequest)(nil),       // 33: c8s.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 34: c8s.agent.v1.WriteStdinResponse
+	(*PodNetwork)(nil),              // 35: c8s.agent.v1.PodNetwork
+	(*NetInterface)(nil),            // 36: c8s.agent.v1.NetInterface
+	(*NetRoute)(nil),                // 37: c8s.agent.v1.NetRoute
+	(*ListenPortsRequest)(nil),      // 38: c8s.agent.v1.ListenPortsRequest
+	(*ListenPortsResponse)(nil),     // 39: c8s.agent.v1.ListenPortsResponse
+	(*DialRequest)(nil),             // 40: c8s.agent.v1.DialRequest
+	(*DialResponse)(nil),            // 41: c8s.agent.v1.DialResponse
+	(*ConnReadRequest)(nil),         // 42: c8s.agent.v1.ConnReadRequest
+	(*ConnReadResponse)(nil),        // 43: c8s.agent.v1.ConnReadResponse
+	(*ConnWriteRequest)(nil),        // 44: c8s.agent.v1.ConnWriteRequest
+	(*ConnWriteResponse)(nil),       // 45: c8s.agent.v1.ConnWriteResponse
+	(*ConnCloseRequest)(nil),        // 46: c8s.agent.v1.ConnCloseRequest
+	(*timestamppb.Timestamp)(nil),   // 47: google.protobuf.Timestamp
+	(*anypb.Any)(nil),               // 48: google.protobuf.Any
 }
 var file_guest_api_agent_v1_agent_proto_depIdxs = []int32{
-	46, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
+	47, // 0: c8s.agent.v1.GetInfoResponse.booted_at:type_name -> google.protobuf.Timestamp
 	4,  // 1: c8s.agent.v1.Rootfs.scsi:type_name -> c8s.agent.v1.ScsiDisk
-	5,  // 2: c8s.agent.v1.CreateContainerRequest.rootfs:type_name -> c8s.agent.v1.Rootfs
-	3,  // 3: c8s.agent.v1.CreateContainerRequest.stdio:type_name -> c8s.agent.v1.Stdio
-	6,  // 4: c8s.agent.v1.CreateContainerRequest.files:type_name -> c8s.agent.v1.File
-	34, // 5: c8s.agent.v1.CreateContainerRequest.network:type_name -> c8s.agent.v1.PodNetwork
-	8,  // 6: c8s.agent.v1.CreateContainerRequest.shared_mounts:type_name -> c8s.agent.v1.SharedMount
-	3,  // 7: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
-	46, // 8: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
-	20, // 9: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
-	47, // 10: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
-	35, // 11: c8s.agent.v1.PodNetwork.interfaces:type_name -> c8s.agent.v1.NetInterface
-	36, // 12: c8s.agent.v1.PodNetwork.routes:type_name -> c8s.agent.v1.NetRoute
-	1,  // 13: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
-	7,  // 14: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
-	10, // 15: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
-	12, // 16: c8s.agent.v1.Agent.RemoveContainer:input_type -> c8s.agent.v1.RemoveContainerRequest
-	13, // 17: c8s.agent.v1.Agent.ExecProcess:input_type -> c8s.agent.v1.ExecProcessRequest
-	15, // 18: c8s.agent.v1.Agent.WaitProcess:input_type -> c8s.agent.v1.ProcessRequest
-	17, // 19: c8s.agent.v1.Agent.SignalProcess:input_type -> c8s.agent.v1.SignalProcessRequest
-	15, // 20: c8s.agent.v1.Agent.DeleteProcess:input_type -> c8s.agent.v1.ProcessRequest
-	18, // 21: c8s.agent.v1.Agent.ResizePty:input_type -> c8s.agent.v1.ResizePtyRequest
-	15, // 22: c8s.agent.v1.Agent.CloseStdin:input_type -> c8s.agent.v1.ProcessRequest
-	19, // 23: c8s.agent.v1.Agent.ListPids:input_type -> c8s.agent.v1.ListPidsRequest
-	22, // 24: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
-	24, // 25: c8s.agent.v1.Agent.UpdateContainer:input_type -> c8s.agent.v1.UpdateContainerRequest
-	25, // 26: c8s.agent.v1.Agent.OnlineCPUMem:input_type -> c8s.agent.v1.OnlineCPUMemRequest
-	0,  // 27: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
-	27, // 28: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
-	29, // 29: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
-	30, // 30: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
-	30, // 31: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
-	32, // 32: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
-	37, // 33: c8s.agent.v1.PortForward.ListenPorts:input_type -> c8s.agent.v1.ListenPortsRequest
-	39, // 34: c8s.agent.v1.PortForward.Dial:input_type -> c8s.agent.v1.DialRequest
-	41, // 35: c8s.agent.v1.PortForward.Read:input_type -> c8s.agent.v1.ConnReadRequest
-	43, // 36: c8s.agent.v1.PortForward.Write:input_type -> c8s.agent.v1.ConnWriteRequest
-	45, // 37: c8s.agent.v1.PortForward.Close:input_type -> c8s.agent.v1.ConnCloseRequest
-	2,  // 38: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
-	9,  // 39: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
-	11, // 40: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
-	0,  // 41: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
-	14, // 42: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
-	16, // 43: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
-	0,  // 44: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 45: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
-	0,  // 46: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
-	0,  // 47: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
-	21, // 48: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
-	23, // 49: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
-	0,  // 50: c8s.agent.v1.Agent.UpdateContainer:output_type -> c8s.agent.v1.Empty
-	26, // 51: c8s.agent.v1.Agent.OnlineCPUMem:output_type -> c8s.agent.v1.OnlineCPUMemResponse
-	0,  // 52: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
-	28, // 53: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
-	0,  // 54: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
-	31, // 55: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
-	31, // 56: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
-	33, // 57: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
-	38, // 58: c8s.agent.v1.PortForward.ListenPorts:output_type -> c8s.agent.v1.ListenPortsResponse
-	40, // 59: c8s.agent.v1.PortForward.Dial:output_type -> c8s.agent.v1.DialResponse
-	42, // 60: c8s.agent.v1.PortForward.Read:output_type -> c8s.agent.v1.ConnReadResponse
-	44, // 61: c8s.agent.v1.PortForward.Write:output_type -> c8s.agent.v1.ConnWriteResponse
-	0,  // 62: c8s.agent.v1.PortForward.Close:output_type -> c8s.agent.v1.Empty
-	38, // [38:63] is the sub-list for method output_type
-	13, // [13:38] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	6,  // 2: c8s.agent.v1.Rootfs.layers:type_name -> c8s.agent.v1.Layer
+	4,  // 3: c8s.agent.v1.Layer.scsi:type_name -> c8s.agent.v1.ScsiDisk
+	5,  // 4: c8s.agent.v1.CreateContainerRequest.rootfs:type_name -> c8s.agent.v1.Rootfs
+	3,  // 5: c8s.agent.v1.CreateContainerRequest.stdio:type_name -> c8s.agent.v1.Stdio
+	7,  // 6: c8s.agent.v1.CreateContainerRequest.files:type_name -> c8s.agent.v1.File
+	35, // 7: c8s.agent.v1.CreateContainerRequest.network:type_name -> c8s.agent.v1.PodNetwork
+	9,  // 8: c8s.agent.v1.CreateContainerRequest.shared_mounts:type_name -> c8s.agent.v1.SharedMount
+	3,  // 9: c8s.agent.v1.ExecProcessRequest.stdio:type_name -> c8s.agent.v1.Stdio
+	47, // 10: c8s.agent.v1.WaitProcessResponse.exited_at:type_name -> google.protobuf.Timestamp
+	21, // 11: c8s.agent.v1.ListPidsResponse.processes:type_name -> c8s.agent.v1.ProcessInfo
+	48, // 12: c8s.agent.v1.StatsResponse.stats:type_name -> google.protobuf.Any
+	36, // 13: c8s.agent.v1.PodNetwork.interfaces:type_name -> c8s.agent.v1.NetInterface
+	37, // 14: c8s.agent.v1.PodNetwork.routes:type_name -> c8s.agent.v1.NetRoute
+	1,  // 15: c8s.agent.v1.Agent.GetInfo:input_type -> c8s.agent.v1.GetInfoRequest
+	8,  // 16: c8s.agent.v1.Agent.CreateContainer:input_type -> c8s.agent.v1.CreateContainerRequest
+	11, // 17: c8s.agent.v1.Agent.StartContainer:input_type -> c8s.agent.v1.StartContainerRequest
+	13, // 18: c8s.agent.v1.Agent.RemoveContainer:input_type -> c8s.agent.v1.RemoveContainerRequest
+	14, // 19: c8s.agent.v1.Agent.ExecProcess:input_type -> c8s.agent.v1.ExecProcessRequest
+	16, // 20: c8s.agent.v1.Agent.WaitProcess:input_type -> c8s.agent.v1.ProcessRequest
+	18, // 21: c8s.agent.v1.Agent.SignalProcess:input_type -> c8s.agent.v1.SignalProcessRequest
+	16, // 22: c8s.agent.v1.Agent.DeleteProcess:input_type -> c8s.agent.v1.ProcessRequest
+	19, // 23: c8s.agent.v1.Agent.ResizePty:input_type -> c8s.agent.v1.ResizePtyRequest
+	16, // 24: c8s.agent.v1.Agent.CloseStdin:input_type -> c8s.agent.v1.ProcessRequest
+	20, // 25: c8s.agent.v1.Agent.ListPids:input_type -> c8s.agent.v1.ListPidsRequest
+	23, // 26: c8s.agent.v1.Agent.Stats:input_type -> c8s.agent.v1.StatsRequest
+	25, // 27: c8s.agent.v1.Agent.UpdateContainer:input_type -> c8s.agent.v1.UpdateContainerRequest
+	26, // 28: c8s.agent.v1.Agent.OnlineCPUMem:input_type -> c8s.agent.v1.OnlineCPUMemRequest
+	0,  // 29: c8s.agent.v1.Agent.Shutdown:input_type -> c8s.agent.v1.Empty
+	28, // 30: c8s.agent.v1.Agent.GetEvidence:input_type -> c8s.agent.v1.GetEvidenceRequest
+	30, // 31: c8s.agent.v1.Agent.SetInitData:input_type -> c8s.agent.v1.SetInitDataRequest
+	31, // 32: c8s.agent.v1.IO.ReadStdout:input_type -> c8s.agent.v1.ReadStreamRequest
+	31, // 33: c8s.agent.v1.IO.ReadStderr:input_type -> c8s.agent.v1.ReadStreamRequest
+	33, // 34: c8s.agent.v1.IO.WriteStdin:input_type -> c8s.agent.v1.WriteStdinRequest
+	38, // 35: c8s.agent.v1.PortForward.ListenPorts:input_type -> c8s.agent.v1.ListenPortsRequest
+	40, // 36: c8s.agent.v1.PortForward.Dial:input_type -> c8s.agent.v1.DialRequest
+	42, // 37: c8s.agent.v1.PortForward.Read:input_type -> c8s.agent.v1.ConnReadRequest
+	44, // 38: c8s.agent.v1.PortForward.Write:input_type -> c8s.agent.v1.ConnWriteRequest
+	46, // 39: c8s.agent.v1.PortForward.Close:input_type -> c8s.agent.v1.ConnCloseRequest
+	2,  // 40: c8s.agent.v1.Agent.GetInfo:output_type -> c8s.agent.v1.GetInfoResponse
+	10, // 41: c8s.agent.v1.Agent.CreateContainer:output_type -> c8s.agent.v1.CreateContainerResponse
+	12, // 42: c8s.agent.v1.Agent.StartContainer:output_type -> c8s.agent.v1.StartContainerResponse
+	0,  // 43: c8s.agent.v1.Agent.RemoveContainer:output_type -> c8s.agent.v1.Empty
+	15, // 44: c8s.agent.v1.Agent.ExecProcess:output_type -> c8s.agent.v1.ExecProcessResponse
+	17, // 45: c8s.agent.v1.Agent.WaitProcess:output_type -> c8s.agent.v1.WaitProcessResponse
+	0,  // 46: c8s.agent.v1.Agent.SignalProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 47: c8s.agent.v1.Agent.DeleteProcess:output_type -> c8s.agent.v1.Empty
+	0,  // 48: c8s.agent.v1.Agent.ResizePty:output_type -> c8s.agent.v1.Empty
+	0,  // 49: c8s.agent.v1.Agent.CloseStdin:output_type -> c8s.agent.v1.Empty
+	22, // 50: c8s.agent.v1.Agent.ListPids:output_type -> c8s.agent.v1.ListPidsResponse
+	24, // 51: c8s.agent.v1.Agent.Stats:output_type -> c8s.agent.v1.StatsResponse
+	0,  // 52: c8s.agent.v1.Agent.UpdateContainer:output_type -> c8s.agent.v1.Empty
+	27, // 53: c8s.agent.v1.Agent.OnlineCPUMem:output_type -> c8s.agent.v1.OnlineCPUMemResponse
+	0,  // 54: c8s.agent.v1.Agent.Shutdown:output_type -> c8s.agent.v1.Empty
+	29, // 55: c8s.agent.v1.Agent.GetEvidence:output_type -> c8s.agent.v1.GetEvidenceResponse
+	0,  // 56: c8s.agent.v1.Agent.SetInitData:output_type -> c8s.agent.v1.Empty
+	32, // 57: c8s.agent.v1.IO.ReadStdout:output_type -> c8s.agent.v1.ReadStreamResponse
+	32, // 58: c8s.agent.v1.IO.ReadStderr:output_type -> c8s.agent.v1.ReadStreamResponse
+	34, // 59: c8s.agent.v1.IO.WriteStdin:output_type -> c8s.agent.v1.WriteStdinResponse
+	39, // 60: c8s.agent.v1.PortForward.ListenPorts:output_type -> c8s.agent.v1.ListenPortsResponse
+	41, // 61: c8s.agent.v1.PortForward.Dial:output_type -> c8s.agent.v1.DialResponse
+	43, // 62: c8s.agent.v1.PortForward.Read:output_type -> c8s.agent.v1.ConnReadResponse
+	45, // 63: c8s.agent.v1.PortForward.Write:output_type -> c8s.agent.v1.ConnWriteResponse
+	0,  // 64: c8s.agent.v1.PortForward.Close:output_type -> c8s.agent.v1.Empty
+	40, // [40:65] is the sub-list for method output_type
+	15, // [15:40] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_guest_api_agent_v1_agent_proto_init() }
@@ -2968,7 +3067,7 @@ func file_guest_api_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_guest_api_agent_v1_agent_proto_rawDesc), len(file_guest_api_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   46,
+			NumMessages:   47,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

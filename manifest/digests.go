@@ -24,6 +24,22 @@ type SimDigests struct {
 	GuestFeatures uint64 `json:"guest_features"`
 	// ByVCPUs maps a vCPU count ("1", "2", ...) to the hex SHA-384 digest.
 	ByVCPUs map[string]string `json:"by_vcpus"`
+	// Boot is the measured boot the sim TEE's modelled RTMRs record for
+	// the image's kernel, initrd and sim command line, checked as on TDX.
+	Boot *BootDigests `json:"boot,omitempty"`
+}
+
+// BootDigests are the measured-boot digests of a direct boot of the
+// image (measurements/tdx DirectBoot.Digests): the events a TD's CC event
+// log (or the sim TEE's modelled log) must record in RTMR1 and RTMR2.
+type BootDigests struct {
+	// Kernel is the hex Authenticode SHA-384 of the kernel.
+	Kernel string `json:"kernel"`
+	// LoadOptions is the hex SHA-384 of the kernel's load options (the
+	// command line and " initrd=initrd", UTF-16LE, NUL-terminated).
+	LoadOptions string `json:"load_options"`
+	// Initrd is the hex SHA-384 of the initrd.
+	Initrd string `json:"initrd,omitempty"`
 }
 
 // FileDigest names a file and its sha256.
@@ -53,9 +69,10 @@ const DigestsTDX = "tdx"
 // TDXDigests are the TDX measurements this image's pods are expected to
 // have. MRTD depends only on the TDVF firmware (measurements/tdx); the
 // kernel, initrd and command line (root hash and c8s.tee=tdx included) go
-// to RTMR1 and RTMR2, predicted under the stated assumptions and recorded
-// for verifiers, not enforced by the launcher. RTMR0 (firmware
-// configuration, ACPI tables) is not predicted.
+// to RTMR1 and RTMR2, predicted under the stated assumptions. Verifiers
+// (the shim, the key broker, verify-report) check the TD's CC event log
+// against Boot and the registers against RTMR1 and RTMR2. RTMR0 (firmware
+// configuration, TD HOB, ACPI tables) is not predicted.
 type TDXDigests struct {
 	// Firmware is the TDVF image MRTD was computed from.
 	Firmware FileDigest `json:"firmware"`
@@ -70,6 +87,9 @@ type TDXDigests struct {
 	RTMR2 string `json:"rtmr2,omitempty"`
 	// RTMRAssumptions say what the RTMR predictions rest on.
 	RTMRAssumptions string `json:"rtmr_assumptions,omitempty"`
+	// Boot is the kernel, command line and initrd the TD's event log must
+	// record.
+	Boot *BootDigests `json:"boot,omitempty"`
 }
 
 // SetTDX records the TDX digests.

@@ -134,7 +134,12 @@ func (s *Service) kbsEvidence(ctx context.Context, reportData [64]byte) (string,
 		b, err := json.Marshal(e)
 		return kbsapi.TeeSNP, b, err
 	case kbsapi.TeeTDX:
-		b, err := json.Marshal(kbsapi.TDXEvidence{Quote: base64.StdEncoding.EncodeToString(ev.Report)})
+		e := kbsapi.TDXEvidence{Quote: base64.StdEncoding.EncodeToString(ev.Report)}
+		if len(ev.EventLog) > 0 {
+			l := base64.StdEncoding.EncodeToString(ev.EventLog)
+			e.CCEventLog = &l
+		}
+		b, err := json.Marshal(e)
 		return kbsapi.TeeTDX, b, err
 	}
 	return "", nil, fmt.Errorf("key broker attestation with %q evidence is not supported (snp or tdx): %w", ev.Kind, errdefs.ErrNotImplemented)

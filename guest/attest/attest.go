@@ -62,6 +62,12 @@ type Evidence struct {
 	// replay, unlike the quote, which the host's quoting service returns.
 	// The guest reads its own launch digests (MRCONFIGID) from it.
 	TDReport []byte
+	// EventLog is the measured-boot event log: for TDX evidence the CC
+	// event log (CCELPath), for the sim TEE the simulated boot's log. The
+	// guest passes it on uninterpreted; the verifier replays it.
+	EventLog []byte
+	// SimRTMRs is the sim TEE's RTMR statement (launcher/vm/tee/sim).
+	SimRTMRs []byte
 }
 
 // Provider produces evidence with reportData in REPORT_DATA.

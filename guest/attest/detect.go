@@ -58,6 +58,14 @@ const configfsDir = "/sys/kernel/config"
 // sev-guest and tdx-guest drivers, which also create their devices,
 // register a provider that can fill a report.
 func Detect(ctx context.Context, root, tee string, loadModules func()) (Provider, error) {
+	p, err := detect(ctx, root, tee, loadModules)
+	if err != nil || p.Name() == NameSim {
+		return p, err
+	}
+	return withCCEL{Provider: p, path: filepath.Join(root, CCELPath)}, nil
+}
+
+func detect(ctx context.Context, root, tee string, loadModules func()) (Provider, error) {
 	if tee != "" && !teeparam.Known(tee) {
 		return nil, fmt.Errorf("%s=%s: unknown TEE; known TEEs are %s", teeparam.Key, tee, strings.Join(teeparam.Names, ", "))
 	}

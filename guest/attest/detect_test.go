@@ -48,6 +48,13 @@ var (
 func providerPath(t *testing.T, p Provider, root string) string {
 	t.Helper()
 	switch p := p.(type) {
+	case withCCEL:
+		if p.path != filepath.Join(root, CCELPath) {
+			t.Errorf("CC event log read from %s, want the fixture's", p.path)
+		}
+		return providerPath(t, p.Provider, root)
+	case withTDReport:
+		return providerPath(t, p.Provider, root)
 	case *SEVGuest:
 		return p.path
 	case *TDXGuest:

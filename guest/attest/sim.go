@@ -97,7 +97,8 @@ func (s *Sim) Evidence(ctx context.Context, reportData [64]byte) (*Evidence, err
 	if err := checkSNPReport(resp.GetReport(), reportData); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
-	return &Evidence{Kind: KindSNP, Provider: NameSim, Report: resp.GetReport(), CertTable: resp.GetCertTable()}, nil
+	return &Evidence{Kind: KindSNP, Provider: NameSim, Report: resp.GetReport(), CertTable: resp.GetCertTable(),
+		EventLog: resp.GetEventLog(), SimRTMRs: resp.GetRtmrStatement()}, nil
 }
 
 func (s *Sim) connect() error {

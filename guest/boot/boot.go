@@ -236,7 +236,8 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		if err != nil {
 			return nil, err
 		}
-		return &agentapi.GetEvidenceResponse{Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable, TdReport: ev.TDReport}, nil
+		return &agentapi.GetEvidenceResponse{Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable, TdReport: ev.TDReport,
+			EventLog: ev.EventLog, SimRtmrs: ev.SimRTMRs}, nil
 	}
 }
 

@@ -40,6 +40,13 @@ const (
 	KindMismatch
 	// KindPolicy: a field violates a policy rule (debug, minimum TCB, …).
 	KindPolicy
+	// KindNetwork: collateral (a certificate, a CRL, TCB info) had to be
+	// fetched and the network did not deliver it: nothing about the
+	// evidence was decided.
+	KindNetwork
+	// KindRevoked: a certificate of the evidence's chain is revoked by its
+	// issuer's CRL.
+	KindRevoked
 )
 
 func (k Kind) String() string {
@@ -56,6 +63,10 @@ func (k Kind) String() string {
 		return "mismatch"
 	case KindPolicy:
 		return "policy"
+	case KindNetwork:
+		return "network"
+	case KindRevoked:
+		return "revoked"
 	}
 	return fmt.Sprintf("kind(%d)", int(k))
 }

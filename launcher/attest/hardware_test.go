@@ -26,6 +26,8 @@ func realSNP(t *testing.T) (report, table []byte, p *Policy) {
 		VCPUs:        vcpus,
 		Nonce:        r.GetReportData(),
 		AllowDebug:   r.GetPolicy()&snpPolicyDebug != 0,
+		// The 2022 report is below c8s's default Milan minimum.
+		MinTCB: r.GetReportedTcb(),
 	}
 }
 

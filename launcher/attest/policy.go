@@ -53,18 +53,36 @@ type Policy struct {
 	// VCPUs is the vCPU count the VM was launched with; its measurement is
 	// the only one accepted. Zero accepts any shape of Measurements.
 	VCPUs int `json:"vcpus,omitempty"`
-	// MinTCB is the minimum SNP TCB_VERSION, compared component by
-	// component with the report's REPORTED_TCB.
+	// MinTCB is the minimum SNP TCB_VERSION (in the layout of the report's
+	// product line: Turin's has an FMC level first), compared component by
+	// component with the report's REPORTED_TCB. Zero means the product
+	// line's default minimum (DefaultSNPMinTCB) for evidence chained to
+	// AMD's roots, unless MinTCBExplicit.
 	MinTCB uint64 `json:"min_tcb,omitempty"`
+	// MinTCBExplicit makes MinTCB the minimum even when it is zero: the
+	// policy explicitly accepts any TCB instead of the default minimum.
+	MinTCBExplicit bool `json:"min_tcb_explicit,omitempty"`
+	// AllowProvisionalFirmware accepts SNP evidence of firmware the host
+	// has not committed to (COMMITTED_TCB or REPORTED_TCB below
+	// CURRENT_TCB, or a committed firmware version below the current one),
+	// as cloud hosts often run: the host can still roll the firmware back
+	// to the committed level. Without it such evidence is refused.
+	AllowProvisionalFirmware bool `json:"allow_provisional_firmware,omitempty"`
 	// AllowDebug accepts guests launched with debugging enabled (SNP policy
 	// bit 19, TDX TD_ATTRIBUTES.DEBUG). Never for production.
 	AllowDebug bool `json:"allow_debug,omitempty"`
 	// HostData is the expected SNP HOST_DATA (32 bytes): the digest of the
-	// pod's init data.
+	// pod's init data. Empty, HOST_DATA must be zero (a pod without init
+	// data), unless AnyHostData.
 	HostData Hex `json:"host_data,omitempty"`
+	// AnyHostData leaves an empty HostData unchecked: the caller compares
+	// the verified claims' HOST_DATA itself (a broker pinning several init
+	// data documents).
+	AnyHostData bool `json:"any_host_data,omitempty"`
 	// ChipID, when set, pins the SNP chip (64 bytes).
 	ChipID Hex `json:"chip_id,omitempty"`
-	// VMPL, when set, is the required SNP VMPL of the requester (0-3).
+	// VMPL is the required SNP VMPL of the requester (0-3); unset, 0, the
+	// level c8s guests request their reports at.
 	VMPL *int `json:"vmpl,omitempty"`
 	// MRTD is the expected TDX MRTD (48 bytes).
 	MRTD Hex `json:"mrtd,omitempty"`
@@ -74,6 +92,22 @@ type Policy struct {
 	// RTMRs are the expected TDX RTMR0-3 (48 bytes each); an empty entry is
 	// not checked.
 	RTMRs []Hex `json:"rtmrs,omitempty"`
+	// TDXBoot, when set, is the measured boot the TD's CC event log must
+	// show: the log is required, must replay to the quote's RTMRs, and its
+	// RTMR1 and RTMR2 events must be exactly the kernel, command line and
+	// initrd named here (TDXBoot). The sim TEE's modelled RTMRs are
+	// checked the same way.
+	TDXBoot *TDXBoot `json:"tdx_boot,omitempty"`
+	// MinTEETCBSVN, when set, is the minimum TDX TEE_TCB_SVN (16 bytes),
+	// compared byte by byte with the quote's. Unset, TEE_TCB_SVN is judged
+	// only by the TCB status of Intel's collateral, when the verifier has
+	// collateral.
+	MinTEETCBSVN Hex `json:"min_tee_tcb_svn,omitempty"`
+	// AllowTCBStatus names TCB statuses besides UpToDate that Intel's
+	// collateral may give the platform, the TDX module or the quoting
+	// enclave ("SWHardeningNeeded", "OutOfDate", …). Revoked is never
+	// accepted.
+	AllowTCBStatus []string `json:"allow_tcb_status,omitempty"`
 	// Nonce is the verifier's fresh challenge (1-64 bytes); REPORT_DATA
 	// must be the nonce followed by zeros.
 	Nonce Hex `json:"nonce"`
@@ -171,7 +205,8 @@ func (p *Policy) checkTDX() error {
 	if len(p.RTMRs) > 4 {
 		return configErr("%d RTMRs, TDX has 4", len(p.RTMRs))
 	}
-	errs := []error{checkSize("mrtd", p.MRTD, tdxDigestSize), checkSize("mrconfigid", p.MRConfigID, tdxDigestSize)}
+	errs := []error{checkSize("mrtd", p.MRTD, tdxDigestSize), checkSize("mrconfigid", p.MRConfigID, tdxDigestSize),
+		checkSize("min_tee_tcb_svn", p.MinTEETCBSVN, tdxTEETCBSVNSize), p.TDXBoot.check(), checkTCBStatuses(p.AllowTCBStatus)}
 	for i, r := range p.RTMRs {
 		errs = append(errs, checkSize("rtmrs["+strconv.Itoa(i)+"]", r, tdxDigestSize))
 	}

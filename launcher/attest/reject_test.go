@@ -24,9 +24,8 @@ type rejection struct {
 // sameMessage maps cases to an earlier case that must fail with the same
 // message (one failure, reached another way); all other messages differ.
 var sameMessage = map[string]string{
-	"bad signature (flipped signature byte)":      "bad signature (flipped REPORT_ID byte)",
-	"another node's report with this node's VCEK": "bad signature (flipped REPORT_ID byte)",
-	"certificate table without a VCEK":            "no certificate table",
+	"bad signature (flipped signature byte)": "bad signature (flipped REPORT_ID byte)",
+	"certificate table without a VCEK":       "no certificate table",
 }
 
 func snpRejections() []rejection {
@@ -92,7 +91,7 @@ func snpRejections() []rejection {
 			}
 			_, err = simVerifier(t, f.sp).VerifySNP(raw, other.CertTable(), &f.policy)
 			return err
-		}, KindSignature, "certificate chain", "another node's simulated secure processor"},
+		}, KindSignature, "VCEK certificate chain", "another node's simulated secure processor"},
 
 		{"another node's report with this node's VCEK", func(t *testing.T) error {
 			f := newFixture(t)
@@ -103,7 +102,7 @@ func snpRejections() []rejection {
 			}
 			_, err = simVerifier(t, f.sp).VerifySNP(raw, f.sp.CertTable(), &f.policy)
 			return err
-		}, KindSignature, "report signature", "signed by another key"},
+		}, KindMismatch, "CHIP_ID", "the VCEK is another chip's"},
 
 		{"wrong nonce", sim(func(t *testing.T, f *fixture) {
 			copy(f.req.ReportData[:], "a nonce the verifier never sent")
@@ -158,9 +157,9 @@ func snpRejections() []rejection {
 			r.Version = 9 // properly signed, but of a version nobody knows
 		}), KindFormat, "report version", "expected 2 to 5, got 9"},
 
-		{"firmware TCB not committed (go-sev-guest validate)", resigned(func(r *spb.Report) {
+		{"firmware TCB not committed (provisional firmware)", resigned(func(r *spb.Report) {
 			r.CommittedTcb = 0 // provisional firmware: current TCB not committed
-		}), KindPolicy, "report validation", "COMMITTED_TCB 0x0 does not match the report's CURRENT_TCB"},
+		}), KindPolicy, "provisional firmware (COMMITTED_TCB below CURRENT_TCB)", "allow_provisional_firmware"},
 
 		{"VLEK-signed report in sim mode", resigned(func(r *spb.Report) {
 			r.SignerInfo = abi.ComposeSignerInfo(abi.SignerInfo{SigningKey: abi.VlekReportSigner})

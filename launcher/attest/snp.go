@@ -9,10 +9,8 @@ import (
 	"github.com/google/go-sev-guest/kds"
 	spb "github.com/google/go-sev-guest/proto/sevsnp"
 	"github.com/google/go-sev-guest/validate"
-	"github.com/google/go-sev-guest/verify"
-	"github.com/google/go-sev-guest/verify/trust"
 
-	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
+	"github.com/c8s-dev/c8s/launcher/attest/snpext"
 )
 
 // snpPolicyDebug is SNP guest policy bit 19: debugging allowed.
@@ -23,21 +21,33 @@ type SNPClaims struct {
 	Mode          Mode   `json:"mode"`
 	Simulated     bool   `json:"simulated"`
 	ReportVersion uint32 `json:"report_version"`
-	VCPUs         int    `json:"vcpus"`
-	Measurement   Hex    `json:"measurement"`
-	HostData      Hex    `json:"host_data"`
-	ReportData    Hex    `json:"report_data"`
-	ChipID        Hex    `json:"chip_id"`
-	ReportedTCB   uint64 `json:"reported_tcb"`
-	GuestPolicy   uint64 `json:"guest_policy"`
-	VMPL          uint32 `json:"vmpl"`
+	// ProductLine is the AMD product line the report comes from (Milan,
+	// Genoa — Siena and Bergamo included —, Turin).
+	ProductLine string `json:"product_line"`
+	// SigningKey is VCEK or VLEK.
+	SigningKey  string `json:"signing_key"`
+	VCPUs       int    `json:"vcpus"`
+	Measurement Hex    `json:"measurement"`
+	HostData    Hex    `json:"host_data"`
+	ReportData  Hex    `json:"report_data"`
+	ChipID      Hex    `json:"chip_id"`
+	ReportedTCB uint64 `json:"reported_tcb"`
+	// TCB is REPORTED_TCB decomposed in the product line's layout
+	// ("fmc=0 bl=1 tee=0 snp=2 ucode=71" on Turin).
+	TCB string `json:"tcb"`
+	// Provisional: the firmware runs above its committed level (accepted
+	// only with allow_provisional_firmware).
+	Provisional bool   `json:"provisional,omitempty"`
+	GuestPolicy uint64 `json:"guest_policy"`
+	VMPL        uint32 `json:"vmpl"`
 }
 
 // VerifySNP verifies an SEV-SNP ATTESTATION_REPORT (abi.ReportSize bytes)
 // and the certificate table that came with it (GUID table, as an extended
 // report request returns it; it may be empty when FetchCertificates is
 // set) against p. Trust anchors come from the verifier, never from the
-// table.
+// table: the VCEK or VLEK in the table must chain to the verifier's ASK or
+// ASVK and ARK of the report's product line.
 func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims, err error) {
 	defer recoverMalformed("SNP report", &err)
 	if v.trust.Mode == ModeTDX {
@@ -57,7 +67,8 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims,
 	if err != nil {
 		return nil, err
 	}
-	if err := v.verifySNPSignature(report, att); err != nil {
+	e, err := v.verifySNPEndorsement(report, att)
+	if err != nil {
 		return nil, err
 	}
 	r := att.GetReport()
@@ -65,30 +76,42 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims,
 	if err != nil {
 		return nil, err
 	}
-	// go-sev-guest's validation, with the same expectations, catches what
-	// the checks above do not (TCB consistency with the VCEK, firmware
-	// versions, policy bits, CHIP_ID against the VCEK's HWID, …).
-	if err := validate.SnpAttestation(att, &validate.Options{
-		GuestPolicy: abi.SnpPolicy{Debug: p.AllowDebug, SMT: true},
-		Measurement: p.Measurements[vcpus],
-		HostData:    p.HostData,
-		ReportData:  wantRD,
-		ChipID:      p.ChipID,
-		MinimumTCB:  kds.DecomposeTCBVersion(kds.TCBVersion(p.MinTCB)),
-		VMPL:        p.VMPL,
-	}); err != nil {
-		return nil, failure(KindPolicy, "report validation", err, "")
+	if err := v.checkSNPTCB(r, e, p); err != nil {
+		return nil, err
 	}
+	if e.upstream {
+		// go-sev-guest's validation, with the same expectations, as a
+		// second opinion where it can read the evidence.
+		min, _ := v.minTCB(p, e.line)
+		vmpl := p.vmpl()
+		if err := validate.SnpAttestation(att, &validate.Options{
+			GuestPolicy:               abi.SnpPolicy{Debug: p.AllowDebug, SMT: true},
+			Measurement:               p.Measurements[vcpus],
+			HostData:                  p.expectedHostData(),
+			ReportData:                wantRD,
+			ChipID:                    p.ChipID,
+			MinimumTCB:                kds.DecomposeTCBVersion(kds.TCBVersion(min.Raw())),
+			VMPL:                      &vmpl,
+			PermitProvisionalFirmware: p.AllowProvisionalFirmware,
+		}); err != nil {
+			return nil, failure(KindPolicy, "report validation (go-sev-guest)", err, "")
+		}
+	}
+	reported := snpext.DecomposeTCB(r.GetReportedTcb(), e.line)
 	return &SNPClaims{
 		Mode:          v.trust.Mode,
 		Simulated:     v.trust.Mode == ModeSim,
 		ReportVersion: r.GetVersion(),
+		ProductLine:   e.line,
+		SigningKey:    string(e.key),
 		VCPUs:         vcpus,
 		Measurement:   r.GetMeasurement(),
 		HostData:      r.GetHostData(),
 		ReportData:    r.GetReportData(),
 		ChipID:        r.GetChipId(),
 		ReportedTCB:   r.GetReportedTcb(),
+		TCB:           reported.String(),
+		Provisional:   r.GetCommittedTcb() != r.GetCurrentTcb() || r.GetReportedTcb() != r.GetCurrentTcb(),
 		GuestPolicy:   r.GetPolicy(),
 		VMPL:          r.GetVmpl(),
 	}, nil
@@ -146,79 +169,6 @@ func certChain(t *abi.CertTable) *spb.CertificateChain {
 	return chain
 }
 
-// verifySNPSignature checks that the report's signing key chains to the
-// verifier's trusted roots and that it signed the report.
-func (v *Verifier) verifySNPSignature(raw []byte, att *spb.Attestation) error {
-	info, err := abi.ParseSignerInfo(att.GetReport().GetSignerInfo())
-	if err != nil {
-		return failure(KindFormat, "report signer info", err, "")
-	}
-	chain := att.GetCertificateChain()
-	if info.SigningKey != abi.VcekReportSigner {
-		if v.trust.Mode == ModeSim {
-			return failure(KindRoot, "report signing key", fmt.Errorf("signed by the %v, the simulated secure processor signs with its VCEK", info.SigningKey), "")
-		}
-		if info.SigningKey == abi.VlekReportSigner && len(chain.GetVlekCert()) == 0 {
-			return failure(KindFormat, "certificate table", errors.New("no VLEK certificate"),
-				"a VLEK-signed report needs the certificate table its host provisioned")
-		}
-		return v.verifySNPChain(att) // go-sev-guest checks the VLEK chain and signature, uncached
-	}
-	der := chain.GetVcekCert()
-	if len(der) == 0 {
-		if v.trust.Mode == ModeSim || !v.trust.FetchCertificates {
-			return failure(KindFormat, "certificate table", errors.New("no VCEK certificate"),
-				"send the report with the certificate table of an extended report request, or allow fetching certificates")
-		}
-		return v.verifySNPChain(att)
-	}
-	vcek, err := trust.ParseCert(der)
-	if err != nil {
-		return failure(KindFormat, "VCEK certificate", err, "")
-	}
-	switch sim := sim.IsSimulated(vcek); {
-	case sim && v.trust.Mode != ModeSim:
-		return failure(KindRoot, "report signing key", errors.New("the VCEK is issued by a c8s SIMULATED secure processor (test only)"),
-			"this verifier is configured for hardware ("+string(v.trust.Mode)+") and trusts AMD's roots only")
-	case !sim && v.trust.Mode == ModeSim:
-		return failure(KindRoot, "report signing key", errors.New("the VCEK is not from a c8s simulated secure processor"),
-			"this verifier is configured for sim and trusts the node's simulated root only")
-	}
-	cached := v.cachedVCEK(der)
-	if cached != nil {
-		vcek = cached
-	}
-	if err := verify.SnpReportSignature(raw, vcek); err != nil {
-		return failure(KindSignature, "report signature", err, "the report was altered after it was signed, or signed by another key")
-	}
-	if cached == nil {
-		if err := v.verifySNPChain(att); err != nil {
-			return err
-		}
-		v.cacheVCEK(vcek)
-	}
-	return nil
-}
-
-// verifySNPChain verifies the report's certificate chain (and signature)
-// with go-sev-guest.
-func (v *Verifier) verifySNPChain(att *spb.Attestation) error {
-	opts := &verify.Options{
-		DisableCertFetching: v.trust.Mode == ModeSim || !v.trust.FetchCertificates,
-		CheckRevocations:    v.trust.Mode == ModeSNP && v.trust.FetchCertificates,
-		Now:                 v.now(),
-		TrustedRoots:        v.snpRoots,
-	}
-	if err := verify.SnpAttestation(att, opts); err != nil {
-		hint := "the VCEK does not chain to AMD's roots"
-		if v.trust.Mode == ModeSim {
-			hint = "the report comes from another node's simulated secure processor, or the node's simulated identity was re-created"
-		}
-		return failure(KindSignature, "certificate chain", err, hint)
-	}
-	return nil
-}
-
 // checkSNPFields applies the policy to the report's fields and returns the
 // matched vCPU shape.
 func checkSNPFields(r *spb.Report, p *Policy, wantRD []byte) (int, error) {
@@ -226,19 +176,16 @@ func checkSNPFields(r *spb.Report, p *Policy, wantRD []byte) (int, error) {
 		return 0, &Error{Kind: KindPolicy, Field: "guest policy DEBUG bit", Expected: "0", Actual: fmt.Sprintf("1 (POLICY=%#x)", r.GetPolicy()),
 			Hint: "the VM was launched with debugging allowed, so the host can read its memory; the policy forbids debug guests"}
 	}
-	min := kds.DecomposeTCBVersion(kds.TCBVersion(p.MinTCB))
-	got := kds.DecomposeTCBVersion(kds.TCBVersion(r.GetReportedTcb()))
-	if !kds.TCBPartsLE(min, got) {
-		return 0, &Error{Kind: KindPolicy, Field: "TCB below minimum", Expected: fmt.Sprintf("at least %s", tcbString(min)), Actual: tcbString(got),
-			Hint: "the node's SEV firmware or microcode needs an update"}
-	}
 	vcpus, err := p.matchMeasurement(r.GetMeasurement())
 	if err != nil {
 		return 0, err
 	}
-	if len(p.HostData) != 0 && string(p.HostData) != string(r.GetHostData()) {
-		return 0, mismatch("HOST_DATA", p.HostData.String(), Hex(r.GetHostData()).String(),
-			"the pod's init data differs from the one the VM was launched with")
+	if want := p.expectedHostData(); want != nil && string(want) != string(r.GetHostData()) {
+		hint := "the pod's init data differs from the one the VM was launched with"
+		if len(p.HostData) == 0 {
+			hint = "the pod has no init data, so its VM is launched with HOST_DATA zero; this one was launched with other data"
+		}
+		return 0, mismatch("HOST_DATA", Hex(want).String(), Hex(r.GetHostData()).String(), hint)
 	}
 	if err := checkNonce(wantRD, r.GetReportData()); err != nil {
 		return 0, err
@@ -246,12 +193,37 @@ func checkSNPFields(r *spb.Report, p *Policy, wantRD []byte) (int, error) {
 	if len(p.ChipID) != 0 && string(p.ChipID) != string(r.GetChipId()) {
 		return 0, mismatch("CHIP_ID", p.ChipID.String(), Hex(r.GetChipId()).String(), "the VM runs on another machine")
 	}
-	if p.VMPL != nil && uint32(*p.VMPL) != r.GetVmpl() {
-		return 0, mismatch("VMPL", fmt.Sprint(*p.VMPL), fmt.Sprint(r.GetVmpl()), "the report was requested at another privilege level")
+	if want := p.vmpl(); uint32(want) != r.GetVmpl() {
+		hint := "the report was requested at another privilege level"
+		if p.VMPL == nil {
+			hint = "a c8s guest requests its report at VMPL 0; evidence from another privilege level (an SVSM, a paravisor's guest) needs the policy's vmpl"
+		}
+		return 0, mismatch("VMPL", fmt.Sprint(want), fmt.Sprint(r.GetVmpl()), hint)
 	}
 	return vcpus, nil
 }
 
-func tcbString(t kds.TCBParts) string {
-	return fmt.Sprintf("bl=%d tee=%d snp=%d ucode=%d", t.BlSpl, t.TeeSpl, t.SnpSpl, t.UcodeSpl)
+// checkChipID compares a VCEK-signed report's CHIP_ID with the VCEK's
+// HWID (64 bytes before Turin; on Turin the 8-byte HWID, zero-extended).
+// A masked CHIP_ID (zero) is not compared; a VLEK has no HWID.
+func checkChipID(r *spb.Report, e *snpEndorsement) error {
+	chip := r.GetChipId()
+	if e.key != snpext.VCEK || allZero(chip) {
+		return nil
+	}
+	hwid := e.exts.HWID
+	if len(chip) < len(hwid) || string(chip[:len(hwid)]) != string(hwid) || !allZero(chip[len(hwid):]) {
+		return mismatch("CHIP_ID", Hex(hwid).String()+" (the VCEK's HWID)", Hex(chip).String(),
+			"the VCEK is another chip's: the host sent the certificate of another machine")
+	}
+	return nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }

@@ -1,10 +1,15 @@
 package attest
 
 import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"strings"
 
 	tdxabi "github.com/google/go-tdx-guest/abi"
+	"github.com/google/go-tdx-guest/pcs"
 	tdxpb "github.com/google/go-tdx-guest/proto/tdx"
 	tdxvalidate "github.com/google/go-tdx-guest/validate"
 	tdxverify "github.com/google/go-tdx-guest/verify"
@@ -23,6 +28,12 @@ type TDXClaims struct {
 	TDAttributes Hex    `json:"td_attributes"`
 	TeeTCBSVN    Hex    `json:"tee_tcb_svn"`
 	ReportData   Hex    `json:"report_data"`
+	// EventLogReplayed says the CC event log replayed to the RTMRs (and,
+	// under a policy with TDXBoot, named the manifest's boot).
+	EventLogReplayed bool `json:"event_log_replayed"`
+	// TCB is the verdict of Intel's collateral; nil when the verifier had
+	// none (Trust.TDXCollateral, Trust.FetchCertificates).
+	TCB *TDXTCB `json:"tcb,omitempty"`
 }
 
 // ParseTDXQuote parses a TDX quote (version 4) without verifying it.
@@ -41,10 +52,19 @@ func ParseTDXQuote(quote []byte) (_ *tdxpb.QuoteV4, err error) {
 	return v4, nil
 }
 
-// VerifyTDX verifies a TDX quote against p: the PCK certificate chain to
-// Intel's root, the quoting enclave's report and the quote's signature
-// (go-tdx-guest verify), then the policy's fields (go-tdx-guest validate).
-func (v *Verifier) VerifyTDX(quote []byte, p *Policy) (_ *TDXClaims, err error) {
+// VerifyTDX verifies a TDX quote with no event log against p; see
+// VerifyTDXEvidence.
+func (v *Verifier) VerifyTDX(quote []byte, p *Policy) (*TDXClaims, error) {
+	return v.VerifyTDXEvidence(quote, nil, p)
+}
+
+// VerifyTDXEvidence verifies a TDX quote and the TD's CC event log against
+// p: the PCK certificate chain to Intel's root, the quoting enclave's
+// report and the quote's signature (go-tdx-guest verify); with collateral
+// the platform's TCB status, the quoting enclave's identity and PCK
+// revocation; then the policy's fields, the event log's replay to the
+// RTMRs and the measured boot it records (Policy.TDXBoot).
+func (v *Verifier) VerifyTDXEvidence(quote, eventLog []byte, p *Policy) (_ *TDXClaims, err error) {
 	defer recoverMalformed("TDX quote", &err)
 	if v.trust.Mode != ModeTDX {
 		return nil, failure(KindConfig, "trust", fmt.Errorf("this verifier is configured for %s and accepts no TDX quotes", v.trust.Mode), "")
@@ -63,11 +83,12 @@ func (v *Verifier) VerifyTDX(quote []byte, p *Policy) (_ *TDXClaims, err error) 
 	if err != nil {
 		return nil, err
 	}
+	// Collateral is judged below, by this package, with Intel's files
+	// (offline or fetched): go-tdx-guest's own collateral check accepts
+	// UpToDate only and fetches without a deadline.
 	if err := tdxverify.TdxQuote(q, &tdxverify.Options{
-		GetCollateral:    v.trust.FetchCertificates,
-		CheckRevocations: v.trust.FetchCertificates,
-		Now:              v.now(),
-		TrustedRoots:     v.tdxRoots,
+		Now:          v.now(),
+		TrustedRoots: v.tdxRoots,
 	}); err != nil {
 		hint := "the quote was altered, or its PCK certificate chain is not valid under Intel's root at the verification time"
 		if errors.Is(err, tdxverify.ErrHashVerificationFail) {
@@ -75,8 +96,20 @@ func (v *Verifier) VerifyTDX(quote []byte, p *Policy) (_ *TDXClaims, err error) 
 		}
 		return nil, failure(KindSignature, "TDX quote signature", err, hint)
 	}
+	tcb, err := v.checkTDXCollateral(q, p)
+	if err != nil {
+		return nil, err
+	}
 	body := q.GetTdQuoteBody()
 	if err := checkTDXFields(body, p, wantRD); err != nil {
+		return nil, err
+	}
+	// The event log first: its errors name the event, where a plain
+	// RTMR comparison could only name the register.
+	if err := checkMeasuredBoot(body.GetRtmrs(), eventLog, p.TDXBoot); err != nil {
+		return nil, err
+	}
+	if err := checkRTMRs(body.GetRtmrs(), p.RTMRs); err != nil {
 		return nil, err
 	}
 	opts := &tdxvalidate.Options{TdQuoteBodyOptions: tdxvalidate.TdQuoteBodyOptions{
@@ -94,18 +127,110 @@ func (v *Verifier) VerifyTDX(quote []byte, p *Policy) (_ *TDXClaims, err error) 
 		return nil, failure(KindPolicy, "TDX quote validation", err, "")
 	}
 	c := &TDXClaims{
-		Mode:         v.trust.Mode,
-		QuoteVersion: q.GetHeader().GetVersion(),
-		MRTD:         body.GetMrTd(),
-		MRConfigID:   body.GetMrConfigId(),
-		TDAttributes: body.GetTdAttributes(),
-		TeeTCBSVN:    body.GetTeeTcbSvn(),
-		ReportData:   body.GetReportData(),
+		Mode:             v.trust.Mode,
+		QuoteVersion:     q.GetHeader().GetVersion(),
+		MRTD:             body.GetMrTd(),
+		MRConfigID:       body.GetMrConfigId(),
+		TDAttributes:     body.GetTdAttributes(),
+		TeeTCBSVN:        body.GetTeeTcbSvn(),
+		ReportData:       body.GetReportData(),
+		EventLogReplayed: len(eventLog) > 0,
+		TCB:              tcb,
 	}
 	for _, r := range body.GetRtmrs() {
 		c.RTMRs = append(c.RTMRs, r)
 	}
 	return c, nil
+}
+
+// checkTDXCollateral judges the quote's platform with the verifier's
+// collateral, or collateral fetched from Intel's PCS; nil, nil without
+// either.
+func (v *Verifier) checkTDXCollateral(q *tdxpb.QuoteV4, p *Policy) (*TDXTCB, error) {
+	coll := v.trust.TDXCollateral
+	if coll == nil && !v.trust.FetchCertificates {
+		return nil, nil
+	}
+	pl, err := tdxPlatformOf(q)
+	if err != nil {
+		return nil, err
+	}
+	if coll == nil {
+		ext, err := pcs.PckCertificateExtensions(pl.PCK)
+		if err != nil {
+			return nil, failure(KindFormat, "PCK certificate", err, "")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*pcsRequestTimeout)
+		defer cancel()
+		files, err := v.trust.PCS.FetchTDX(ctx, ext.FMSPC, []string{pckCAOf(pl.PCKCA)})
+		if err != nil {
+			return nil, err
+		}
+		if coll, err = NewTDXCollateral(v.trust.PCS.base(), files); err != nil {
+			return nil, err
+		}
+	}
+	root, err := intelRootCert()
+	if err != nil {
+		return nil, failure(KindConfig, "trust", err, "")
+	}
+	return coll.check(root, pl, v.now(), p.AllowTCBStatus)
+}
+
+// tdxPlatformOf reads what collateral judges from a verified quote.
+func tdxPlatformOf(q *tdxpb.QuoteV4) (tdxPlatform, error) {
+	qc := q.GetSignedData().GetCertificationData().GetQeReportCertificationData()
+	var certs []*x509.Certificate
+	rest := qc.GetPckCertificateChainData().GetPckCertChain()
+	for {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			break
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return tdxPlatform{}, failure(KindFormat, "PCK certificate chain", err, "")
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) < 2 {
+		return tdxPlatform{}, failure(KindFormat, "PCK certificate chain", fmt.Errorf("%d certificates", len(certs)), "")
+	}
+	body, qe := q.GetTdQuoteBody(), qc.GetQeReport()
+	return tdxPlatform{
+		PCK: certs[0], PCKCA: certs[1],
+		TeeTCBSVN: body.GetTeeTcbSvn(), MRSignerSeam: body.GetMrSignerSeam(), SeamAttributes: body.GetSeamAttributes(),
+		QE: qeReport{MiscSelect: qe.GetMiscSelect(), Attributes: qe.GetAttributes(), MRSigner: qe.GetMrSigner(), ISVProdID: qe.GetIsvProdId(), ISVSVN: qe.GetIsvSvn()},
+	}, nil
+}
+
+func pckCAOf(ca *x509.Certificate) string {
+	if strings.Contains(ca.Subject.CommonName, "Processor") {
+		return "processor"
+	}
+	return "platform"
+}
+
+// checkRTMRs compares the RTMRs with the policy's (an empty entry is not
+// checked).
+func checkRTMRs(rtmrs [][]byte, want []Hex) error {
+	for i, w := range want {
+		if len(w) == 0 {
+			continue
+		}
+		var got []byte
+		if i < len(rtmrs) {
+			got = rtmrs[i]
+		}
+		if string(w) != string(got) {
+			hint := "the kernel, initrd or command line differs from the manifest?"
+			if i == 3 {
+				hint = "something in the TD extended RTMR3, which c8s's guest never does"
+			}
+			return mismatch(fmt.Sprintf("RTMR[%d]", i), w.String(), Hex(got).String(), hint)
+		}
+	}
+	return nil
 }
 
 func checkTDXFields(body *tdxpb.TDQuoteBody, p *Policy, wantRD []byte) error {
@@ -120,18 +245,42 @@ func checkTDXFields(body *tdxpb.TDQuoteBody, p *Policy, wantRD []byte) error {
 		return mismatch("MRCONFIGID", p.MRConfigID.String(), Hex(body.GetMrConfigId()).String(),
 			"the pod's init data differs from the one the TD was launched with")
 	}
-	rtmrs := body.GetRtmrs()
-	for i, want := range p.RTMRs {
-		if len(want) == 0 {
-			continue
-		}
-		var got []byte
-		if i < len(rtmrs) {
-			got = rtmrs[i]
-		}
-		if string(want) != string(got) {
-			return mismatch(fmt.Sprintf("RTMR[%d]", i), want.String(), Hex(got).String(), "the kernel, initrd or command line differs from the manifest?")
-		}
+	if err := checkTEETCBSVN(body.GetTeeTcbSvn(), p.MinTEETCBSVN); err != nil {
+		return err
 	}
 	return checkNonce(wantRD, body.GetReportData())
+}
+
+// checkTEETCBSVN compares TEE_TCB_SVN byte by byte with the minimum.
+func checkTEETCBSVN(got, min Hex) error {
+	if len(min) == 0 {
+		return nil
+	}
+	for i := range min {
+		if i >= len(got) || got[i] < min[i] {
+			return &Error{Kind: KindPolicy, Field: "TEE_TCB_SVN", Expected: "at least " + min.String(), Actual: got.String(),
+				Hint: fmt.Sprintf("byte %d (the TDX module's %s) is below the policy's minimum: update the host's TDX module", i, teeTCBSVNByte(i))}
+		}
+	}
+	return nil
+}
+
+func teeTCBSVNByte(i int) string {
+	switch i {
+	case 0:
+		return "minor SVN"
+	case 1:
+		return "major version"
+	}
+	return "component SVN"
+}
+
+// intelRootCert returns Intel's SGX root (intelRootPEM, fingerprint
+// checked by intelRoot).
+func intelRootCert() (*x509.Certificate, error) {
+	if _, err := intelRoot(); err != nil {
+		return nil, err
+	}
+	blk, _ := pem.Decode(intelRootPEM)
+	return x509.ParseCertificate(blk.Bytes)
 }

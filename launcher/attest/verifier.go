@@ -41,8 +41,27 @@ type Trust struct {
 	// over the network: a VCEK from AMD's KDS, collateral and revocation
 	// lists from Intel's PCS.
 	FetchCertificates bool
+	// TDXCollateral, in ModeTDX, is Intel's collateral (LoadTDXCollateral):
+	// each quote's platform TCB status, quoting enclave and PCK revocation
+	// are judged with it, offline. Without it and without
+	// FetchCertificates they are not judged (TDXClaims.TCB is nil).
+	TDXCollateral *TDXCollateral
+	// PCS, with FetchCertificates in ModeTDX, replaces Intel's PCS.
+	PCS *PCSClient
 	// Now returns the time certificates must be valid at; nil is time.Now.
 	Now func() time.Time
+	// AMDCRLs are AMD's certificate revocation lists (DER or PEM, as the
+	// KDS serves them at vcek/v1/<product>/crl and vlek/v1/<product>/crl:
+	// FetchAMDCRL, LoadAMDCRLs), ModeSNP only. An SNP report whose ASK or
+	// ASVK (or, with an intermediate's CRL, whose VCEK or VLEK) one of them
+	// revokes is refused; a CRL past its next update fails every report of
+	// its product line. With FetchCertificates and no CRL for a product
+	// line, the verifier fetches it.
+	AMDCRLs [][]byte
+	// FetchTimeout bounds each fetch of FetchCertificates; zero is
+	// DefaultFetchTimeout. A fetch is not retried: without a network it
+	// fails at once, as a KindNetwork error.
+	FetchTimeout time.Duration
 	// SNPRoots, in ModeSNP only, replaces AMD's roots by another ASK and
 	// ARK (PEM, in the order of AMD's KDS cert_chain endpoint) whose ARK is
 	// named "ARK-<product line>". It exists for tests with go-sev-guest's
@@ -96,6 +115,7 @@ type Verifier struct {
 	trust    Trust
 	snpRoots map[string][]*trust.AMDRootCerts // nil: go-sev-guest's embedded AMD roots
 	tdxRoots *x509.CertPool                   // Intel's SGX root (ModeTDX)
+	amdCRLs  []*amdCRL                        // Trust.AMDCRLs (ModeSNP)
 
 	mu    sync.Mutex
 	vceks map[[sha256.Size]byte]*x509.Certificate // chains verified before
@@ -144,6 +164,9 @@ func NewVerifier(t Trust) (*Verifier, error) {
 		v.snpRoots = map[string][]*trust.AMDRootCerts{sim.ProductLine: {root}}
 	default:
 		return nil, failure(KindConfig, "trust", fmt.Errorf("unknown mode %q: want snp, tdx or sim", t.Mode), "")
+	}
+	if err := v.initSNP(); err != nil {
+		return nil, err
 	}
 	return v, nil
 }

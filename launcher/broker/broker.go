@@ -1,19 +1,26 @@
 // Package broker is a key broker (KBS) that speaks the Confidential Containers KBS
 // protocol (guest/api/kbs) as Trustee's KBS does, for tests and
-// single-node setups: it hands out a challenge per session, verifies the
-// pod's evidence with launcher/attest against a policy (the launch
-// measurements of the image manifest, the HOST_DATA of the pod's init
-// data, the minimum TCB, debug forbidden), and releases a resource only to
-// a session whose evidence passed, encrypted to the ephemeral key that
-// evidence bound. Each challenge can be answered once: a replayed
+// single-node setups, as the workload owner's relying party: it hands out
+// a challenge per session, verifies the pod's evidence with launcher/attest
+// against the owner's launch reference values (References: the image
+// manifest the owner ships, never the node's), the HOST_DATA of the pod's
+// init data, the minimum TCB, debug forbidden, and releases a resource
+// only to a session whose evidence passed, encrypted to the ephemeral key
+// that evidence bound. Each challenge can be answered once: a replayed
 // attestation, or one for another session's nonce, is refused.
 //
 // The host launches the pod, so it chooses the init data the evidence
 // shows. The broker therefore accepts only init data the owner pinned
-// (Broker.InitData, or the HOST_DATA / MRCONFIGID of its Policy), and
-// releases secrets only to init data under which the host cannot run code
-// of its choosing in the pod: an enforced [policy] section
-// (initdata.InitData.HostCanRunCode).
+// (Broker.InitData, the ResourcePolicy's workloads, or the HOST_DATA /
+// MRCONFIGID of its Policy), and releases secrets only to init data under
+// which the host cannot run code of its choosing in the pod: an enforced
+// [policy] section (initdata.InitData.HostCanRunCode).
+//
+// A resource goes to an attested session only if two checks pass: the
+// pod's own measured init data names it in [[kbs.secrets]] (NamedSecret),
+// and, when the owner gave one, a rule of the owner's ResourcePolicy names
+// a workload the session attested as (ResourcePolicy.Allow). A refusal is
+// 403 PolicyDeny naming the resource, the rule and the field that failed.
 //
 // Multi-node clusters use Trustee's KBS instead (see the README).
 package broker
@@ -38,7 +45,6 @@ import (
 	"github.com/containerd/log"
 	jose "github.com/go-jose/go-jose/v4"
 
-	"github.com/c8s-dev/c8s/guest/api/initdata"
 	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	"github.com/c8s-dev/c8s/launcher/attest"
 )
@@ -82,7 +88,17 @@ type Broker struct {
 	// Policy is what evidence must show; its Nonce is ignored (each
 	// session's binding is used). Its HostData (SNP) and MRConfigID
 	// (TDX), when set, each pin one init data digest, as InitData does.
+	// With References, its Measurements, MRTD and RTMRs are replaced by
+	// each reference set's in turn.
 	Policy attest.Policy
+	// References are the owner's launch reference values: evidence must
+	// match one set for its TEE (the verifier's mode for SNP-format
+	// evidence: snp or sim). Empty: Policy's own launch values.
+	References []Reference
+	// ResourcePolicy, when set, says which attested workloads may read
+	// which resource (default deny); its workloads' init data digests are
+	// pinned as InitData's are.
+	ResourcePolicy *ResourcePolicy
 	// InitData are the init data documents of the owner's pods (TOML, as
 	// the pods are launched with them). The evidence's HOST_DATA (SNP) or
 	// MRCONFIGID (TDX) must be the digest of the document sent with it,
@@ -117,6 +133,7 @@ type session struct {
 	expires  time.Time
 	answered bool             // the challenge was answered (once only)
 	key      *jose.JSONWebKey // set once attested
+	attested *Attested        // what the evidence showed, set with key
 }
 
 // maxSessions bounds the session table.
@@ -256,206 +273,22 @@ func (b *Broker) attest(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusUnauthorized, "AttestationFailed", "this session's challenge was already answered: start a new session")
 		return
 	}
-	key, err := b.verify(r, s)
+	key, a, err := b.verify(r, s)
 	if err != nil {
 		l.WithError(err).Warn("kbs: attestation refused")
 		problem(w, http.StatusUnauthorized, "AttestationFailed", err.Error())
 		return
 	}
 	b.mu.Lock()
-	s.key = key
+	s.key, s.attested = key, a
 	b.mu.Unlock()
-	l.Info("kbs: attested")
+	l.WithField("tee", a.TEE).WithField("reference", a.Reference).WithField("init_data", a.InitDataDigest.String()).Info("kbs: attested")
 	tok, err := random(32)
 	if err != nil {
 		problem(w, http.StatusInternalServerError, "InternalError", err.Error())
 		return
 	}
 	reply(w, kbsapi.AttestResponse{Token: tok})
-}
-
-// verify checks an Attestation against the session and the policy, and
-// returns the ephemeral key it binds. It reads what Trustee's KBS reads:
-// the composite tee-evidence of protocol 0.4.0, whose primary evidence
-// binds {additional-evidence, nonce, tee-pubkey}, in the encoding of
-// Trustee's verifier for the session's TEE.
-func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, error) {
-	var att kbsapi.Attestation
-	if err := readJSON(r, &att); err != nil {
-		return nil, fmt.Errorf("the Attestation is not the protocol's JSON: %w", err)
-	}
-	rt := att.RuntimeData
-	if rt.Nonce != s.nonce {
-		return nil, errors.New("runtime-data nonce is not this session's challenge (a replayed attestation?)")
-	}
-	var key jose.JSONWebKey
-	if err := key.UnmarshalJSON(rt.TeePubKey); err != nil {
-		return nil, fmt.Errorf("runtime-data tee-pubkey: %w", err)
-	}
-	if !key.Valid() || !key.IsPublic() {
-		return nil, errors.New("runtime-data tee-pubkey is not a valid public key")
-	}
-	if att.TeeEvidence.AdditionalEvidence != "" {
-		return nil, errors.New("tee-evidence carries additional (device) evidence, which this broker does not verify")
-	}
-	if len(att.TeeEvidence.PrimaryEvidence) == 0 {
-		return nil, errors.New("tee-evidence has no primary_evidence")
-	}
-	bound, err := kbsapi.PrimaryRuntimeData(rt, att.TeeEvidence.AdditionalEvidence)
-	if err != nil {
-		return nil, err
-	}
-	rd, err := kbsapi.ReportData(bound, s.hashAlg)
-	if err != nil {
-		return nil, err
-	}
-	p := b.Policy
-	p.Nonce = rd[:]
-	doc, err := b.checkInitData(att.InitData)
-	if err != nil {
-		return nil, err
-	}
-	if b.Verifier == nil {
-		return nil, errors.New("the broker has no verifier")
-	}
-	switch s.tee {
-	case kbsapi.TeeSNP:
-		var sum []byte
-		if doc != nil {
-			d := initdata.Digest(doc)
-			sum = d[:]
-		}
-		want, err := b.expectInitData("HOST_DATA", "host_data", sum, b.pins(s.tee))
-		if err != nil {
-			return nil, err
-		}
-		p.HostData = want
-		report, certs, err := decodeSNP(att.TeeEvidence.PrimaryEvidence)
-		if err != nil {
-			return nil, err
-		}
-		claims, err := b.Verifier.VerifySNP(report, certs, &p)
-		if err != nil {
-			return nil, err
-		}
-		if want == nil {
-			if err := b.pinned("HOST_DATA", claims.HostData, b.pins(s.tee)); err != nil {
-				return nil, err
-			}
-		}
-	case kbsapi.TeeTDX:
-		var sum []byte
-		if doc != nil {
-			d := initdata.DigestTDX(doc)
-			sum = d[:]
-		}
-		want, err := b.expectInitData("MRCONFIGID", "mrconfigid", sum, b.pins(s.tee))
-		if err != nil {
-			return nil, err
-		}
-		p.MRConfigID = want
-		quote, err := decodeTDX(att.TeeEvidence.PrimaryEvidence)
-		if err != nil {
-			return nil, err
-		}
-		claims, err := b.Verifier.VerifyTDX(quote, &p)
-		if err != nil {
-			return nil, err
-		}
-		if want == nil {
-			if err := b.pinned("MRCONFIGID", claims.MRConfigID, b.pins(s.tee)); err != nil {
-				return nil, err
-			}
-		}
-	default:
-		return nil, fmt.Errorf("TEE %q is not supported", s.tee)
-	}
-	return &key, nil
-}
-
-// pins returns the init data digests the owner pinned for a TEE: those of
-// the InitData documents and the Policy's HostData or MRConfigID.
-func (b *Broker) pins(tee string) []attest.Hex {
-	var out []attest.Hex
-	for _, doc := range b.InitData {
-		if tee == kbsapi.TeeTDX {
-			d := initdata.DigestTDX(doc)
-			out = append(out, d[:])
-		} else {
-			d := initdata.Digest(doc)
-			out = append(out, d[:])
-		}
-	}
-	if pin := b.Policy.HostData; tee == kbsapi.TeeSNP && len(pin) > 0 {
-		out = append(out, pin)
-	}
-	if pin := b.Policy.MRConfigID; tee == kbsapi.TeeTDX && len(pin) > 0 {
-		out = append(out, pin)
-	}
-	return out
-}
-
-// expectInitData returns the init data digest the evidence must show
-// (field, HOST_DATA or MRCONFIGID): sum, the digest of the document sent,
-// when the owner pinned it (or AnyInitData). Without a document (only
-// under AllowUnconfinedHost) it returns the one pin, or nil for several:
-// the evidence's digest is then checked against pins once verified.
-func (b *Broker) expectInitData(field, policyKey string, sum []byte, pins []attest.Hex) (attest.Hex, error) {
-	switch {
-	case sum != nil && slices.ContainsFunc(pins, func(p attest.Hex) bool { return string(p) == string(sum) }):
-		return sum, nil
-	case sum != nil && len(pins) > 0:
-		return nil, fmt.Errorf("the init-data sent (%s %x) is not a document the broker pins: add the pod's init data to the broker (c8s-launcher kbs --init-data FILE, or its %s in --policy)", field, sum, policyKey)
-	case sum != nil && b.AnyInitData:
-		return sum, nil
-	case sum != nil:
-		return nil, fmt.Errorf("the broker pins no init data, so it would trust whatever document the host launched the pod with: give it the pods' init data (c8s-launcher kbs --init-data FILE, or %s in --policy)", policyKey)
-	case len(pins) == 0:
-		return nil, fmt.Errorf("the broker pins no %s and the attestation carries no init-data to bind it", field)
-	case len(pins) == 1:
-		return pins[0], nil
-	}
-	return nil, nil
-}
-
-// pinned checks a verified init data digest against pins.
-func (b *Broker) pinned(field string, got attest.Hex, pins []attest.Hex) error {
-	if slices.ContainsFunc(pins, func(p attest.Hex) bool { return string(p) == string(got) }) {
-		return nil
-	}
-	return fmt.Errorf("%s %s is not the digest of init data the broker pins", field, got)
-}
-
-// checkInitData reads the init data sent with the evidence (nil if none)
-// and refuses one under which the host could run code of its choosing in
-// the pod and read the secrets back (InitData.HostCanRunCode), unless
-// AllowUnconfinedHost.
-func (b *Broker) checkInitData(d *kbsapi.InitData) ([]byte, error) {
-	if d == nil {
-		if b.AllowUnconfinedHost {
-			return nil, nil
-		}
-		return nil, errors.New("the attestation carries no init-data: the broker releases secrets only to a pod whose measured init data has an enforced [policy] section, and must read it to know")
-	}
-	if d.Format != "toml" {
-		return nil, fmt.Errorf("init-data format %q: this broker, like Trustee's built-in attestation service, reads toml", d.Format)
-	}
-	body := []byte(d.Body)
-	doc, err := initdata.Parse(body)
-	if err != nil {
-		return nil, err
-	}
-	if b.AllowUnconfinedHost {
-		return body, nil
-	}
-	if unconfined, reason := doc.HostCanRunCode(); unconfined {
-		fix := "add a [policy] section (c8s-measure policy can generate one)"
-		if doc.PolicyGoverns() {
-			fix = "set policy.audit = false once the policy is complete (c8s-measure policy can generate one)"
-		}
-		return nil, fmt.Errorf("secrets go only to a pod whose measured init data has an enforced [policy]: %s; %s", reason, fix)
-	}
-	return body, nil
 }
 
 func (b *Broker) resource(w http.ResponseWriter, r *http.Request, path string) {
@@ -465,13 +298,24 @@ func (b *Broker) resource(w http.ResponseWriter, r *http.Request, path string) {
 		return
 	}
 	b.mu.Lock()
-	key := s.key
+	key, a := s.key, s.attested
 	b.mu.Unlock()
 	if key == nil {
 		problem(w, http.StatusUnauthorized, "UnAuthenticatedCookie", "the session has not attested")
 		return
 	}
 	l := log.G(r.Context()).WithField("session", id[:8])
+	if !validResourcePath(path) {
+		problem(w, http.StatusNotFound, "ResourceNotFound", fmt.Sprintf("no resource %q: want REPO/TYPE/TAG", path))
+		return
+	}
+	// The checks come before the resource is looked up: a refused
+	// session learns nothing of which resources exist.
+	if err := b.authorize(path, a); err != nil {
+		l.WithError(err).Warnf("kbs: refused %s", path)
+		problem(w, http.StatusForbidden, "PolicyDeny", err.Error())
+		return
+	}
 	data, err := b.Resources.Get(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		l.Warnf("kbs: no resource %s", path)
@@ -490,6 +334,34 @@ func (b *Broker) resource(w http.ResponseWriter, r *http.Request, path string) {
 	l.Infof("kbs: released %s", path)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = io.WriteString(w, jwe)
+}
+
+// authorize applies both checks to a resource request: the pod's own
+// measured document names it (NamedSecret), and the owner's resource
+// policy, if any, gives it to the workload the session attested as.
+func (b *Broker) authorize(path string, a *Attested) error {
+	if err := NamedSecret(path, a); err != nil {
+		return err
+	}
+	if b.ResourcePolicy != nil {
+		return b.ResourcePolicy.Allow(path, a)
+	}
+	return nil
+}
+
+// validResourcePath reports whether path is REPO/TYPE/TAG with plain
+// segments.
+func validResourcePath(path string) bool {
+	segs := strings.Split(path, "/")
+	if len(segs) != 3 || !fs.ValidPath(path) {
+		return false
+	}
+	for _, s := range segs {
+		if s == "" || s == "." || s == ".." || strings.Contains(s, "*") {
+			return false
+		}
+	}
+	return true
 }
 
 // seal encrypts data to key as a flattened JSON JWE.

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,10 +59,12 @@ type fixture struct {
 	broker      *Broker
 	sp          *sim.SP
 	measurement [48]byte // what the pod's reports carry
+	guestPolicy uint64   // the SNP guest policy its reports carry (0: sim's default)
 	initData    []byte
 	evidence    atomic.Int32 // evidence requests
 	logger      *logrus.Logger
 	logs        *logBuffer // what the broker logged
+	certPEM     []byte     // the broker's certificate, which the init data pins
 }
 
 // logBuffer collects log lines written from the server's goroutines.
@@ -83,7 +86,8 @@ func (l *logBuffer) String() string {
 }
 
 // podInitData is init data under an enforced [policy]: the host creates
-// only container app, as its rule says, and execs nothing.
+// only container app, as its rule says, and execs nothing. fixture.doc
+// adds the [kbs] section naming the fixture's broker and the resources.
 const podInitData = `version = "0.1"
 [policy]
 [policy.containers.app]
@@ -94,10 +98,33 @@ uid = 1000
 gid = 1000
 `
 
+// dbPassword is the resource the fixture's pod asks for.
+const dbPassword = "default/key/db-password"
+
+// kbsSection is a [kbs] section naming the fixture's broker, as a pod's
+// init data names it (its URL and live certificate), with a secret for
+// each resource.
+func (f *fixture) kbsSection(resources ...string) string {
+	s := fmt.Sprintf("\n[kbs]\nurl = %q\ncert = \"\"\"\n%s\"\"\"\n", f.srv.URL, f.certPEM)
+	for i, r := range resources {
+		s += fmt.Sprintf("[[kbs.secrets]]\nresource = \"kbs:///%s\"\npath = \"/run/secrets/s%d\"\n", r, i)
+	}
+	return s
+}
+
+// doc is body with a [kbs] section asking the fixture's broker for
+// resources (default: dbPassword).
+func (f *fixture) doc(body string, resources ...string) string {
+	if len(resources) == 0 {
+		resources = []string{dbPassword}
+	}
+	return body + f.kbsSection(resources...)
+}
+
 func newFixture(t testing.TB) *fixture {
 	t.Helper()
 	sp := simSP(t)
-	f := &fixture{sp: sp, initData: []byte(podInitData)}
+	f := &fixture{sp: sp}
 	if _, err := rand.Read(f.measurement[:]); err != nil {
 		t.Fatal(err)
 	}
@@ -109,25 +136,26 @@ func newFixture(t testing.TB) *fixture {
 	f.broker = &Broker{
 		Verifier:  v,
 		Policy:    attest.Policy{Measurements: map[int]attest.Hex{1: m[:]}, VCPUs: 1},
-		Resources: Map{"default/key/db-password": []byte(secret)},
-		InitData:  [][]byte{f.initData}, // the owner's pod
+		Resources: Map{dbPassword: []byte(secret)},
 	}
 	f.logs = &logBuffer{}
 	f.logger = logrus.New()
 	f.logger.SetOutput(f.logs)
-	f.srv, f.roots = tlsServerLogging(t, f.broker, log.WithLogger(context.Background(), logrus.NewEntry(f.logger)))
+	f.srv, f.roots, f.certPEM = tlsServerLogging(t, f.broker, log.WithLogger(context.Background(), logrus.NewEntry(f.logger)))
+	f.launch(f.doc(podInitData)) // the owner's pod
 	return f
 }
 
 // tlsServer serves h over TLS with a fresh self-signed certificate and
 // returns the pool that pins it.
 func tlsServer(t testing.TB, h http.Handler) (*httptest.Server, *x509.CertPool) {
-	return tlsServerLogging(t, h, context.Background())
+	srv, pool, _ := tlsServerLogging(t, h, context.Background())
+	return srv, pool
 }
 
 // tlsServerLogging is tlsServer with requests whose contexts derive from
-// ctx (and log to its logger).
-func tlsServerLogging(t testing.TB, h http.Handler, ctx context.Context) (*httptest.Server, *x509.CertPool) {
+// ctx (and log to its logger), and also returns the certificate.
+func tlsServerLogging(t testing.TB, h http.Handler, ctx context.Context) (*httptest.Server, *x509.CertPool, []byte) {
 	t.Helper()
 	certPEM, keyPEM, err := SelfSigned([]string{"127.0.0.1"}, time.Hour)
 	if err != nil {
@@ -146,7 +174,7 @@ func tlsServerLogging(t testing.TB, h http.Handler, ctx context.Context) (*httpt
 	if !pool.AppendCertsFromPEM(certPEM) {
 		t.Fatal("pin the broker certificate")
 	}
-	return srv, pool
+	return srv, pool, certPEM
 }
 
 // launch makes doc the init data the pod is launched with, sends and the
@@ -159,7 +187,7 @@ func (f *fixture) launch(doc string) {
 // snpEvidence is the pod's evidence source.
 func (f *fixture) snpEvidence(_ context.Context, rd [64]byte) (string, []byte, error) {
 	f.evidence.Add(1)
-	req := sim.Request{Measurement: f.measurement, HostData: initdata.Digest(f.initData), ReportData: rd}
+	req := sim.Request{Measurement: f.measurement, HostData: initdata.Digest(f.initData), ReportData: rd, Policy: f.guestPolicy}
 	report, err := f.sp.Report(req)
 	if err != nil {
 		return "", nil, err
@@ -214,7 +242,7 @@ func TestAlteredMeasurementRefused(t *testing.T) {
 // it, even when the owner pinned both documents.
 func TestHostDataMustMatchInitData(t *testing.T) {
 	f := newFixture(t)
-	other := []byte(podInitData + "\n") // not what HOST_DATA holds
+	other := append(slices.Clone(f.initData), '\n') // not what HOST_DATA holds
 	f.broker.InitData = append(f.broker.InitData, other)
 	c := f.client()
 	c.InitData = other
@@ -230,7 +258,7 @@ func TestInitDataMustBePinned(t *testing.T) {
 	f := newFixture(t)
 	// The host's own document, with a [policy] of its liking, sent with
 	// evidence that shows its digest.
-	hostDoc := strings.Replace(podInitData, `args = ["/app"]`, `args = ["re:.*"]`, 1)
+	hostDoc := strings.Replace(string(f.initData), `args = ["/app"]`, `args = ["re:.*"]`, 1)
 	f.initData = []byte(hostDoc)
 	c := f.client()
 	_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
@@ -270,7 +298,7 @@ func TestUnconfinedHostRefused(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t)
-			f.launch(tc.doc)
+			f.launch(f.doc(tc.doc))
 			c := f.client()
 			_, err := c.Fetch(context.Background(), []string{"default/key/db-password"})
 			var e *guestkbs.Error
@@ -304,7 +332,7 @@ func TestPolicyExecRules(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t)
-			f.launch(tc.doc)
+			f.launch(f.doc(tc.doc))
 			_, err := f.client().Fetch(context.Background(), []string{"default/key/db-password"})
 			if tc.want == "" && err != nil {
 				t.Fatalf("released to an enforced policy: %v", err)
@@ -318,7 +346,8 @@ func TestPolicyExecRules(t *testing.T) {
 
 // An attestation without init-data: the broker cannot see the pod's
 // policy, so it is refused; under AllowUnconfinedHost the evidence's
-// HOST_DATA must still be a pinned digest.
+// HOST_DATA must still be the one pinned digest, and no resource is
+// released: the broker cannot see which ones the pod's document names.
 func TestNoInitDataSent(t *testing.T) {
 	f := newFixture(t)
 	c := f.client()
@@ -328,16 +357,18 @@ func TestNoInitDataSent(t *testing.T) {
 		t.Fatalf("err = %v, want the missing init-data refused", err)
 	}
 	f.broker.AllowUnconfinedHost = true
-	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err != nil {
-		t.Fatalf("with AllowUnconfinedHost, the launched document pinned: %v", err)
+	var e *guestkbs.Error
+	_, err = c.Fetch(context.Background(), []string{"default/key/db-password"})
+	if !errors.As(err, &e) || e.Op != "resource default/key/db-password" || e.Status != http.StatusForbidden || !strings.Contains(err.Error(), "carried no init data") {
+		t.Fatalf("with AllowUnconfinedHost, the launched document pinned: err = %v, want attested, then the resource refused (403)", err)
 	}
-	f.broker.InitData = [][]byte{[]byte(podInitData + "\n")}
+	f.broker.InitData = [][]byte{append(slices.Clone(f.initData), '\n')}
 	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "HOST_DATA mismatch") {
 		t.Fatalf("another document pinned: err = %v", err)
 	}
-	f.broker.InitData = append(f.broker.InitData, []byte(podInitData+"\n\n"))
-	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "not the digest of init data the broker pins") {
-		t.Fatalf("other documents pinned: err = %v", err)
+	f.broker.InitData = append(f.broker.InitData, f.initData)
+	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "pins 2 documents") {
+		t.Fatalf("two documents pinned: err = %v", err)
 	}
 	f.broker.InitData = nil
 	if _, err := c.Fetch(context.Background(), []string{"default/key/db-password"}); err == nil || !strings.Contains(err.Error(), "pins no HOST_DATA") {
@@ -361,6 +392,7 @@ func TestWrongBrokerCertRefused(t *testing.T) {
 
 func TestMissingResource(t *testing.T) {
 	f := newFixture(t)
+	f.launch(f.doc(podInitData, dbPassword, "default/key/nope"))
 	_, err := f.client().Fetch(context.Background(), []string{"default/key/nope"})
 	var e *guestkbs.Error
 	if !errors.As(err, &e) || e.Status != http.StatusNotFound || !strings.Contains(err.Error(), "default/key/nope") {

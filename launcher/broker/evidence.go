@@ -101,28 +101,34 @@ func decodeSNP(raw json.RawMessage) (report, certTable []byte, err error) {
 }
 
 // decodeTDX reads tdx primary evidence in the encoding of Trustee's TDX
-// verifier and returns the quote. An event log, if any, is not replayed.
-func decodeTDX(raw json.RawMessage) ([]byte, error) {
+// verifier and returns the quote and the CC event log, if any (the
+// verifier replays it to the quote's RTMRs).
+func decodeTDX(raw json.RawMessage) (quote, eventLog []byte, err error) {
 	m, err := requireFields("tdx evidence", raw, []string{"quote"})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !slices.Contains([]string{"", "null"}, string(m["cc_eventlog"])) {
 		var el string
 		if err := json.Unmarshal(m["cc_eventlog"], &el); err != nil {
-			return nil, fmt.Errorf("tdx evidence cc_eventlog: want a base64 string or null: %w", err)
+			return nil, nil, fmt.Errorf("tdx evidence cc_eventlog: want a base64 string or null: %w", err)
+		}
+		// The CC event log, which the verifier replays to the quote's
+		// RTMRs.
+		if eventLog, err = base64.StdEncoding.DecodeString(el); err != nil {
+			return nil, nil, fmt.Errorf("tdx evidence cc_eventlog: not standard base64: %w", err)
 		}
 	}
 	var ev kbsapi.TDXEvidence
 	if err := json.Unmarshal(raw, &ev); err != nil {
-		return nil, fmt.Errorf("tdx evidence: %w", err)
+		return nil, nil, fmt.Errorf("tdx evidence: %w", err)
 	}
 	if ev.Quote == "" {
-		return nil, fmt.Errorf("tdx evidence: the quote is empty")
+		return nil, nil, fmt.Errorf("tdx evidence: the quote is empty")
 	}
 	q, err := base64.StdEncoding.DecodeString(ev.Quote)
 	if err != nil {
-		return nil, fmt.Errorf("tdx evidence quote: not standard base64: %w", err)
+		return nil, nil, fmt.Errorf("tdx evidence quote: not standard base64: %w", err)
 	}
-	return q, nil
+	return q, eventLog, nil
 }

@@ -33,7 +33,7 @@ func TestChallengeAsTrustee(t *testing.T) {
 // document's sha384, the broker reads the agent policy from c8s.toml.
 func TestCoCoInitDataReleased(t *testing.T) {
 	f := newFixture(t)
-	f.launch("version = \"0.1.0\"\nalgorithm = \"sha384\"\n[data]\n\"c8s.toml\" = '''\n" + podInitData[len("version = \"0.1\"\n"):] + "'''\n")
+	f.launch("version = \"0.1.0\"\nalgorithm = \"sha384\"\n[data]\n\"c8s.toml\" = '''\n" + f.doc(podInitData[len("version = \"0.1\"\n"):]) + "'''\n")
 	sum := sha512.Sum384(f.initData)
 	if d := initdata.Digest(f.initData); string(d[:]) != string(sum[:32]) {
 		t.Fatalf("HOST_DATA %x, want sha384[:32] %x", d, sum[:32])

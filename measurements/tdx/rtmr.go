@@ -99,6 +99,81 @@ func (b DirectBoot) RTMR1() (Register, error) {
 	return Register{Value: Replay(events), Events: events}, nil
 }
 
+// BootDigests are the measured-boot digests of a direct boot that a
+// verifier looks for in a TD's event log.
+type BootDigests struct {
+	// Kernel is the kernel's Authenticode SHA-384, the digest of the
+	// EV_EFI_BOOT_SERVICES_APPLICATION event in RTMR1.
+	Kernel []byte
+	// LoadOptions is the SHA-384 of the load options (LoadOptions), the
+	// digest of the LOADED_IMAGE::LoadOptions tagged event in RTMR2; nil
+	// when OVMF hands the kernel none.
+	LoadOptions []byte
+	// Initrd is the SHA-384 of the initrd, the digest of the Linux
+	// initrd tagged event in RTMR2; nil without an initrd.
+	Initrd []byte
+}
+
+// Digests returns the boot's measured-boot digests.
+func (b DirectBoot) Digests() (BootDigests, error) {
+	kd, err := uki.AuthenticodeSHA384(b.Kernel)
+	if err != nil {
+		return BootDigests{}, fmt.Errorf("tdx: kernel: %w", err)
+	}
+	d := BootDigests{Kernel: kd}
+	if lo := b.LoadOptions(); lo != nil {
+		d.LoadOptions = digest(lo)
+	}
+	if len(b.Initrd) > 0 {
+		d.Initrd = digest(b.Initrd)
+	}
+	return d, nil
+}
+
+// kernelDevicePath is the device path OVMF's QEMU kernel loader gives the
+// kernel: VenMedia(1428F772-B64A-441E-B8C3-9EBDD7F893C7)/File(kernel), then
+// the end node (as a genuine TD's log records it).
+var kernelDevicePath = []byte{
+	0x04, 0x03, 0x14, 0x00, 0x72, 0xf7, 0x28, 0x14, 0x4a, 0xb6, 0x1e, 0x44, 0xb8, 0xc3, 0x9e, 0xbd, 0xd7, 0xf8, 0x93, 0xc7,
+	0x04, 0x04, 0x12, 0x00, 'k', 0, 'e', 0, 'r', 0, 'n', 0, 'e', 0, 'l', 0, 0, 0,
+	0x7f, 0xff, 0x04, 0x00,
+}
+
+// LogEvents returns the RTMR1 and RTMR2 records of the direct boot in the
+// order a TD's CC event log holds them (see DirectBoot for the
+// assumptions): the kernel image, the boot attempt and separator, the
+// EFI stub's load options and initrd, then ExitBootServices.
+func (b DirectBoot) LogEvents() ([]LogEvent, error) {
+	d, err := b.Digests()
+	if err != nil {
+		return nil, err
+	}
+	image := binary.LittleEndian.AppendUint64(nil, 0)
+	image = binary.LittleEndian.AppendUint64(image, uint64(len(b.Kernel)))
+	image = binary.LittleEndian.AppendUint64(image, 0)
+	image = binary.LittleEndian.AppendUint64(image, uint64(len(kernelDevicePath)))
+	image = append(image, kernelDevicePath...)
+	action := func(s string) LogEvent {
+		return LogEvent{MRIndex: MRIndexRTMR1, Type: EvEFIAction, Digest: digest([]byte(s)), Data: []byte(s)}
+	}
+	sep := make([]byte, 4)
+	events := []LogEvent{
+		{MRIndex: MRIndexRTMR1, Type: EvEFIBootServicesApplication, Digest: d.Kernel, Data: image},
+		action(actionCallingApp),
+		{MRIndex: MRIndexRTMR1, Type: EvSeparator, Digest: digest(sep), Data: sep},
+	}
+	if d.LoadOptions != nil {
+		events = append(events, LogEvent{MRIndex: MRIndexRTMR2, Type: EvEventTag, Digest: d.LoadOptions,
+			Data: taggedEvent(linuxEFILoadOptionsTag, linuxEFILoadOptionsTagDescription)})
+	}
+	if d.Initrd != nil {
+		events = append(events, LogEvent{MRIndex: MRIndexRTMR2, Type: EvEventTag, Digest: d.Initrd,
+			Data: taggedEvent(linuxEFIInitrdTag, linuxEFIInitrdTagDescription)})
+	}
+	events = append(events, action(actionExitBS), action(actionExitBSSucc))
+	return events, nil
+}
+
 // LoadOptions returns the UTF-16LE load options, NUL included, OVMF hands
 // the kernel, or nil when it hands none.
 func (b DirectBoot) LoadOptions() []byte {

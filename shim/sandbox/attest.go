@@ -90,9 +90,14 @@ func verifyGuest(ctx context.Context, cfg config.Config, ag agent.AgentService, 
 		verified := &Verified{Provider: ev.Provider}
 		switch ev.Kind {
 		case "snp":
-			verified.SNP, err = v.VerifySNP(ev.Report, ev.CertTable, policy)
+			if trust.Mode == attest.ModeSim {
+				// The sim TEE's modelled RTMRs and boot log first.
+				verified.SNP, err = v.VerifySimEvidence(ev.Report, ev.CertTable, ev.SimRtmrs, ev.EventLog, policy)
+			} else {
+				verified.SNP, err = v.VerifySNP(ev.Report, ev.CertTable, policy)
+			}
 		case "tdx":
-			verified.TDX, err = v.VerifyTDX(ev.Report, policy)
+			verified.TDX, err = v.VerifyTDXEvidence(ev.Report, ev.EventLog, policy)
 		default:
 			return nil, fmt.Errorf("the guest returned %q evidence from %q, which this node (tee %s) cannot verify", ev.Kind, ev.Provider, h.TEE)
 		}
@@ -118,8 +123,10 @@ func expectedPolicy(m *manifest.Manifest, tee string, vcpus int, initData []byte
 		if err != nil {
 			return nil, err
 		}
-		if p.MRTD, err = attest.ParseHex(d.MRTD); err != nil {
-			return nil, fmt.Errorf("manifest MRTD: %w", err)
+		// MRTD, and the measured boot: the CC event log's kernel, command
+		// line and initrd, RTMR1, RTMR2, and an unextended RTMR3.
+		if p, err = attest.TDXPolicyFromManifest(d); err != nil {
+			return nil, err
 		}
 		if len(initData) > 0 {
 			d := initdata.DigestTDX(initData)
@@ -135,6 +142,17 @@ func expectedPolicy(m *manifest.Manifest, tee string, vcpus int, initData []byte
 		return nil, fmt.Errorf("the image manifest has no %s launch digest for %d vCPUs (it has %s): add the shape to the image build or change the pod's vCPUs", tee, vcpus, attest.Shapes(expected))
 	}
 	p.Measurements, p.VCPUs = expected, vcpus
+	if tee == "sim" {
+		// The sim TEE models TDX's measured boot; images whose kernel is
+		// an EFI-stub PE record it in the manifest.
+		d, err := m.Sim()
+		if err != nil {
+			return nil, err
+		}
+		if p.TDXBoot, err = attest.BootFromManifest(d.Boot, d.Cmdline); err != nil {
+			return nil, err
+		}
+	}
 	if len(initData) > 0 {
 		d := initdata.Digest(initData)
 		p.HostData = d[:]

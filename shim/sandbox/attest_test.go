@@ -62,7 +62,8 @@ func setup(t *testing.T, digests map[string]string) (config.Config, *sim.SP) {
 	if err := m.SetSim(manifest.SimDigests{ByVCPUs: digests}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SetTDX(manifest.TDXDigests{MRTD: strings.Repeat("ab", 48)}); err != nil {
+	if err := m.SetTDX(manifest.TDXDigests{MRTD: strings.Repeat("ab", 48), RTMR1: strings.Repeat("01", 48), RTMR2: strings.Repeat("02", 48),
+		Boot: &manifest.BootDigests{Kernel: strings.Repeat("03", 48), LoadOptions: strings.Repeat("04", 48), Initrd: strings.Repeat("05", 48)}}); err != nil {
 		t.Fatal(err)
 	}
 	data, err := m.Marshal()

@@ -34,6 +34,10 @@ import (
 // and appear nowhere on the host.
 const kbsSecret = "e2e-db-password-5d41402abc4b2a76"
 
+// otherTeamSecret is another workload's resource on the same broker: no
+// kbs pod may get it.
+const otherTeamSecret = "e2e-other-team-token-7c6a180b36896a0a"
+
 // broker is an in-process key broker over TLS on 127.0.0.1, with a log of
 // its decisions.
 type broker struct {
@@ -58,10 +62,13 @@ func (b *broker) Log() string {
 
 // startBroker serves default/key/db-password to pods whose sim evidence
 // (from the sim TEE of the node state dir stateDir) shows the launch
-// digest for one vCPU of the image manifest in imageDir. configure sets
-// what the owner pins (kbs.Broker's InitData; the broker refuses every
-// pod without), given the broker's address and certificate, which the
-// pods' init data names, before it serves.
+// digest for one vCPU of the image manifest in imageDir: the owner's
+// reference values, read as c8s-launcher kbs --reference-values reads
+// them (the test plays the owner, who holds the image's manifest).
+// configure sets what the owner pins (kbs.Broker's InitData; the broker
+// refuses every pod without) and may add a resource policy, given the
+// broker's address and certificate, which the pods' init data names,
+// before it serves.
 func startBroker(t *testing.T, stateDir, imageDir string, configure func(b *broker, kb *kbs.Broker)) *broker {
 	t.Helper()
 	spDir := statedir.SimSP(stateDir)
@@ -76,11 +83,7 @@ func startBroker(t *testing.T, stateDir, imageDir string, configure func(b *brok
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := manifest.Load(filepath.Join(imageDir, manifest.FileName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	expected, err := attest.ExpectedMeasurements(m, "sim")
+	ref, err := kbs.LoadReferenceValues(filepath.Join(imageDir, manifest.FileName), "sim", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,9 +104,10 @@ func startBroker(t *testing.T, stateDir, imageDir string, configure func(b *brok
 	logger.SetOutput(b)
 	logCtx := log.WithLogger(context.Background(), logrus.NewEntry(logger))
 	kb := &kbs.Broker{
-		Verifier:  v,
-		Policy:    attest.Policy{Measurements: expected, VCPUs: 1},
-		Resources: kbs.Map{"default/key/db-password": []byte(kbsSecret)},
+		Verifier:   v,
+		Policy:     attest.Policy{VCPUs: 1},
+		References: []kbs.Reference{ref},
+		Resources:  kbs.Map{"default/key/db-password": []byte(kbsSecret), "default/key/other-team-token": []byte(otherTeamSecret)},
 	}
 	configure(b, kb)
 	srv := &http.Server{Handler: kb, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return logCtx }}
@@ -146,12 +150,16 @@ mounts = [{ destination = "/run", kind = "tmpfs" }]
 secrets = [{ resource = %q }]
 `, id, image, tomlStrings(args...), tomlStrings(imagePath), entry)
 	}
-	return "\n[policy]\n" + rule("kbs1", kbsReadArgs) + rule("kbs2", kbsCatArgs) + rule("kbs4", kbsSleepArgs) + rule("kbs5", kbsCatArgs)
+	return "\n[policy]\n" + rule("kbs1", kbsReadArgs) + rule("kbs2", kbsCatArgs) + rule("kbs4", kbsSleepArgs) + rule("kbs5", kbsCatArgs) + rule("kbs7", kbsCatArgs)
 }
 
 // podInitDoc asks for the secret from the broker that certPEM pins, under
-// kbsPolicy.
-func podInitDoc(addr string, certPEM []byte) []byte {
+// kbsPolicy; extra names more [[kbs.secrets]] entries.
+func podInitDoc(addr string, certPEM []byte, extra ...string) []byte {
+	var more string
+	for _, r := range extra {
+		more += fmt.Sprintf("\n[[kbs.secrets]]\nresource = %q\npath = \"/run/secrets/%s\"\n", "kbs:///"+r, filepath.Base(r))
+	}
 	doc := fmt.Sprintf(`version = "0.1"
 
 [kbs]
@@ -162,7 +170,7 @@ cert = '''
 [[kbs.secrets]]
 resource = "kbs:///default/key/db-password"
 path = "/run/secrets/db-password"
-%s`, addr, certPEM, kbsPolicy("kbs:///default/key/db-password"))
+%s%s`, addr, certPEM, more, kbsPolicy("kbs:///default/key/db-password"))
 	if _, err := initdata.Parse([]byte(doc)); err != nil {
 		panic(err)
 	}
@@ -228,11 +236,55 @@ path = "/run/secrets/db-password"
 	return []byte(doc)
 }
 
-// pinPods pins the kbs pods' init data (both formats, and the document
+// pinPods pins the kbs pods' init data (both formats, the document
 // without a [policy], which the broker then refuses for that, not for
-// being unpinned): the owner's broker knows its pods' documents.
+// being unpinned, and one that also asks for another team's resource):
+// the owner's broker knows its pods' documents.
 func pinPods(b *broker, kb *kbs.Broker) {
-	kb.InitData = [][]byte{podInitDoc(b.addr, b.certPEM), podCoCoInitDoc(b.addr, b.certPEM), noPolicyInitDoc(b.addr, b.certPEM)}
+	kb.InitData = [][]byte{podInitDoc(b.addr, b.certPEM), podCoCoInitDoc(b.addr, b.certPEM), noPolicyInitDoc(b.addr, b.certPEM), greedyInitDoc(b)}
+}
+
+// greedyInitDoc is a kbs pod's init data that also names another team's
+// resource: pinned, so it attests, but the owner's resource policy gives
+// that resource to another workload.
+func greedyInitDoc(b *broker) []byte {
+	return podInitDoc(b.addr, b.certPEM, "default/key/other-team-token")
+}
+
+// ownerResourcePolicy is the owner's resource policy over the kbs pods
+// (c8s-launcher kbs --resource-policy reads the same TOML): db-password
+// goes to the kbs pods' documents on the image's launch measurement,
+// other-team-token to another team's document only.
+func ownerResourcePolicy(t *testing.T, b *broker, kb *kbs.Broker) *kbs.ResourcePolicy {
+	t.Helper()
+	hexDigest := func(doc []byte) string { d := initdata.Digest(doc); return fmt.Sprintf("%x", d[:]) }
+	kbsPods := []string{hexDigest(podInitDoc(b.addr, b.certPEM)), hexDigest(podCoCoInitDoc(b.addr, b.certPEM)),
+		hexDigest(noPolicyInitDoc(b.addr, b.certPEM)), hexDigest(greedyInitDoc(b))}
+	otherTeam := hexDigest([]byte("version = \"0.1\"\n# the other team's pod\n"))
+	p, err := kbs.ParseResourcePolicy([]byte(fmt.Sprintf(`
+[workloads.kbs-pods]
+tee = ["sim"]
+init_data = %s
+measurements = [%q]
+
+[workloads.other-team]
+tee = ["sim"]
+init_data = [%q]
+
+[[resources]]
+name = "db-password"
+path = "default/key/db-password"
+workloads = ["kbs-pods"]
+
+[[resources]]
+name = "other-team-token"
+path = "default/key/other-team-token"
+workloads = ["other-team"]
+`, tomlStrings(kbsPods...), kb.References[0].Measurements[1], otherTeam)), false, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // TestKBSSecrets: a pod gets its secret from the key broker only when
@@ -240,7 +292,10 @@ func pinPods(b *broker, kb *kbs.Broker) {
 // chose, and the value never appears on the host.
 func TestKBSSecrets(t *testing.T) {
 	e := setup(t)
-	b := startBroker(t, e.stateDir, e.imageDir, pinPods)
+	b := startBroker(t, e.stateDir, e.imageDir, func(b *broker, kb *kbs.Broker) {
+		pinPods(b, kb)
+		kb.ResourcePolicy = ownerResourcePolicy(t, b, kb)
+	})
 	good := podInitData(b.addr, b.certPEM)
 
 	t.Run("SecretReachesTheAttestedPod", func(t *testing.T) {
@@ -264,6 +319,35 @@ func TestKBSSecrets(t *testing.T) {
 		if code != 0 || strings.TrimSpace(stdout) != kbsSecret {
 			t.Fatalf("exit %d, stdout %q: want the secret\nstderr: %s\nbroker:\n%s", code, stdout, stderr, b.Log())
 		}
+		e.assertNothingLeft(t)
+	})
+
+	t.Run("AnotherWorkloadsResourceRefused", func(t *testing.T) {
+		// The pod's init data also names another team's resource: the
+		// broker releases the pod's own secret under the owner's resource
+		// policy, then refuses the other (403, naming the rule and the
+		// init data digest that is not the other team's), and the pod
+		// does not start.
+		before := strings.Count(b.Log(), "kbs: released")
+		greedy := base64.StdEncoding.EncodeToString(greedyInitDoc(b))
+		stdout, stderr, code := result(t, e.run(ctx(t), e.config, append([]string{"--rm", "--annotation", kbsImage, "--annotation", initdata.Annotation + "=" + greedy, image, "kbs7"}, kbsCatArgs...)...))
+		if code == 0 || strings.Contains(stdout, kbsSecret) || strings.Contains(stdout+stderr, otherTeamSecret) {
+			t.Fatalf("a pod asking for another workload's resource started (exit %d, stdout %q)", code, stdout)
+		}
+		digest := initdata.Digest(greedyInitDoc(b))
+		for _, want := range []string{"key broker", "403", "resource default/key/other-team-token refused", fmt.Sprintf("init data digest %x", digest[:]), `not in resource policy rule "other-team-token"`} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("ctr's error does not say %q:\n%s", want, stderr)
+			}
+		}
+		logs := b.Log()
+		if strings.Count(logs, "kbs: released default/key/db-password") != before+1 || strings.Contains(logs, "released default/key/other-team-token") {
+			t.Fatalf("want the pod's own secret released once more and the other team's never:\n%s", logs)
+		}
+		if !strings.Contains(logs, "kbs: refused default/key/other-team-token") {
+			t.Fatalf("the broker's log does not show the refusal:\n%s", logs)
+		}
+		e.d.CtrCommand(ctx(t), "container", "delete", "kbs7").Run()
 		e.assertNothingLeft(t)
 	})
 
@@ -388,14 +472,15 @@ manifest = %q
 state_dir = %q
 `, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(dir, "initrd.img"), filepath.Join(e.imageDir, "rootfs.img"), manifestPath, e.stateDir))
 	}
-	// The real manifest: the host's gate refuses, and names the digest.
+	// The real manifest: the host's gate refuses, naming the initrd event
+	// of the sim TEE's modelled RTMR2.
 	_, stderr, code := result(t, e.run(ctx(t), config(filepath.Join(e.imageDir, manifest.FileName)), "--rm", image, "kbs2", "true"))
-	got := regexp.MustCompile(`measurement mismatch: expected [0-9a-f]+, got ([0-9a-f]{96})`).FindStringSubmatch(stderr)
-	if code == 0 || got == nil {
-		t.Fatalf("exit %d: want the host's gate to refuse the altered initrd and name its digest:\n%s", code, stderr)
+	if code == 0 || !strings.Contains(stderr, "Linux initrd) mismatch") {
+		t.Fatalf("exit %d: want the host's gate to refuse the altered initrd's RTMR2 event:\n%s", code, stderr)
 	}
 	e.d.CtrCommand(ctx(t), "container", "delete", "kbs2").Run()
-	// A doctored manifest that expects the altered digest.
+	// The host doctors its manifest: no measured boot, so that its gate
+	// names the launch digest, then that digest.
 	raw, err := os.ReadFile(filepath.Join(e.imageDir, manifest.FileName))
 	if err != nil {
 		t.Fatal(err)
@@ -404,11 +489,24 @@ state_dir = %q
 	if err := json.Unmarshal(raw, &doc); err != nil {
 		t.Fatal(err)
 	}
-	doc["digests"].(map[string]any)["sim"].(map[string]any)["by_vcpus"].(map[string]any)["1"] = got[1]
-	doctored, _ := json.Marshal(doc)
-	if err := os.WriteFile(filepath.Join(dir, manifest.FileName), doctored, 0o644); err != nil {
-		t.Fatal(err)
+	simDigests := doc["digests"].(map[string]any)["sim"].(map[string]any)
+	delete(simDigests, "boot")
+	doctor := func() {
+		doctored, _ := json.Marshal(doc)
+		if err := os.WriteFile(filepath.Join(dir, manifest.FileName), doctored, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
+	doctor()
+	_, stderr, code = result(t, e.run(ctx(t), config(filepath.Join(dir, manifest.FileName)), "--rm", image, "kbs2", "true"))
+	got := regexp.MustCompile(`measurement mismatch: expected [0-9a-f]+, got ([0-9a-f]{96})`).FindStringSubmatch(stderr)
+	if code == 0 || got == nil {
+		t.Fatalf("exit %d: want the host's gate to refuse the altered initrd and name its digest:\n%s", code, stderr)
+	}
+	e.d.CtrCommand(ctx(t), "container", "delete", "kbs2").Run()
+	// A doctored manifest that expects the altered digest.
+	simDigests["by_vcpus"].(map[string]any)["1"] = got[1]
+	doctor()
 	c, cancel := context.WithTimeout(ctx(t), 5*time.Minute)
 	defer cancel()
 	stdout, stderr, code := result(t, e.run(c, config(filepath.Join(dir, manifest.FileName)), append([]string{"--rm", "--annotation", kbsImage, "--annotation", initdata.Annotation + "=" + initData, image, "kbs2"}, kbsCatArgs...)...))

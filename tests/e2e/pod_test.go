@@ -347,8 +347,9 @@ func processMatching(t *testing.T, parts ...string) int {
 }
 
 // One VM: an initrd changed on disk after the image manifest was made
-// still boots, but its pod fails attestation with a measurement mismatch,
-// and nothing is left behind.
+// still boots, but its pod fails attestation: the sim TEE's modelled
+// RTMR2 (checked through the event log as a TD's) names another initrd
+// than the manifest's; nothing is left behind.
 func testAlteredInitrd(t *testing.T, e *env) {
 	dir := alteredInitrd(t, e, "altered")
 	cfg := e.writeConfig(t, "altered.toml", fmt.Sprintf(`
@@ -360,7 +361,7 @@ manifest = %q
 [runtime]
 state_dir = %q
 `, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(dir, "initrd.img"), filepath.Join(e.imageDir, "manifest.json"), e.stateDir))
-	e.expectPodFails(t, cfg, "altered", "attestation of pod VM altered failed", "measurement mismatch", "expected")
+	e.expectPodFails(t, cfg, "altered", "attestation of pod VM altered failed", "RTMR2 event", "Linux initrd) mismatch", "expected")
 }
 
 // expectPodFails runs a pod named name with cfg, which must fail with an

@@ -41,8 +41,10 @@ state_dir = %q
 // One VM: the host swaps in another root disk whose hash tree is valid
 // (the same file system re-hashed with another salt) and puts its root hash
 // on the command line. The guest boots it, but the command line is
-// measured, so the launch digest is not the manifest's and attestation
-// fails; nothing is left behind.
+// measured: the sim TEE's modelled RTMR2 (as a TD's, checked through the
+// event log) names another command line than the manifest's, and
+// attestation fails naming the register and the event; nothing is left
+// behind.
 func testSwappedRootHash(t *testing.T, e *env) {
 	m, err := manifest.Load(filepath.Join(e.imageDir, manifest.FileName))
 	if err != nil {
@@ -103,7 +105,7 @@ manifest = %q
 [runtime]
 state_dir = %q
 `, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(e.imageDir, "initrd.img"), filepath.Join(dir, manifest.FileName), e.stateDir))
-	stderr := e.expectPodFails(t, cfg, "swapped", "attestation of pod VM swapped failed", "measurement mismatch")
+	stderr := e.expectPodFails(t, cfg, "swapped", "attestation of pod VM swapped failed", "RTMR2 event", "LOADED_IMAGE::LoadOptions, the kernel command line) mismatch")
 	if strings.Contains(stderr, "does not verify") {
 		t.Errorf("the swapped root did not boot; the test must reach attestation:\n%s", stderr)
 	}

@@ -125,8 +125,8 @@ type RuntimeData struct {
 // TDXEvidence is the primary evidence of the tdx TEE as Trustee's TDX
 // verifier deserializes it (deps/verifier/src/tdx: TdxEvidence): the TD
 // quote in standard base64 and, optionally, the CC event log (CCEL) in
-// standard base64. c8s sends no event log (null): the verifier then skips
-// the RTMR replay.
+// standard base64. c8s sends the CCEL when the guest has it (null
+// otherwise), and its broker replays it to the quote's RTMRs.
 type TDXEvidence struct {
 	CCEventLog *string `json:"cc_eventlog"`
 	Quote      string  `json:"quote"`

@@ -230,6 +230,22 @@ func generation(family, model uint8) (string, error) {
 	return "", fmt.Errorf("kbs: SNP report from CPU family %#x model %#x: not a Milan, Genoa or Turin processor", family, model)
 }
 
+// SNPProductLine is the AMD product line ("Milan", "Genoa", "Turin": the
+// product name of AMD's KDS, whose ARK and ASK certify the chip's VCEK) of
+// an SEV-SNP processor of CPUID family and model, as a version 3 or later
+// ATTESTATION_REPORT carries them (CPUID_FAM_ID, CPUID_MOD_ID). Siena and
+// Bergamo (family 19h, models A0h-AFh) are Genoa-line: AMD's VCEK/KDS
+// specification (57230) has them use Genoa's ARK and ASK. This table is
+// c8s's one home for these facts; launcher/attest verifies with it.
+func SNPProductLine(family, model uint8) (string, error) { return generation(family, model) }
+
+// SNPTCB reads a TCB_VERSION (the 8 bytes of a report's TCB field) in the
+// layout of productLine: Turin and later put an FMC security patch level
+// first and move the SNP level (FMC, bootloader, TEE, SNP, 3 reserved
+// bytes, microcode); Milan and Genoa have bootloader, TEE, 4 reserved
+// bytes, SNP, microcode. Reserved bytes are dropped.
+func SNPTCB(b []byte, productLine string) TCBVersion { return tcbFromBytes(b, productLine) }
+
 // reportGeneration is the generation of a report: from CPUID for version 3
 // and later, from the shape of CHIP_ID for version 2 (Turin's is 8 bytes).
 func reportGeneration(version uint32, family, model uint8, chipID []byte) (string, error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -65,7 +66,33 @@ func simDigests(firmware, kernel, initrd, cmdline, vcpus string) (manifest.SimDi
 	for n, c := range counts {
 		d.ByVCPUs[strconv.Itoa(c)] = digests[n].String()
 	}
+	// The sim TEE models a TD's measured boot only for an EFI-stub (PE)
+	// kernel, as OVMF loads nothing else; test kernels need not be one.
+	if k, err := os.ReadFile(kernel); err == nil && bytes.HasPrefix(k, []byte("MZ")) {
+		if d.Boot, err = bootDigests(kernel, initrd, cmdline); err != nil {
+			return d, err
+		}
+	}
 	return d, nil
+}
+
+// bootDigests returns the measured-boot digests of a direct boot
+// (measurements/tdx DirectBoot.Digests), which the TDX TEE's and the sim
+// TEE's RTMR1 and RTMR2 record.
+func bootDigests(kernel, initrd, cmdline string) (*manifest.BootDigests, error) {
+	k, err := os.ReadFile(kernel)
+	if err != nil {
+		return nil, err
+	}
+	i, err := os.ReadFile(initrd)
+	if err != nil {
+		return nil, err
+	}
+	d, err := tdx.DirectBoot{Kernel: k, Initrd: i, Cmdline: cmdline}.Digests()
+	if err != nil {
+		return nil, fmt.Errorf("measured-boot digests: %w", err)
+	}
+	return &manifest.BootDigests{Kernel: hex.EncodeToString(d.Kernel), LoadOptions: hex.EncodeToString(d.LoadOptions), Initrd: hex.EncodeToString(d.Initrd)}, nil
 }
 
 // bootInputs hashes a direct boot's kernel, initrd and command line as QEMU
@@ -103,7 +130,7 @@ func parseCounts(flagName, list string) ([]int, error) {
 const rtmrAssumptions = "direct boot through OVMF/TDVF edk2-stable202505 or later with QEMU 10+: " +
 	"RTMR1 = kernel Authenticode SHA-384 then the fixed boot-attempt and ExitBootServices events; " +
 	"RTMR2 = the kernel EFI stub's load options (command line + \" initrd=initrd\", UTF-16LE) then the initrd (Linux 6.9+ stub); " +
-	"not checked against a TD here (no TDX hardware); compare with the CCEL event log. RTMR0 is not predicted."
+	"the event shapes match a genuine OVMF direct-boot TD's CCEL (launcher/attest/testdata/tdx); RTMR0 is not predicted."
 
 // tdxDigests computes the MRTD of the TDVF at firmware and predicts RTMR1
 // and RTMR2 for a direct boot of kernel, initrd and cmdline (the TDX TEE's
@@ -131,6 +158,10 @@ func tdxDigests(firmware, kernel, initrd, cmdline string) (manifest.TDXDigests, 
 		return manifest.TDXDigests{}, fmt.Errorf("predict RTMR1: %w", err)
 	}
 	rtmr2 := boot.RTMR2()
+	bd, err := bootDigests(kernel, initrd, cmdline)
+	if err != nil {
+		return manifest.TDXDigests{}, err
+	}
 	sum := sha256.Sum256(fw)
 	return manifest.TDXDigests{
 		Firmware:        manifest.FileDigest{Path: firmware, SHA256: hex.EncodeToString(sum[:])},
@@ -139,5 +170,6 @@ func tdxDigests(firmware, kernel, initrd, cmdline string) (manifest.TDXDigests, 
 		RTMR1:           hex.EncodeToString(rtmr1.Value[:]),
 		RTMR2:           hex.EncodeToString(rtmr2.Value[:]),
 		RTMRAssumptions: rtmrAssumptions,
+		Boot:            bd,
 	}, nil
 }

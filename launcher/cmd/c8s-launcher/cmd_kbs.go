@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto"
 	"errors"
 	"fmt"
 	"io"
@@ -21,93 +22,58 @@ import (
 )
 
 func init() {
-	register("kbs", "serve the KBS protocol for this node's pods from a directory of secrets (single node; Trustee is the multi-node path)", runKBS)
+	register("kbs", "serve the KBS protocol as the workload owner's relying party: the owner's reference values and resource policy, secrets from a directory (single node; Trustee is the multi-node path)", runKBS)
+}
+
+// kbsFlags are the kbs subcommand's settings.
+type kbsFlags struct {
+	dir, listen, certFile, keyFile, hosts string
+	configPath, policyPath, simDir, tee   string
+	initData, referenceValues             stringList
+	referenceKey, resourcePolicy          string
+	anyInitData, allowUnconfined          bool
+	fromNode                              bool
 }
 
 func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
+	var o kbsFlags
 	fs := newFlags("kbs")
-	dir := fs.String("dir", "", "directory of secrets: DIR/REPO/TYPE/TAG (required)")
-	listen := fs.String("listen", "127.0.0.1:8443", "address to serve HTTPS on")
-	certFile := fs.String("cert", "", "TLS certificate (PEM); with --key. Both missing files: a self-signed pair for --hosts is created")
-	keyFile := fs.String("key", "", "TLS key (PEM)")
-	hosts := fs.String("hosts", "127.0.0.1", "comma-separated names and addresses of a created certificate")
-	configPath := fs.String("config", "/etc/c8s/config.toml", "c8s config: the TEE, the image manifest and the state dir")
-	policyPath := fs.String("policy", "", "policy (JSON, as verify-report reads it) instead of the manifest's launch digests; its host_data (SNP) or mrconfigid (TDX) pins one pod's init data")
-	var initDataFiles stringList
-	fs.Var(&initDataFiles, "init-data", "init data `FILE` of a pod the broker serves (repeatable): only evidence whose HOST_DATA or MRCONFIGID is the digest of one of these documents, sent with that document, is accepted")
-	anyInitData := fs.Bool("any-init-data", false, "development only: accept whatever init data a pod sends (the host launches the pod, so it could write a [policy] of its own)")
-	allowUnconfined := fs.Bool("allow-unconfined-host", false, "development only: also release to pods whose init data lets the host run code of its choosing in them (no [policy] section, or one in audit mode), which could read the secrets back")
-	simDir := fs.String("sim-dir", "", "sim: the node's simulated secure processor state dir (default STATE_DIR/node/sim-sp)")
+	fs.StringVar(&o.dir, "dir", "", "directory of secrets: DIR/REPO/TYPE/TAG (required)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8443", "address to serve HTTPS on")
+	fs.StringVar(&o.certFile, "cert", "", "TLS certificate (PEM); with --key. Both missing files: a self-signed pair for --hosts is created")
+	fs.StringVar(&o.keyFile, "key", "", "TLS key (PEM)")
+	fs.StringVar(&o.hosts, "hosts", "127.0.0.1", "comma-separated names and addresses of a created certificate")
+	fs.StringVar(&o.tee, "tee", "", "the TEE of the pods served: snp, tdx or sim (sim: also --sim-dir, the node's simulated root, for development). Required unless --reference-values-from-node")
+	fs.Var(&o.referenceValues, "reference-values", "the owner's image manifest `FILE` (manifest.json as images/build.sh and c8s-measure write it): a pod's launch measurement must be one of its digests for --tee (repeatable: any file matches)")
+	fs.StringVar(&o.referenceKey, "reference-key", "", "the owner's public key `FILE` (PEM; Ed25519, ECDSA P-256 or P-384): every --reference-values FILE must then carry a valid signature over its bytes in FILE"+broker.SignatureSuffix)
+	fs.StringVar(&o.resourcePolicy, "resource-policy", "", "the owner's resource policy `FILE` (TOML, or JSON for *.json; see launcher/broker.ResourcePolicy): which workloads (launch measurement, init data digest, TCB, TEE, debug) may read which resource; a resource no rule covers is refused")
+	fs.StringVar(&o.policyPath, "policy", "", "the owner's attestation policy (JSON, as verify-report reads it): min_tcb, allow_debug, vmpl, chip_id; its measurements or mrtd count as reference values; its host_data (SNP) or mrconfigid (TDX) pins one pod's init data")
+	fs.Var(&o.initData, "init-data", "init data `FILE` of a pod the broker serves (repeatable): only evidence whose HOST_DATA or MRCONFIGID is the digest of one of these documents, sent with that document, is accepted")
+	fs.BoolVar(&o.anyInitData, "any-init-data", false, "development only: accept whatever init data a pod sends (the host launches the pod, so it could write a [policy] of its own)")
+	fs.BoolVar(&o.allowUnconfined, "allow-unconfined-host", false, "development only: also release to pods whose init data lets the host run code of its choosing in them (no [policy] section, or one in audit mode), which could read the secrets back")
+	fs.BoolVar(&o.fromNode, "reference-values-from-node", false, "DEVELOPMENT ONLY, INSECURE: take the launch reference values, min_tcb and allow_debug from the node's own config (--config) and image manifest, which the host controls and can widen; never with --reference-values or --resource-policy")
+	fs.StringVar(&o.configPath, "config", "/etc/c8s/config.toml", "with --reference-values-from-node only: the node's c8s config (TEE, image manifest, state dir)")
+	fs.StringVar(&o.simDir, "sim-dir", "", "sim: the node's simulated secure processor state dir (with --reference-values-from-node, default STATE_DIR/node/sim-sp)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *dir == "" || *certFile == "" || *keyFile == "" {
+	if o.dir == "" || o.certFile == "" || o.keyFile == "" {
 		return errors.New("--dir, --cert and --key are required")
 	}
-	if len(initDataFiles) == 0 && *policyPath == "" && !*anyInitData {
-		return errNoPins // before anything else: --policy may pin instead
-	}
-	initData, err := loadInitData(initDataFiles, *allowUnconfined)
+	b, tee, err := newKBSBroker(o, stdout)
 	if err != nil {
 		return err
 	}
-	cfg, err := config.Load(*configPath)
-	if err != nil {
+	b.Resources = broker.Dir(o.dir)
+	if err := ensureCert(o.certFile, o.keyFile, strings.Split(o.hosts, ","), stdout); err != nil {
 		return err
 	}
-	tee := cfg.Hypervisor.TEE
-	if *simDir == "" {
-		*simDir = statedir.SimSP(cfg.Runtime.StateDir)
-	}
-	if tee == "sim" {
-		// The node's simulated secure processor: the one its pods' reports
-		// come from, created here if no pod has run yet.
-		if _, err := sim.Open(*simDir); err != nil {
-			return err
-		}
-	}
-	trust, err := attest.TrustFor(tee, *simDir)
-	if err != nil {
-		return err
-	}
-	v, err := attest.NewVerifier(trust)
-	if err != nil {
-		return err
-	}
-	var policy attest.Policy
-	pinned := len(initData) > 0
-	if *policyPath != "" {
-		p, err := attest.LoadPolicy(*policyPath)
-		if err != nil {
-			return err
-		}
-		policy = *p
-		if len(policy.HostData) > 0 || len(policy.MRConfigID) > 0 {
-			pinned = true
-		}
-	} else {
-		m, err := manifest.Load(cfg.ManifestPath())
-		if err != nil {
-			return err
-		}
-		if policy.Measurements, err = attest.ExpectedMeasurements(m, tee); err != nil {
-			return err
-		}
-		policy.MinTCB, policy.AllowDebug = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug
-	}
-	if !pinned && !*anyInitData {
-		return errNoPins
-	}
-	if err := ensureCert(*certFile, *keyFile, strings.Split(*hosts, ","), stdout); err != nil {
-		return err
-	}
-	l, err := net.Listen("tcp", *listen)
+	l, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{
-		Handler: &broker.Broker{Verifier: v, Policy: policy, Resources: broker.Dir(*dir),
-			InitData: initData, AnyInitData: *anyInitData, AllowUnconfinedHost: *allowUnconfined},
+		Handler:           b,
 		ReadHeaderTimeout: 10 * time.Second,
 		// The broker logs its decisions to log.G of each request's
 		// context: this command's, without its cancellation (Close ends
@@ -118,11 +84,152 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	fmt.Fprintf(stdout, "serving the KBS protocol on https://%s (tee %s, resources in %s)\n", l.Addr(), tee, *dir)
-	if err := srv.ServeTLS(l, *certFile, *keyFile); !errors.Is(err, http.ErrServerClosed) {
+	fmt.Fprintf(stdout, "serving the KBS protocol on https://%s (tee %s, resources in %s)\n", l.Addr(), tee, o.dir)
+	if err := srv.ServeTLS(l, o.certFile, o.keyFile); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// errNoReferences refuses to serve without launch reference values.
+var errNoReferences = errors.New("give the owner's launch reference values: --reference-values FILE (the image manifest the image builder ships; signed: --reference-key KEY) with --tee, and --resource-policy FILE for which workload reads what; or --policy FILE with measurements (SNP) or mrtd (TDX). --reference-values-from-node takes the node's own manifest, which the host controls (development only)")
+
+// newKBSBroker builds the broker o describes, without its resources, and
+// returns the TEE it verifies. In owner mode (anything but
+// --reference-values-from-node) the node's config and image manifest are
+// never read: reference values, the attestation policy and the resource
+// policy come from the owner's files only.
+func newKBSBroker(o kbsFlags, stdout io.Writer) (*broker.Broker, string, error) {
+	owner := len(o.referenceValues) > 0 || o.resourcePolicy != ""
+	if owner && o.fromNode {
+		return nil, "", errors.New("--reference-values-from-node cannot be combined with --reference-values or --resource-policy: the owner's files are the only reference values, and the node's manifest is not consulted")
+	}
+	b := &broker.Broker{AnyInitData: o.anyInitData, AllowUnconfinedHost: o.allowUnconfined}
+	var err error
+	if o.resourcePolicy != "" {
+		if b.ResourcePolicy, err = broker.LoadResourcePolicy(o.resourcePolicy); err != nil {
+			return nil, "", err
+		}
+	}
+	var base *attest.Policy
+	if o.policyPath != "" {
+		if base, err = attest.LoadPolicy(o.policyPath); err != nil {
+			return nil, "", err
+		}
+		b.Policy = *base
+	}
+	pinned := len(o.initData) > 0 || len(b.Policy.HostData) > 0 || len(b.Policy.MRConfigID) > 0 ||
+		(b.ResourcePolicy != nil && len(b.ResourcePolicy.InitDataDigests()) > 0)
+	if !pinned && !o.anyInitData {
+		return nil, "", errNoPins // before anything else: the pins name the pods served
+	}
+	if b.InitData, err = loadInitData(o.initData, o.allowUnconfined); err != nil {
+		return nil, "", err
+	}
+	if !owner && !o.fromNode && base == nil {
+		return nil, "", errNoReferences
+	}
+	var tee string
+	if o.fromNode {
+		fmt.Fprintln(stdout, "WARNING: --reference-values-from-node: the launch reference values, min_tcb and allow_debug come from the node's own config and manifest, which the host controls: development only")
+		if tee, err = nodeReferences(b, o, base); err != nil {
+			return nil, "", err
+		}
+	} else if tee, err = ownerReferences(b, o, base); err != nil {
+		return nil, "", err
+	}
+	return b, tee, nil
+}
+
+// ownerReferences sets the verifier and the launch reference values from
+// the owner's flags and files.
+func ownerReferences(b *broker.Broker, o kbsFlags, base *attest.Policy) (string, error) {
+	switch o.tee {
+	case "snp", "tdx":
+	case "sim":
+		if o.simDir == "" {
+			return "", errors.New("--tee sim needs --sim-dir: the node's simulated secure processor, the root its pods' reports are signed with")
+		}
+	case "":
+		return "", errors.New("--tee snp|tdx|sim is required: the owner says which TEE's evidence the broker accepts (the node's config is not read)")
+	default:
+		return "", fmt.Errorf("--tee %q: want snp, tdx or sim", o.tee)
+	}
+	trust, err := attest.TrustFor(o.tee, o.simDir)
+	if err != nil {
+		return "", err
+	}
+	if b.Verifier, err = attest.NewVerifier(trust); err != nil {
+		return "", err
+	}
+	var key crypto.PublicKey
+	if o.referenceKey != "" {
+		pemBytes, err := os.ReadFile(o.referenceKey)
+		if err != nil {
+			return "", fmt.Errorf("--reference-key: %w", err)
+		}
+		if key, err = broker.ParsePublicKey(pemBytes); err != nil {
+			return "", fmt.Errorf("--reference-key %s: %w", o.referenceKey, err)
+		}
+	}
+	for _, f := range o.referenceValues {
+		ref, err := broker.LoadReferenceValues(f, o.tee, key)
+		if err != nil {
+			return "", err
+		}
+		b.References = append(b.References, ref)
+	}
+	if base != nil {
+		ref := broker.Reference{Source: o.policyPath, TEE: o.tee, Measurements: base.Measurements, MRTD: base.MRTD, RTMRs: base.RTMRs}
+		if (o.tee == "tdx" && len(ref.MRTD) > 0) || (o.tee != "tdx" && len(ref.Measurements) > 0) {
+			b.References = append(b.References, ref)
+		}
+	}
+	if len(b.References) == 0 {
+		return "", errNoReferences
+	}
+	return o.tee, nil
+}
+
+// nodeReferences is --reference-values-from-node: the verifier, the
+// reference values, min_tcb and allow_debug from the node's config and
+// image manifest (or --policy's launch values), as the broker did before
+// owner mode.
+func nodeReferences(b *broker.Broker, o kbsFlags, base *attest.Policy) (string, error) {
+	cfg, err := config.Load(o.configPath)
+	if err != nil {
+		return "", err
+	}
+	tee := cfg.Hypervisor.TEE
+	simDir := o.simDir
+	if simDir == "" {
+		simDir = statedir.SimSP(cfg.Runtime.StateDir)
+	}
+	if tee == "sim" {
+		// The node's simulated secure processor: the one its pods' reports
+		// come from, created here if no pod has run yet.
+		if _, err := sim.Open(simDir); err != nil {
+			return "", err
+		}
+	}
+	trust, err := attest.TrustFor(tee, simDir)
+	if err != nil {
+		return "", err
+	}
+	if b.Verifier, err = attest.NewVerifier(trust); err != nil {
+		return "", err
+	}
+	if base == nil {
+		m, err := manifest.Load(cfg.ManifestPath())
+		if err != nil {
+			return "", err
+		}
+		if b.Policy.Measurements, err = attest.ExpectedMeasurements(m, tee); err != nil {
+			return "", err
+		}
+		b.Policy.MinTCB, b.Policy.AllowDebug = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug
+	}
+	return tee, nil
 }
 
 // errNoPins refuses to serve pods whose init data nobody pinned: the

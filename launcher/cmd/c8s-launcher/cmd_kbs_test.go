@@ -61,7 +61,9 @@ func TestKBSRequiresPinnedInitData(t *testing.T) {
 	if err = runKBS(t.Context(), append(base, "--init-data", audit), io.Discard); err == nil || !strings.Contains(err.Error(), "audit mode") {
 		t.Fatalf("a document in audit mode: err = %v", err)
 	}
-	// Past the pins, to the missing config: each flag passes the check.
+	// Past the pins, to the missing config (read only under the
+	// development flag): each flag passes the check.
+	base = append(base, "--reference-values-from-node")
 	enforced := write("pod.toml", "version = \"0.1\"\n[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\n")
 	for _, extra := range [][]string{
 		{"--init-data", enforced, "--init-data", enforced},

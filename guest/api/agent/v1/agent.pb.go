@@ -1722,7 +1722,17 @@ type GetEvidenceResponse struct {
 	// module for the same report data. The agent reads its own launch
 	// digest (MRCONFIGID) from it, never from the quote, which the host's
 	// quoting service returns.
-	TdReport      []byte `protobuf:"bytes,5,opt,name=td_report,json=tdReport,proto3" json:"td_report,omitempty"`
+	TdReport []byte `protobuf:"bytes,5,opt,name=td_report,json=tdReport,proto3" json:"td_report,omitempty"`
+	// event_log is the TEE's measured-boot event log: on TDX the CC event
+	// log (the CCEL ACPI table's data, /sys/firmware/acpi/tables/data/CCEL),
+	// in the sim TEE the simulated boot's log. The verifier replays it to
+	// the evidence's RTMRs and checks the kernel, command line and initrd
+	// it names; the guest passes it on uninterpreted.
+	EventLog []byte `protobuf:"bytes,6,opt,name=event_log,json=eventLog,proto3" json:"event_log,omitempty"`
+	// sim_rtmrs is, in the sim TEE only, the simulated TDX module's RTMRs
+	// bound to report and signed by the simulated VCEK
+	// (launcher/vm/tee/sim RTMRStatement).
+	SimRtmrs      []byte `protobuf:"bytes,7,opt,name=sim_rtmrs,json=simRtmrs,proto3" json:"sim_rtmrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1788,6 +1798,20 @@ func (x *GetEvidenceResponse) GetCertTable() []byte {
 func (x *GetEvidenceResponse) GetTdReport() []byte {
 	if x != nil {
 		return x.TdReport
+	}
+	return nil
+}
+
+func (x *GetEvidenceResponse) GetEventLog() []byte {
+	if x != nil {
+		return x.EventLog
+	}
+	return nil
+}
+
+func (x *GetEvidenceResponse) GetSimRtmrs() []byte {
+	if x != nil {
+		return x.SimRtmrs
 	}
 	return nil
 }
@@ -2817,14 +2841,16 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"memory_mib\x18\x02 \x01(\x04R\tmemoryMib\x12%\n" +
 	"\x0epossible_vcpus\x18\x03 \x01(\rR\rpossibleVcpus\"*\n" +
 	"\x12GetEvidenceRequest\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\x99\x01\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\xd3\x01\n" +
 	"\x13GetEvidenceResponse\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x16\n" +
 	"\x06report\x18\x03 \x01(\fR\x06report\x12\x1d\n" +
 	"\n" +
 	"cert_table\x18\x04 \x01(\fR\tcertTable\x12\x1b\n" +
-	"\ttd_report\x18\x05 \x01(\fR\btdReport\"1\n" +
+	"\ttd_report\x18\x05 \x01(\fR\btdReport\x12\x1b\n" +
+	"\tevent_log\x18\x06 \x01(\fR\beventLog\x12\x1b\n" +
+	"\tsim_rtmrs\x18\a \x01(\fR\bsimRtmrs\"1\n" +
 	"\x12SetInitDataRequest\x12\x1b\n" +
 	"\tinit_data\x18\x01 \x01(\fR\binitData\"l\n" +
 	"\x11ReadStreamRequest\x12!\n" +

@@ -91,7 +91,14 @@ type GetReportResponse struct {
 	// cert_table is the extended-report certificate table (GUID table
 	// holding the VCEK, ASK and ARK), as the SNP extended guest request
 	// returns it.
-	CertTable     []byte `protobuf:"bytes,2,opt,name=cert_table,json=certTable,proto3" json:"cert_table,omitempty"`
+	CertTable []byte `protobuf:"bytes,2,opt,name=cert_table,json=certTable,proto3" json:"cert_table,omitempty"`
+	// event_log is the simulated boot's CC event log: the TDX-shaped
+	// records of the firmware, kernel, command line and initrd the VM was
+	// launched with (measurements/tdx DirectBoot).
+	EventLog []byte `protobuf:"bytes,3,opt,name=event_log,json=eventLog,proto3" json:"event_log,omitempty"`
+	// rtmr_statement binds the RTMRs that event log replays to, to report,
+	// signed by the VCEK (launcher/vm/tee/sim RTMRStatement).
+	RtmrStatement []byte `protobuf:"bytes,4,opt,name=rtmr_statement,json=rtmrStatement,proto3" json:"rtmr_statement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -140,6 +147,20 @@ func (x *GetReportResponse) GetCertTable() []byte {
 	return nil
 }
 
+func (x *GetReportResponse) GetEventLog() []byte {
+	if x != nil {
+		return x.EventLog
+	}
+	return nil
+}
+
+func (x *GetReportResponse) GetRtmrStatement() []byte {
+	if x != nil {
+		return x.RtmrStatement
+	}
+	return nil
+}
+
 var File_guest_api_attest_v1_simsp_proto protoreflect.FileDescriptor
 
 const file_guest_api_attest_v1_simsp_proto_rawDesc = "" +
@@ -148,11 +169,13 @@ const file_guest_api_attest_v1_simsp_proto_rawDesc = "" +
 	"\x10GetReportRequest\x12\x1f\n" +
 	"\vreport_data\x18\x01 \x01(\fR\n" +
 	"reportData\x12\x12\n" +
-	"\x04vmpl\x18\x02 \x01(\rR\x04vmpl\"J\n" +
+	"\x04vmpl\x18\x02 \x01(\rR\x04vmpl\"\x8e\x01\n" +
 	"\x11GetReportResponse\x12\x16\n" +
 	"\x06report\x18\x01 \x01(\fR\x06report\x12\x1d\n" +
 	"\n" +
-	"cert_table\x18\x02 \x01(\fR\tcertTable2W\n" +
+	"cert_table\x18\x02 \x01(\fR\tcertTable\x12\x1b\n" +
+	"\tevent_log\x18\x03 \x01(\fR\beventLog\x12%\n" +
+	"\x0ertmr_statement\x18\x04 \x01(\fR\rrtmrStatement2W\n" +
 	"\x05SimSP\x12N\n" +
 	"\tGetReport\x12\x1f.c8s.attest.v1.GetReportRequest\x1a .c8s.attest.v1.GetReportResponseB3Z1github.com/c8s-dev/c8s/guest/api/attest/v1;attestb\x06proto3"
 

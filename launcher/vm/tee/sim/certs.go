@@ -208,7 +208,7 @@ func vcekExtensions(chipID [abi.ChipIDSize]byte, tcb kds.TCBParts) ([]pkix.Exten
 		oid asn1.ObjectIdentifier
 		v   uint8
 	}{
-		{kds.OidStructVersion, 1},
+		{kds.OidStructVersion, 0}, // AMD issues 0 for Milan and Genoa (1 is Turin's layout)
 		{kds.OidBlSpl, tcb.BlSpl},
 		{kds.OidTeeSpl, tcb.TeeSpl},
 		{kds.OidSpl4, tcb.Spl4},

@@ -40,7 +40,15 @@ func NewHost(argv []string, spDir string, hostData [32]byte) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Host{svc: &Service{SP: sp, Measurement: m, HostData: hostData}}, nil
+	svc := &Service{SP: sp, Measurement: m, HostData: hostData}
+	// A kernel that is not an EFI-stub PE image has no TDX-shaped boot
+	// log; its reports carry no RTMRs, which a policy checking the
+	// measured boot refuses.
+	if svc.EventLog, svc.RTMRs, err = BootLog(launch); err != nil {
+		log.L.WithError(err).Debug("sim: no modelled RTMRs for this launch")
+		svc.EventLog = nil
+	}
+	return &Host{svc: svc}, nil
 }
 
 // Measurement is the VM's sim launch digest.

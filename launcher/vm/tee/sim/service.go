@@ -135,6 +135,10 @@ type Service struct {
 	Measurement snp.Digest
 	// HostData is the VM's HOST_DATA (the digest of its init data).
 	HostData [32]byte
+	// EventLog is the VM's simulated boot log (BootLog) and RTMRs the
+	// registers it replays to; with no log, reports carry no RTMRs.
+	EventLog []byte
+	RTMRs    [4][48]byte
 }
 
 var _ attestapi.SimSPService = (*Service)(nil)
@@ -151,7 +155,14 @@ func (s *Service) GetReport(_ context.Context, r *attestapi.GetReportRequest) (*
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	return &attestapi.GetReportResponse{Report: report, CertTable: s.SP.CertTable()}, nil
+	resp := &attestapi.GetReportResponse{Report: report, CertTable: s.SP.CertTable()}
+	if len(s.EventLog) > 0 {
+		if resp.RtmrStatement, err = s.SP.RTMRStatement(report, s.RTMRs); err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		resp.EventLog = s.EventLog
+	}
+	return resp, nil
 }
 
 // Serve answers the guest's requests on conn (the host end of the VM's

@@ -1,0 +1,139 @@
+package attest
+
+import (
+	"fmt"
+
+	spb "github.com/google/go-sev-guest/proto/sevsnp"
+
+	"github.com/c8s-dev/c8s/launcher/attest/snpext"
+)
+
+// defaultSNPMinTCB is the minimum REPORTED_TCB of evidence chained to
+// AMD's genuine roots when a policy sets no min_tcb, per product line.
+// The values and their sources (README, "SNP minimum TCB"):
+//   - Milan: bl=3 tee=0 snp=8 ucode=115, the default minimum Edgeless
+//     Systems ships in Contrast and Constellation (the Milan TCB after the
+//     firmware of AMD-SB-3005, 2023);
+//   - Genoa: bl=10 tee=0 snp=23 ucode=84, the lowest Genoa TCB AMD's KDS
+//     certified among the public genuine reports c8s tests with that run
+//     SEV firmware 1.55.40 or later (Azure, January 2025);
+//   - Turin: fmc=0 bl=1 tee=0 snp=2 ucode=71, the TCB of the only public
+//     genuine Turin report (firmware 1.55.61, July 2025).
+//
+// They are floors against long-fixed firmware, not the levels of AMD's
+// latest bulletins (AMD-SB-3019, AMD-SB-7029): an owner raises them with
+// min_tcb to what AMD's current bulletins require, or lowers them
+// explicitly (min_tcb, min_tcb_explicit).
+var defaultSNPMinTCB = map[string]snpext.TCB{
+	snpext.Milan: {Line: snpext.Milan, Bootloader: 3, TEE: 0, SNP: 8, Microcode: 115},
+	snpext.Genoa: {Line: snpext.Genoa, Bootloader: 10, TEE: 0, SNP: 23, Microcode: 84},
+	snpext.Turin: {Line: snpext.Turin, FMC: 0, Bootloader: 1, TEE: 0, SNP: 2, Microcode: 71},
+}
+
+// DefaultSNPMinTCB returns the default minimum TCB of productLine's
+// evidence (chained to AMD's roots, with no min_tcb in the policy), as a
+// TCB_VERSION in that line's layout.
+func DefaultSNPMinTCB(productLine string) (uint64, bool) {
+	t, ok := defaultSNPMinTCB[productLine]
+	return t.Raw(), ok
+}
+
+// minTCB is the minimum the policy requires of a line's REPORTED_TCB and
+// where it comes from.
+func (v *Verifier) minTCB(p *Policy, line string) (snpext.TCB, string) {
+	if p.MinTCB != 0 || p.MinTCBExplicit {
+		return snpext.DecomposeTCB(p.MinTCB, line), "the policy's min_tcb"
+	}
+	if d, ok := defaultSNPMinTCB[line]; ok && v.usesAMDRoots() {
+		return d, "c8s's default minimum for " + line + " (a policy sets another with min_tcb)"
+	}
+	return snpext.TCB{Line: line}, "none"
+}
+
+// checkSNPTCB checks the report's TCB fields against its key certificate
+// and the policy: REPORTED_TCB is the TCB the key is certified for, the
+// firmware runs (CURRENT_TCB) what it committed to (COMMITTED_TCB) and
+// reports, unless the policy allows provisional firmware, and
+// REPORTED_TCB meets the minimum.
+func (v *Verifier) checkSNPTCB(r *spb.Report, e *snpEndorsement, p *Policy) error {
+	line := e.line
+	for _, f := range []struct {
+		name string
+		raw  uint64
+	}{{"REPORTED_TCB", r.GetReportedTcb()}, {"CURRENT_TCB", r.GetCurrentTcb()}, {"COMMITTED_TCB", r.GetCommittedTcb()}} {
+		if bits := snpext.ReservedBits(f.raw, line); bits != 0 {
+			return &Error{Kind: KindFormat, Field: f.name, Actual: fmt.Sprintf("%#016x", f.raw),
+				Hint: fmt.Sprintf("bits %#x are reserved in the %s TCB layout", bits, line)}
+		}
+	}
+	reported := snpext.DecomposeTCB(r.GetReportedTcb(), line)
+	current := snpext.DecomposeTCB(r.GetCurrentTcb(), line)
+	committed := snpext.DecomposeTCB(r.GetCommittedTcb(), line)
+	if !reported.Equal(e.exts.TCB) {
+		return mismatch("REPORTED_TCB", e.exts.TCB.String()+" (the "+string(e.key)+"'s)", reported.String(),
+			fmt.Sprintf("the %s is certified for another TCB: the host sent the certificate of another firmware level", e.key))
+	}
+	if !current.AtLeast(committed) {
+		return &Error{Kind: KindPolicy, Field: "COMMITTED_TCB above CURRENT_TCB", Expected: "at most " + current.String(), Actual: committed.String(),
+			Hint: "the firmware runs below the level it committed to: no genuine secure processor reports this"}
+	}
+	if !current.AtLeast(reported) {
+		return &Error{Kind: KindPolicy, Field: "REPORTED_TCB above CURRENT_TCB", Expected: "at most " + current.String(), Actual: reported.String(),
+			Hint: "the host reports a TCB the firmware does not run"}
+	}
+	if !p.AllowProvisionalFirmware {
+		if err := checkCommitted(r, committed, current, reported); err != nil {
+			return err
+		}
+	} else if err := checkFirmwareNotRolledBack(r); err != nil {
+		return err
+	}
+	min, from := v.minTCB(p, line)
+	if !reported.AtLeast(min) {
+		return &Error{Kind: KindPolicy, Field: "TCB below minimum", Expected: "at least " + min.String(), Actual: reported.String(),
+			Hint: fmt.Sprintf("%s; the minimum is %s: the node's SEV firmware or microcode needs an update", reported.Below(min), from)}
+	}
+	return nil
+}
+
+// provisionalHint names the policy field that accepts provisional
+// firmware.
+const provisionalHint = "the host runs SEV firmware it has not committed to (it may still roll back to the committed level, whose flaws the running firmware fixes); " +
+	"a policy accepts this with allow_provisional_firmware (verify-report --allow-provisional-firmware)"
+
+// checkCommitted refuses provisional firmware: committed or reported
+// below current, or a committed firmware version other than the current.
+func checkCommitted(r *spb.Report, committed, current, reported snpext.TCB) error {
+	if !committed.Equal(current) {
+		return &Error{Kind: KindPolicy, Field: "provisional firmware (COMMITTED_TCB below CURRENT_TCB)", Expected: "COMMITTED_TCB = CURRENT_TCB " + current.String(),
+			Actual: "COMMITTED_TCB " + committed.String(), Hint: provisionalHint}
+	}
+	if !reported.Equal(current) {
+		return &Error{Kind: KindPolicy, Field: "provisional firmware (REPORTED_TCB below CURRENT_TCB)", Expected: "REPORTED_TCB = CURRENT_TCB " + current.String(),
+			Actual: "REPORTED_TCB " + reported.String(), Hint: provisionalHint}
+	}
+	cur := fmt.Sprintf("%d.%d.%d", r.GetCurrentMajor(), r.GetCurrentMinor(), r.GetCurrentBuild())
+	com := fmt.Sprintf("%d.%d.%d", r.GetCommittedMajor(), r.GetCommittedMinor(), r.GetCommittedBuild())
+	if cur != com {
+		return &Error{Kind: KindPolicy, Field: "provisional firmware (committed version below current)", Expected: "committed firmware " + cur,
+			Actual: "committed firmware " + com, Hint: provisionalHint}
+	}
+	return nil
+}
+
+// checkFirmwareNotRolledBack refuses a committed firmware version above
+// the current one, which no genuine secure processor reports.
+func checkFirmwareNotRolledBack(r *spb.Report) error {
+	cur := [3]uint32{r.GetCurrentMajor(), r.GetCurrentMinor(), r.GetCurrentBuild()}
+	com := [3]uint32{r.GetCommittedMajor(), r.GetCommittedMinor(), r.GetCommittedBuild()}
+	for i := range cur {
+		if com[i] != cur[i] {
+			if com[i] > cur[i] {
+				return &Error{Kind: KindPolicy, Field: "committed firmware version above current", Expected: fmt.Sprintf("at most %d.%d.%d", cur[0], cur[1], cur[2]),
+					Actual: fmt.Sprintf("%d.%d.%d", com[0], com[1], com[2]), Hint: "no genuine secure processor reports this"}
+			}
+			return nil
+		}
+	}
+	return nil
+}

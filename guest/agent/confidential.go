@@ -106,10 +106,13 @@ const (
 	scratchDir = "scratch" // the container's tmpfs: upper/ and work/
 )
 
-// mountRoot mounts the container's root filesystem on c.rootfs: the
-// host's disk, or in a guest started as a TEE an overlay of it under a
-// guest tmpfs.
+// mountRoot mounts the container's root filesystem on c.rootfs: an
+// overlay of its image layers (layers.go), or the host's disk, in a guest
+// started as a TEE as the lower layer of an overlay under a guest tmpfs.
 func (s *Service) mountRoot(ctx context.Context, c *container, r *agentapi.Rootfs, spec *specs.Spec) error {
+	if len(r.GetLayers()) > 0 {
+		return s.layeredRoot(ctx, c, r, spec)
+	}
 	if err := checkRootfs(c.id, r); err != nil {
 		return err
 	}
@@ -119,23 +122,42 @@ func (s *Service) mountRoot(ctx context.Context, c *container, r *agentapi.Rootf
 	return s.writableRoot(ctx, c, r, spec)
 }
 
-// writableRoot mounts the host's disk read-only at <bundle>/lower, a tmpfs
-// at <bundle>/scratch, and the overlay of both on c.rootfs.
+// writableRoot mounts the host's disk read-only at <bundle>/lower and
+// stacks the container's writable layer over it (stackRoot).
 func (s *Service) writableRoot(ctx context.Context, c *container, r *agentapi.Rootfs, spec *specs.Spec) error {
 	lower := filepath.Join(c.bundle, lowerDir)
-	scratch := filepath.Join(c.bundle, scratchDir)
-	upper, work := filepath.Join(scratch, "upper"), filepath.Join(scratch, "work")
-	for _, p := range []string{lower, upper, work, c.rootfs} {
-		// The overlay's options separate paths with ',' and ':'.
-		if strings.ContainsAny(p, ",:\\") {
-			return fmt.Errorf("container %q: its bundle path %s holds a character overlayfs options cannot carry (',', ':', '\\'): %w", c.id, p, errdefs.ErrInvalidArgument)
-		}
+	if err := overlayPath(c.id, lower); err != nil {
+		return err
 	}
 	ro := proto.Clone(r).(*agentapi.Rootfs)
 	// Last, so that they win over any "rw" or "dev" of the host's.
 	ro.Options = append(slices.Clone(r.GetOptions()), "ro", "nodev")
 	if err := s.cfg.MountRootfs(ctx, ro, lower); err != nil {
 		return err
+	}
+	return s.stackRoot(ctx, c, []string{lower}, spec)
+}
+
+// overlayPath refuses a path that overlayfs options could not carry.
+func overlayPath(id, p string) error {
+	// The overlay's options separate paths with ',' and ':'.
+	if strings.ContainsAny(p, ",:\\") {
+		return fmt.Errorf("container %q: the path %s holds a character overlayfs options cannot carry (',', ':', '\\'): %w", id, p, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// stackRoot mounts a tmpfs at <bundle>/scratch and, on c.rootfs, the
+// overlay of its upper and work directories over lowers (the top layer
+// first): the container's writes stay in guest memory, which SNP and TDX
+// encrypt.
+func (s *Service) stackRoot(ctx context.Context, c *container, lowers []string, spec *specs.Spec) error {
+	scratch := filepath.Join(c.bundle, scratchDir)
+	upper, work := filepath.Join(scratch, "upper"), filepath.Join(scratch, "work")
+	for _, p := range append([]string{upper, work, c.rootfs}, lowers...) {
+		if err := overlayPath(c.id, p); err != nil {
+			return err
+		}
 	}
 	if err := os.MkdirAll(scratch, 0o700); err != nil {
 		return err
@@ -145,9 +167,9 @@ func (s *Service) writableRoot(ctx context.Context, c *container, r *agentapi.Ro
 		return fmt.Errorf("mount the tmpfs of container %q's writable layer (size=%s): %w", c.id, size, err)
 	}
 	// The overlay's root takes the upper directory's owner and mode: the
-	// image's.
+	// image's top layer's.
 	var st unix.Stat_t
-	if err := unix.Stat(lower, &st); err != nil {
+	if err := unix.Stat(lowers[0], &st); err != nil {
 		return fmt.Errorf("container %q: %w", c.id, err)
 	}
 	if err := os.Mkdir(upper, 0o700); err != nil {
@@ -165,12 +187,74 @@ func (s *Service) writableRoot(ctx context.Context, c *container, r *agentapi.Ro
 	if s.cfg.LoadOverlay != nil {
 		s.overlayOnce.Do(s.cfg.LoadOverlay)
 	}
-	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work
-	if err := unix.Mount("overlay", c.rootfs, "overlay", unix.MS_NODEV, opts); err != nil {
-		return fmt.Errorf("mount container %q's root (overlay %s): %w", c.id, opts, err)
+	if err := mountOverlay(c.rootfs, lowers, upper, work); err != nil {
+		return fmt.Errorf("mount container %q's root: %w", c.id, err)
 	}
-	log.G(ctx).WithField("container", c.id).WithField("size", size).Debug("writable layer in guest memory")
+	log.G(ctx).WithField("container", c.id).WithField("size", size).WithField("layers", len(lowers)).Debug("writable layer in guest memory")
 	return nil
+}
+
+// mountOverlay mounts an overlay of lowers (the top first), upper and work
+// on target, nodev, through the new mount API: each lower directory is one
+// "lowerdir+" parameter, so that a deep image is not cut at the page that
+// mount(2)'s option string fits in.
+func mountOverlay(target string, lowers []string, upper, work string) (err error) {
+	fd, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("fsopen overlay: %w", err)
+	}
+	defer unix.Close(fd)
+	defer func() {
+		if err != nil {
+			if msg := fsContextLog(fd); msg != "" {
+				err = fmt.Errorf("%w (%s)", err, msg)
+			}
+		}
+	}()
+	set := func(k, v string) error {
+		if err := unix.FsconfigSetString(fd, k, v); err != nil {
+			return fmt.Errorf("overlay %s=%s: %w", k, v, err)
+		}
+		return nil
+	}
+	for _, l := range lowers {
+		if err := set("lowerdir+", l); err != nil {
+			return err
+		}
+	}
+	if err := set("upperdir", upper); err != nil {
+		return err
+	}
+	if err := set("workdir", work); err != nil {
+		return err
+	}
+	if err := unix.FsconfigCreate(fd); err != nil {
+		return fmt.Errorf("overlay of %d layers: %w", len(lowers), err)
+	}
+	mfd, err := unix.Fsmount(fd, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_NODEV)
+	if err != nil {
+		return fmt.Errorf("fsmount overlay: %w", err)
+	}
+	defer unix.Close(mfd)
+	if err := unix.MoveMount(mfd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move the overlay to %s: %w", target, err)
+	}
+	return nil
+}
+
+// fsContextLog reads the messages the kernel left on a file system
+// context: why a parameter or the creation failed.
+func fsContextLog(fd int) string {
+	var msgs []string
+	buf := make([]byte, 1024)
+	for range 16 {
+		n, err := unix.Read(fd, buf)
+		if err != nil || n <= 0 {
+			break
+		}
+		msgs = append(msgs, strings.TrimSpace(string(buf[:n])))
+	}
+	return strings.Join(msgs, "; ")
 }
 
 // scratchSize is the size of a container's writable layer: its memory

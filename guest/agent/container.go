@@ -43,6 +43,9 @@ type container struct {
 	// ns are its init's namespaces, held open from its create to its
 	// removal for the containers that join them (sandboxns.go).
 	ns nsFiles
+	// layers are the image layers its root is stacked from, held from
+	// its create to its removal (layers.go).
+	layers []*layer
 }
 
 func (c *container) process(execID string) (*process, error) {
@@ -84,6 +87,11 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	}
 	if err := s.requirePolicy(ctx, fmt.Sprintf("container %q", id)); err != nil {
 		return nil, err
+	}
+	if !filepath.IsAbs(s.cfg.StateDir) {
+		// Bundles below a relative path would land in the working
+		// directory (a test's: the source tree).
+		return nil, fmt.Errorf("container %q: the agent's state dir %q is not an absolute path: %w", id, s.cfg.StateDir, errdefs.ErrFailedPrecondition)
 	}
 	c := &container{
 		id:        id,
@@ -128,6 +136,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 		if cerr := s.cleanup(ctx, id, c.bundle); cerr != nil {
 			log.G(ctx).WithError(cerr).Warnf("clean up after failed create of container %s", id)
 		}
+		s.releaseLayers(ctx, id, c.heldLayers())
 		return nil, err
 	}
 	c.mu.Lock()
@@ -142,6 +151,10 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		return nil, fmt.Errorf("bundle %s of container %q already exists (left over from an earlier container?): %w", c.bundle, c.id, errdefs.ErrAlreadyExists)
 	}
 	if err := os.MkdirAll(c.rootfs, 0o711); err != nil {
+		return nil, err
+	}
+	root, _, err := rootOf(c.id, req.GetRootfs())
+	if err != nil {
 		return nil, err
 	}
 
@@ -189,7 +202,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	// it is carried out (policy.go).
 	grant, err := s.evaluator().CreateContainer(&policy.CreateContainer{
 		ID: c.id, Spec: plan.Spec, MountKinds: mountKinds(plan.Spec.Mounts, plan.Origins), Joined: joined,
-		SecretPaths: s.secretPaths(),
+		SecretPaths: s.secretPaths(), Root: root,
 	})
 	if err != nil {
 		return nil, err
@@ -227,7 +240,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	user := plan.Spec.Process.User
 	rp, err := s.cfg.Runtime.Create(ctx, c.id, c.bundle, stdio, int(user.UID), int(user.GID))
 	if err != nil {
-		return nil, err
+		return nil, s.layerFailure(ctx, c, err)
 	}
 	if err := s.configureNetwork(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
 		return nil, err
@@ -242,6 +255,9 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	c.mu.Unlock()
 	p := newProcess(c.id, "", rp, stdio, grant.OutputAllowed())
 	go s.killLeftovers(c, p)
+	if len(c.heldLayers()) > 0 {
+		go s.watchLayers(c, p)
+	}
 	return p, nil
 }
 
@@ -289,7 +305,17 @@ func (s *Service) StartContainer(ctx context.Context, req *agentapi.StartContain
 	if p.exited() {
 		return nil, fmt.Errorf("container %q has already exited: %w", c.id, errdefs.ErrFailedPrecondition)
 	}
+	if err := s.layersCorrupted(ctx, c.heldLayers()); err != nil {
+		return nil, fmt.Errorf("container %q not started: %w", c.id, err)
+	}
+	var exe string // the OCI runtime's, until the process execs its program
+	if len(c.heldLayers()) > 0 {
+		exe = exeOf(p.pid)
+	}
 	if err := s.cfg.Runtime.Start(ctx, c.id, c.bundle); err != nil {
+		return nil, s.layerFailure(ctx, c, err)
+	}
+	if err := s.awaitLayeredStart(ctx, c, p, exe); err != nil {
 		return nil, err
 	}
 	return &agentapi.StartContainerResponse{Pid: uint32(p.pid)}, nil
@@ -336,7 +362,13 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 			}
 		}()
 	}
-	if err := s.cleanup(ctx, id, filepath.Join(s.cfg.StateDir, id)); err != nil {
+	err := s.cleanup(ctx, id, filepath.Join(s.cfg.StateDir, id))
+	if ok {
+		// Even if the bundle could not be cleaned: a layer still busy
+		// stays mounted, unused, and is taken again as it is.
+		s.releaseLayers(ctx, id, c.heldLayers())
+	}
+	if err != nil {
 		return nil, err
 	}
 	log.G(ctx).WithField("container", id).Info("container removed")

@@ -13,6 +13,7 @@ import (
 // guest/policy) is consulted:
 //
 //	CreateContainer   the adapted spec: image, args, env, user, caps,
+//	                  the root's image layers (layers.go),
 //	                  namespaces, mounts, sysctls, ... (container.go)
 //	ExecProcess       the exec's argv on the container's list, its
 //	                  process (cwd and user the container's unless the

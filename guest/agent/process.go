@@ -150,8 +150,17 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 	c.execs[execID] = nil // reserved while the OCI runtime runs
 	c.mu.Unlock()
 
+	if err := s.layersCorrupted(ctx, c.heldLayers()); err != nil {
+		c.mu.Lock()
+		delete(c.execs, execID)
+		c.mu.Unlock()
+		return nil, fmt.Errorf("exec %q in container %q refused: %w", execID, c.id, err)
+	}
 	stdio := stdioOf(req.GetStdio())
 	rp, err := s.cfg.Runtime.Exec(ctx, c.id, execID, c.bundle, proc, stdio)
+	if err != nil {
+		err = s.layerFailure(ctx, c, err)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 
@@ -46,5 +47,20 @@ func TestMaliciousHostRootfsOverlay(t *testing.T) {
 				t.Fatalf("mountRoot = %v (mounted %v), want permission denied naming %s and nothing mounted", err, mounted, tc.want)
 			}
 		})
+	}
+}
+
+// A service whose state dir is relative (a test's Service literal) must
+// not make bundles in the working directory: a test once left
+// guest/agent/c1/rootfs in the source tree that way.
+func TestRelativeStateDirRefused(t *testing.T) {
+	t.Chdir(t.TempDir())
+	s := &Service{containers: map[string]*container{}}
+	_, err := s.CreateContainer(context.Background(), &agentapi.CreateContainerRequest{ContainerId: "c1", Rootfs: rootfsReq()})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "not an absolute path") {
+		t.Fatalf("CreateContainer with no state dir = %v, want it refused", err)
+	}
+	if _, err := os.Stat("c1"); err == nil {
+		t.Fatal("a bundle was made in the working directory")
 	}
 }

@@ -105,6 +105,15 @@ type Config struct {
 	// LoadOverlay loads overlayfs before the first writable layer is
 	// mounted (guest: the deferred overlay module). Nil loads nothing.
 	LoadOverlay func()
+	// LayersDir is where image layers are mounted (layers.go; default:
+	// "layers" beside StateDir, /run/c8s/layers in the guest).
+	LayersDir string
+	// LayerDevices finds layer disks and maps them through dm-verity
+	// (nil: GuestLayerDevices); LoadVerity loads device-mapper and
+	// dm-verity before the first layer is mapped (guest: the deferred
+	// modules). Nil loads nothing.
+	LayerDevices LayerDevices
+	LoadVerity   func()
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.
@@ -141,6 +150,8 @@ type Service struct {
 	// mounted (confidential.go).
 	overlayOnce sync.Once
 	emptyDirs   shareState
+	// layers are the pod's open image layers (layers.go).
+	layers layerStore
 }
 
 var (

@@ -155,6 +155,11 @@ func Main() {
 		cfg.LoadOverlay = func() {
 			initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/fs/overlayfs/") })
 		}
+		cfg.LoadVerity = func() {
+			initsys.LoadModules(initsys.ModulesList, func(p string) bool {
+				return initsys.Deferred(p, "/drivers/md/", "/lib/reed_solomon/", "/lib/libcrc32c")
+			})
+		}
 		cfg.LoadNetDriver = func() {
 			// The bridge modules too: the guest has no modprobe for a
 			// container's `brctl addbr` to load them on demand.

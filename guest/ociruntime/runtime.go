@@ -168,10 +168,15 @@ func (rt *Runtime) Delete(ctx context.Context, id, bundle string) error {
 	return nil
 }
 
-// Exists reports whether runc knows the container.
+// Exists reports whether the runtime knows the container: its state
+// file under Root, runc's state.json or crun's status.
 func (rt *Runtime) Exists(ctx context.Context, id string) bool {
-	_, err := os.Stat(filepath.Join(rt.Root, id, "state.json"))
-	return err == nil
+	for _, f := range []string{"state.json", "status"} {
+		if _, err := os.Stat(filepath.Join(rt.Root, id, f)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // failure wraps a runc error with the tail of the bundle's runc log.

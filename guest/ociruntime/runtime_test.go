@@ -1,6 +1,7 @@
 package ociruntime
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -24,5 +25,27 @@ not json at all
 	}
 	if got := LogTail(filepath.Join(t.TempDir(), "missing"), 3); got != "" {
 		t.Errorf("missing log: %q", got)
+	}
+}
+
+// Exists knows a container by either runtime's state file: runc writes
+// state.json, crun (the guest's) status. Missing crun's made the agent
+// skip `crun delete` on RemoveContainer: a running container's processes
+// outlived it, holding its root.
+func TestExists(t *testing.T) {
+	rt := &Runtime{Root: t.TempDir()}
+	for id, file := range map[string]string{"runc-c": "state.json", "crun-c": "status"} {
+		if rt.Exists(context.Background(), id) {
+			t.Fatalf("%s exists before its state", id)
+		}
+		if err := os.MkdirAll(filepath.Join(rt.Root, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(rt.Root, id, file), []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if !rt.Exists(context.Background(), id) {
+			t.Errorf("%s (%s) not found", id, file)
+		}
 	}
 }

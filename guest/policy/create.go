@@ -32,6 +32,9 @@ type CreateContainer struct {
 	// of each resource, where a rule that names the resource without a
 	// path mounts it.
 	SecretPaths map[string]string
+	// Root is the container's root file system as the host asks for it:
+	// a disk the host built, or image layers (layers.go).
+	Root Root
 }
 
 // noRule governs a container that no rule names but that audit mode let
@@ -85,6 +88,7 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 	k.mounts(rule, r.Spec.Mounts, r.MountKinds)
 	k.belowShared(rule, r.Spec.Mounts, r.MountKinds, r.SecretPaths)
 	k.sysctls(rule, r.Spec.Linux)
+	k.layers(rule, r.Root)
 	if c.Identity.Sandbox() {
 		e.claimSandbox(k, r.ID)
 	}

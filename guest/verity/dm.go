@@ -43,7 +43,10 @@ func Open(name string, p api.Params, devDir string, wait time.Duration) (*Device
 	defer ctl.Close()
 	fd := ctl.Fd()
 
-	create := header(name, "C8S-VERITY-"+p.RootHash[:32], 0)
+	// The UUID names the root and the mapping, so that two mappings of one
+	// tree (never made by c8s, but not the kernel's business to refuse)
+	// do not collide on it.
+	create := header(name, uuid(name, p.RootHash), 0)
 	out, err := ioctl(fd, unix.DM_DEV_CREATE, create)
 	if err != nil {
 		return nil, fmt.Errorf("device-mapper: create %s: %w", name, err)
@@ -68,6 +71,30 @@ func Open(name string, p api.Params, devDir string, wait time.Duration) (*Device
 		return nil, err
 	}
 	return &Device{Name: name, Path: path}, nil
+}
+
+// uuid is the device-mapper UUID of mapping name of the tree with root
+// hash root, at most 128 bytes (DM_UUID_LEN less its terminator).
+func uuid(name, root string) string {
+	u := "C8S-VERITY-" + root[:32] + "-" + name
+	if len(u) > 128 {
+		u = u[:128]
+	}
+	return u
+}
+
+// Remove removes the mapping named name. It fails with EBUSY while the
+// device is open (mounted) and with ENXIO when there is no such mapping.
+func Remove(name string) error {
+	ctl, err := os.OpenFile(ControlPath, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("open device-mapper control: %w", err)
+	}
+	defer ctl.Close()
+	if _, err := ioctl(ctl.Fd(), unix.DM_DEV_REMOVE, header(name, "", 0)); err != nil {
+		return fmt.Errorf("device-mapper: remove %s: %w", name, err)
+	}
+	return nil
 }
 
 // waitNode finds the devtmpfs node of block device major:minor.
@@ -148,6 +175,31 @@ func ioctl(fd uintptr, req uint, buf []byte) ([]byte, error) {
 		return nil, errno
 	}
 	return buf, nil
+}
+
+// Corrupted reports whether the verity target of mapping name has met a
+// block that does not verify against its tree: a status line starting
+// with "C" (Documentation/admin-guide/device-mapper/verity.rst). The
+// kernel sets it in every error mode and never clears it, so a read that
+// failed with EIO at any time since the mapping was made shows.
+func Corrupted(name string) (bool, error) {
+	st, err := Status(name)
+	if err != nil {
+		return false, err
+	}
+	return ParseCorrupted(st)
+}
+
+// ParseCorrupted reads a verity status line: "V…" verified so far, "C…"
+// corruption detected.
+func ParseCorrupted(status string) (bool, error) {
+	switch {
+	case strings.HasPrefix(status, "C"):
+		return true, nil
+	case strings.HasPrefix(status, "V"):
+		return false, nil
+	}
+	return false, fmt.Errorf("device-mapper: %q is not a verity status line (V or C first)", status)
 }
 
 // Status returns the verity target's status line ("V" verified, "C"

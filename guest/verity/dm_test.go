@@ -48,3 +48,26 @@ func TestOpenRejectsBadParams(t *testing.T) {
 		t.Fatalf("Open with incomplete params: %v", err)
 	}
 }
+
+func TestParseCorrupted(t *testing.T) {
+	for st, want := range map[string]bool{"V": false, "V - -": false, "C": true, "C - -": true} {
+		got, err := ParseCorrupted(st)
+		if err != nil || got != want {
+			t.Errorf("ParseCorrupted(%q) = %v, %v; want %v", st, got, err, want)
+		}
+	}
+	if _, err := ParseCorrupted(""); err == nil {
+		t.Error("an empty status line read as a verity status")
+	}
+}
+
+func TestUUIDFits(t *testing.T) {
+	root := strings.Repeat("ab", 32)
+	u := uuid("c8s-layer-"+strings.Repeat("cd", 32), root)
+	if len(u) > 128 || !strings.HasPrefix(u, "C8S-VERITY-"+root[:32]) {
+		t.Fatalf("uuid %q (%d bytes)", u, len(u))
+	}
+	if uuid("a", root) == uuid("b", root) {
+		t.Fatal("two mappings of one tree share a UUID")
+	}
+}

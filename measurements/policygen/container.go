@@ -111,6 +111,28 @@ func (g *gen) pin(who, ref string) error {
 	return nil
 }
 
+// pinLayers pins the image's layers in r (policy Container.Layers), or
+// warns that the container's files are not pinned.
+func (g *gen) pinLayers(r *rule, who, ref string, img *Image) {
+	if img == nil || len(img.Layers) == 0 {
+		how := "only its config is known"
+		if img == nil {
+			how = "no image was given"
+		} else if img.Layers != nil {
+			how = "the image has no layers"
+		}
+		g.warn("%s: THE FILES OF IMAGE %q ARE NOT PINNED (%s): the rule has no layers, so the guest runs whatever root the host attaches; give --image %s=LAYOUT with the image's layers (`c8s-measure image` prints them)", who, ref, how, ref)
+		return
+	}
+	r.c.Layers = slices.Clone(img.Layers)
+	for i := range img.Layers {
+		if i < len(img.LayerBlobs) {
+			b := img.LayerBlobs[i]
+			r.note(fmt.Sprintf("layers[%d]", i), "layer %d of %d: blob %s, %s, %d bytes", i+1, len(img.Layers), b.Digest, b.MediaType, b.Size)
+		}
+	}
+}
+
 func exactAll(ss []string) []policyapi.Pattern {
 	if len(ss) == 0 {
 		return nil
@@ -156,6 +178,7 @@ func (g *gen) container(c *corev1.Container, where string) (*rule, error) {
 	if img == nil {
 		g.warn("container %s: no image config (--image %s=LAYOUT): its env is taken to be only containerd's default PATH, and its STOPSIGNAL SIGTERM; an image that sets other variables is refused at CreateContainer", c.Name, c.Image)
 	}
+	g.pinLayers(r, "container "+c.Name, c.Image, img)
 	var missing []error
 	env, lookup, err := g.env(c, img)
 	if err != nil {

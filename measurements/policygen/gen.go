@@ -38,7 +38,11 @@
 //   - exec: the commands of the pod's exec probes and lifecycle hooks,
 //     which the kubelet runs; nothing else unless Options.Exec lists it;
 //   - signals: the defaults, and the container's stop signal;
-//   - logs (unless Options.NoLogs), stdin (stdin: true).
+//   - logs (unless Options.NoLogs), stdin (stdin: true);
+//   - layers: the image's layers (diff ID, dm-verity root, data blocks of
+//     their layer disks, measurements/layer) when its layout was given, so
+//     that the guest builds the root only from them; without them the
+//     root is not pinned, with a warning.
 //
 // The image's entrypoint, cmd, env, working dir and user come from an OCI
 // image layout (LoadImage) given per image; without one the pod spec must

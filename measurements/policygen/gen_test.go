@@ -35,6 +35,15 @@ func appImage() *Image {
 		UserDB: func() ([]byte, []byte, error) {
 			return []byte("root:x:0:0:root:/root:/bin/sh\napp:x:1001:1002::/home/app:/sbin/nologin\n"), []byte("root:x:0:\napp:x:1002:\n"), nil
 		},
+		// As `c8s-measure image` reads them from the layout.
+		Layers: []policyapi.Layer{
+			{Digest: "sha256:" + strings.Repeat("1a", 32), Verity: strings.Repeat("2b", 32), Blocks: 1187},
+			{Digest: "sha256:" + strings.Repeat("3c", 32), Verity: strings.Repeat("4d", 32), Blocks: 35},
+		},
+		LayerBlobs: []ocispec.Descriptor{
+			{MediaType: ocispec.MediaTypeImageLayerGzip, Digest: digest.Digest("sha256:" + strings.Repeat("5e", 32)), Size: 2621440},
+			{MediaType: ocispec.MediaTypeImageLayerZstd, Digest: digest.Digest("sha256:" + strings.Repeat("6f", 32)), Size: 1234},
+		},
 	}
 }
 

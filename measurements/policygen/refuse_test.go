@@ -111,6 +111,8 @@ func TestWarns(t *testing.T) {
 		"runAsUser 10 without runAsGroup and no image config: gid 0 is assumed",
 		"volume h is the node's /srv: content the host reads and writes",
 		"--image nginx names no container's image",
+		`container app: THE FILES OF IMAGE "ghcr.io/example/app:1.0" ARE NOT PINNED (no image was given)`,
+		`the sandbox: THE FILES OF IMAGE "registry.k8s.io/pause:3.10.1" ARE NOT PINNED (only its config is known)`,
 	} {
 		if !strings.Contains(all, w) {
 			t.Errorf("no warning %q in:\n%s", w, all)

@@ -53,6 +53,7 @@ type request struct {
 	id     string
 	spec   *specs.Spec
 	mounts []mount
+	root   evaluator.Root
 }
 
 func (r *request) create(e *evaluator.Evaluator, joined *evaluator.Container) (*evaluator.Container, error) {
@@ -62,7 +63,7 @@ func (r *request) create(e *evaluator.Evaluator, joined *evaluator.Container) (*
 		r.spec.Mounts = append(r.spec.Mounts, m.m)
 		kinds = append(kinds, m.kind)
 	}
-	return e.CreateContainer(&evaluator.CreateContainer{ID: r.id, Spec: r.spec, MountKinds: kinds, Joined: joined})
+	return e.CreateContainer(&evaluator.CreateContainer{ID: r.id, Spec: r.spec, MountKinds: kinds, Joined: joined, Root: r.root})
 }
 
 func defaultCaps() *specs.LinuxCapabilities {
@@ -152,9 +153,10 @@ func evaluatorOf(t *testing.T, file string, o Options) *evaluator.Evaluator {
 
 const appRef = "ghcr.io/example/app@sha256:9d4e4bb5b1f3b8c14b3e0a7f6e6c2a1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b"
 
-// deploymentApp is container app of a pod of testdata/deployment.yaml.
+// deploymentApp is container app of a pod of testdata/deployment.yaml,
+// its root the image's layers.
 func deploymentApp() *request {
-	return containerRequest("app1", "app", appRef, &specs.Process{
+	r := containerRequest("app1", "app", appRef, &specs.Process{
 		Args: []string{"/usr/bin/app", "serve"}, Cwd: "/srv/app",
 		User: specs.User{UID: 1001, GID: 1002, AdditionalGids: []uint32{1002}},
 		Env: append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOSTNAME=web-7d9f8c6b5-x2k4q", "HOME=/data", "APP_PORT=8080",
@@ -164,6 +166,8 @@ func deploymentApp() *request {
 		bind("/data", "/run/c8s/emptydir/0f1e-22/data", policyapi.KindEmptyDir, false),
 		bind("/etc/app/settings.yaml", "/run/c8s/containers/app1/files/5-settings.yaml", policyapi.KindFile, true),
 	)
+	r.root.Layers = appImage().Layers
+	return r
 }
 
 func TestRoundTripDeployment(t *testing.T) {
@@ -177,6 +181,7 @@ func TestRoundTripDeployment(t *testing.T) {
 		Env: append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOSTNAME=web-7d9f8c6b5-x2k4q", "HOME=/home/app", "APP_PORT=8080",
 			"POD_NAME=web-7d9f8c6b5-x2k4q"}, kubernetesEnv...),
 	})
+	migrate.root.Layers = appImage().Layers
 	if _, err := migrate.create(e, sb); err != nil {
 		t.Fatalf("init container migrate: %v", err)
 	}
@@ -219,6 +224,11 @@ func TestRoundTripDeployment(t *testing.T) {
 		"mounts[13]": func(r *request) {
 			r.mounts = append(r.mounts, bind("/loot", "/run/c8s/containers/app1/shares/app1-9", policyapi.KindShared, false))
 		},
+		// The pinned layers: a root disk the host built, a layer swapped,
+		// another tree for a pinned layer.
+		"rootfs.source":       func(r *request) { r.root = evaluator.Root{HostDisk: true} },
+		"layers[1].digest":    func(r *request) { r.root.Layers[1].Digest = "sha256:" + strings.Repeat("99", 32) },
+		"layers[0].root_hash": func(r *request) { r.root.Layers[0].Verity = strings.Repeat("88", 32) },
 	} {
 		r := deploymentApp()
 		change(r)

@@ -331,6 +331,14 @@ func (r *rule) write(b *bytes.Buffer, table string) {
 	r.list(b, "secrets", len(c.Secrets), func(i int) string {
 		return "{ resource = " + str(c.Secrets[i].Resource) + ", path = " + str(c.Secrets[i].Path) + " }"
 	}, nil)
+	// The layers are tables of their own: they end the rule.
+	for i, l := range c.Layers {
+		b.WriteString("\n[[" + table + ".layers]]")
+		if n := r.notes[fmt.Sprintf("layers[%d]", i)]; n != "" {
+			b.WriteString("  # " + n)
+		}
+		b.WriteString("\ndigest = " + str(l.Digest) + "\nverity = " + str(l.Verity) + "\nblocks = " + strconv.FormatUint(l.Blocks, 10) + "\n")
+	}
 }
 
 func (r *rule) scalar(b *bytes.Buffer, k, v string) {

@@ -85,8 +85,8 @@ allow_port_forward = [8080]
 // exec only `echo allowed` in app, there and as that user, which alone
 // gets the broker's secret, and may not read app's logs; reader has a
 // host share (virtio-fs) on /config, read-only, and a tmpfs on /scratch,
-// and its logs go to the host.
-func policyInitData(b *broker) []byte {
+// and its logs go to the host. extra adds rules (layeredRuleDoc).
+func policyInitData(b *broker, extra string) []byte {
 	doc := fmt.Sprintf(`version = "0.1"
 %s
 [policy.sandbox]
@@ -119,8 +119,8 @@ mounts = [
   { destination = "/config", kind = "shared", read_only = true },
   { destination = "/scratch", kind = "tmpfs" },
 ]
-`, kbsInitData(b), image, tomlStrings(policySandboxArgs...), tomlStrings(imagePath), image, tomlStrings(appArgs...), tomlStrings(imagePath),
-		image, tomlStrings(readerArgs...), tomlStrings(imagePath))
+%s`, kbsInitData(b), image, tomlStrings(policySandboxArgs...), tomlStrings(imagePath), image, tomlStrings(appArgs...), tomlStrings(imagePath),
+		image, tomlStrings(readerArgs...), tomlStrings(imagePath), extra)
 	if _, err := initdata.Parse([]byte(doc)); err != nil {
 		panic(err)
 	}
@@ -222,6 +222,8 @@ func testAgentPolicyPod(t *testing.T, h *hostEnv) {
 	}) {
 		t.FailNow()
 	}
+
+	t.Run("LayeredImage", func(t *testing.T) { testLayeredImage(t, c, h, p) })
 
 	t.Run("ExecForbidden", func(t *testing.T) {
 		_, err := ag.ExecProcess(c, &agent.ExecProcessRequest{ContainerId: "app", ExecId: "read-secret",
@@ -327,9 +329,12 @@ func genuineInitData(t *testing.T, c context.Context, p *hostPod, b *broker) {
 func testPolicyPod(t *testing.T, h *hostEnv) {
 	c, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
+	// The image of container "layered", which the policy pins by its
+	// layers, and a valid layer of the host's own.
+	ls := h.policyPodLayers(t)
 	var doc []byte
 	b := startBroker(t, h.stateDir, h.imageDir, func(b *broker, kb *kbs.Broker) {
-		doc = policyInitData(b)
+		doc = policyInitData(b, layeredRuleDoc(ls.base, ls.app))
 		kb.InitData = [][]byte{doc}
 	})
 	// The host offers the pod a share: a host directory with a file, on
@@ -530,4 +535,6 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 		_, err = p.sb.IO.ReadStderr(c, &agent.ReadStreamRequest{ContainerId: "app"})
 		refused(t, err, errdefs.ErrPermissionDenied, `ReadStderr "app"`, "stderr", "policy.containers.app.logs")
 	})
+
+	testPinnedLayers(t, c, h, p, ls)
 }

@@ -145,3 +145,11 @@ func (p Params) Table() string {
 
 // Sectors is the size of the mapped device in 512-byte sectors.
 func (p Params) Sectors() uint64 { return p.DataBlocks * (BlockSize / 512) }
+
+// Layer returns the parameters of an image layer disk in c8s's layer
+// format (measurements/layer): an ext4 file system of dataBlocks blocks,
+// then its hash tree, unsalted and without a verity superblock, from
+// block dataBlocks on.
+func Layer(device, rootHash string, dataBlocks uint64) Params {
+	return Params{Device: device, FSType: "ext4", RootHash: rootHash, DataBlocks: dataBlocks, HashStartBlock: dataBlocks}
+}

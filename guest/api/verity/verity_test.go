@@ -81,3 +81,17 @@ func TestTable(t *testing.T) {
 		t.Fatalf("Table() without salt = %q, want the salt as -", got)
 	}
 }
+
+func TestLayer(t *testing.T) {
+	root := strings.Repeat("0f", 32)
+	p := Layer("/dev/sdb", root, 1187)
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// As veritysetup format --no-superblock --salt=- --data-blocks=1187
+	// --hash-offset=1187*4096 writes it, data and tree on one device.
+	want := "1 /dev/sdb /dev/sdb 4096 4096 1187 1187 sha256 " + root + " -"
+	if got := p.Table(); got != want {
+		t.Fatalf("table %q, want %q", got, want)
+	}
+}

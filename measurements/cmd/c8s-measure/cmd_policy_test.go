@@ -2,18 +2,23 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+	"github.com/c8s-dev/c8s/measurements/internal/ociimage"
 	"github.com/c8s-dev/c8s/measurements/internal/ocilayout"
+	"github.com/c8s-dev/c8s/measurements/policygen"
 )
 
 const policyTestdata = "../../policygen/testdata/"
@@ -110,6 +115,18 @@ func TestPolicyCommandImageAndJSON(t *testing.T) {
 		t.Errorf("app's rule %+v: want the layout's user and working dir, no logs", app)
 	case len(app.Secrets) != 1 || d.KBS.URL != "https://kbs.example:8080" || len(app.Exec) != 2:
 		t.Errorf("app's rule %+v, kbs %+v", app, d.KBS)
+	}
+	// The layout's layer is pinned, as `c8s-measure image` prints it.
+	img, err := ociimage.OpenLayout(context.Background(), dir, "ghcr.io/example/app@"+digests[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	layers, err := ociimage.MeasureLayers(context.Background(), img, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []policyapi.Layer{policygen.PolicyLayer(layers[0].Disk)}; !reflect.DeepEqual(app.Layers, want) || app.Layers[0].Digest != img.ConfigFile.RootFS.DiffIDs[0].String() {
+		t.Errorf("app's layers %+v, want %+v", app.Layers, want)
 	}
 	p, err := os.ReadFile(patched)
 	if err != nil || !bytes.Contains(p, []byte(initdata.Annotation+": "+j.Annotation[initdata.Annotation])) {

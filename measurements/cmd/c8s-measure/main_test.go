@@ -35,7 +35,7 @@ func TestEverySubcommandIsRegistered(t *testing.T) {
 			got = append(got, strings.Fields(line)[0])
 		}
 	}
-	want := []string{"igvm", "policy", "sev", "seves", "sim", "snp", "snp-ovmf-hash", "tdx", "uki"}
+	want := []string{"igvm", "image", "policy", "sev", "seves", "sim", "snp", "snp-ovmf-hash", "tdx", "uki"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("subcommands %q, want %q", got, want)
 	}

@@ -1,6 +1,8 @@
 // Package ocilayout writes small, deterministic OCI image layouts for the
-// tests of the policy generator (measurements/policygen) and its CLI: an
-// image config and layers of given files, no registry needed.
+// tests of the policy generator (measurements/policygen), the image
+// readers (measurements/internal/ociimage) and their CLI: an image config
+// and layers of given files. StartRegistry and Push put them in a local
+// registry for the tests that read one.
 package ocilayout
 
 import (
@@ -9,6 +11,7 @@ import (
 	"compress/gzip"
 	_ "crypto/sha256" // registers sha256 for go-digest
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"maps"
 	"os"
@@ -16,6 +19,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	digest "github.com/opencontainers/go-digest"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -32,6 +36,8 @@ type Image struct {
 	// MultiPlatform wraps the manifest in an image index, beside an
 	// arm64 manifest with another config.
 	MultiPlatform bool
+	// Compression of the layer blobs: "" (gzip), "zstd" or "none".
+	Compression string
 }
 
 // Write writes a layout of imgs to dir and returns the digest of each
@@ -43,7 +49,7 @@ func Write(dir string, imgs ...Image) ([]digest.Digest, error) {
 		blobs[d] = data
 		return ocispec.Descriptor{MediaType: media, Digest: d, Size: int64(len(data))}
 	}
-	manifest := func(cfg ocispec.ImageConfig, arch string, layers []map[string]string) (ocispec.Descriptor, error) {
+	manifest := func(cfg ocispec.ImageConfig, arch string, layers []map[string]string, compression string) (ocispec.Descriptor, error) {
 		var descs []ocispec.Descriptor
 		var diffs []digest.Digest
 		for _, files := range layers {
@@ -51,7 +57,20 @@ func Write(dir string, imgs ...Image) ([]digest.Digest, error) {
 			if err != nil {
 				return ocispec.Descriptor{}, err
 			}
-			descs = append(descs, blob(ocispec.MediaTypeImageLayerGzip, gz))
+			switch compression {
+			case "":
+				descs = append(descs, blob(ocispec.MediaTypeImageLayerGzip, gz))
+			case "none":
+				descs = append(descs, blob(ocispec.MediaTypeImageLayer, raw))
+			case "zstd":
+				zw, err := zstd.NewWriter(nil)
+				if err != nil {
+					return ocispec.Descriptor{}, err
+				}
+				descs = append(descs, blob(ocispec.MediaTypeImageLayerZstd, zw.EncodeAll(raw, nil)))
+			default:
+				return ocispec.Descriptor{}, fmt.Errorf("compression %q", compression)
+			}
 			diffs = append(diffs, digest.FromBytes(raw))
 		}
 		c, err := json.Marshal(ocispec.Image{
@@ -75,12 +94,12 @@ func Write(dir string, imgs ...Image) ([]digest.Digest, error) {
 	}
 	var top []ocispec.Descriptor
 	for _, img := range imgs {
-		d, err := manifest(img.Config, "amd64", img.Layers)
+		d, err := manifest(img.Config, "amd64", img.Layers, img.Compression)
 		if err != nil {
 			return nil, err
 		}
 		if img.MultiPlatform {
-			other, err := manifest(ocispec.ImageConfig{Cmd: []string{"/other-platform"}}, "arm64", nil)
+			other, err := manifest(ocispec.ImageConfig{Cmd: []string{"/other-platform"}}, "arm64", nil, "")
 			if err != nil {
 				return nil, err
 			}

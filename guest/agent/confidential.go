@@ -135,7 +135,7 @@ func (s *Service) writableRoot(ctx context.Context, c *container, r *agentapi.Ro
 	if err := s.cfg.MountRootfs(ctx, ro, lower); err != nil {
 		return err
 	}
-	return s.stackRoot(ctx, c, []string{lower}, spec)
+	return s.stackRoot(ctx, c, []string{lower}, spec, nil)
 }
 
 // overlayPath refuses a path that overlayfs options could not carry.
@@ -150,8 +150,9 @@ func overlayPath(id, p string) error {
 // stackRoot mounts a tmpfs at <bundle>/scratch and, on c.rootfs, the
 // overlay of its upper and work directories over lowers (the top layer
 // first): the container's writes stay in guest memory, which SNP and TDX
-// encrypt.
-func (s *Service) stackRoot(ctx context.Context, c *container, lowers []string, spec *specs.Spec) error {
+// encrypt. Each name in whiteouts (an entry of the root directory) is
+// hidden by a whiteout in the upper directory.
+func (s *Service) stackRoot(ctx context.Context, c *container, lowers []string, spec *specs.Spec, whiteouts []string) error {
 	scratch := filepath.Join(c.bundle, scratchDir)
 	upper, work := filepath.Join(scratch, "upper"), filepath.Join(scratch, "work")
 	for _, p := range append([]string{upper, work, c.rootfs}, lowers...) {
@@ -183,6 +184,12 @@ func (s *Service) stackRoot(ctx context.Context, c *container, lowers []string, 
 	}
 	if err := os.Mkdir(work, 0o700); err != nil {
 		return err
+	}
+	for _, name := range whiteouts {
+		// overlayfs's whiteout: a character device 0/0.
+		if err := unix.Mknod(filepath.Join(upper, name), unix.S_IFCHR, 0); err != nil {
+			return fmt.Errorf("container %q: hide /%s: %w", c.id, name, err)
+		}
 	}
 	if s.cfg.LoadOverlay != nil {
 		s.overlayOnce.Do(s.cfg.LoadOverlay)

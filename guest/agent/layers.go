@@ -498,5 +498,41 @@ func (s *Service) layeredRoot(ctx context.Context, c *container, r *agentapi.Roo
 	c.mu.Lock()
 	c.layers = ls // released with the container (cleanup), whatever follows
 	c.mu.Unlock()
-	return s.stackRoot(ctx, c, layerDirs(ls), spec)
+	dirs := layerDirs(ls)
+	var hide []string
+	if artefactLostFound(dirs) {
+		hide = []string{"lost+found"}
+	}
+	return s.stackRoot(ctx, c, dirs, spec, hide)
+}
+
+// artefactLostFound reports whether /lost+found in the stacked layers is
+// only the converter's: every layer disk is an ext4 file system, which
+// has an empty lost+found directory (root's, mode 0700) whether or not the
+// layer's tar had one (measurements/layer). A container run from the
+// image's tars by any other runtime has no such directory, so it is
+// hidden unless some layer's holds an entry or differs in owner or mode,
+// which only the image can have made it. (An image that ships an empty,
+// root-owned 0700 /lost+found loses it; its contents would be nothing.)
+func artefactLostFound(layerDirs []string) bool {
+	found := false
+	for _, d := range layerDirs {
+		p := filepath.Join(d, "lost+found")
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return false
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR || st.Mode&0o7777 != 0o700 || st.Uid != 0 || st.Gid != 0 {
+			return false
+		}
+		entries, err := os.ReadDir(p)
+		if err != nil || len(entries) > 0 {
+			return false
+		}
+		found = true
+	}
+	return found
 }

@@ -202,9 +202,12 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	// it is carried out (policy.go).
 	grant, err := s.evaluator().CreateContainer(&policy.CreateContainer{
 		ID: c.id, Spec: plan.Spec, MountKinds: mountKinds(plan.Spec.Mounts, plan.Origins), Joined: joined,
-		SecretPaths: s.secretPaths(), Root: root,
+		SecretPaths: s.secretPaths(), Root: root, Files: fileContents(plan.Files),
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := s.checkNetwork(grant, req.GetNetwork()); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()

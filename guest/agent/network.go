@@ -9,6 +9,8 @@ import (
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/network"
+	"github.com/c8s-dev/c8s/guest/policy"
+	"github.com/c8s-dev/c8s/guest/spec"
 )
 
 // configureNetwork wires the pod's NICs into the network namespace of the
@@ -26,4 +28,31 @@ func (s *Service) configureNetwork(ctx context.Context, id string, req *agentapi
 		return fmt.Errorf("configure the pod network in container %q: %w", id, err)
 	}
 	return nil
+}
+
+// checkNetwork decides, before anything of the create is carried out,
+// whether the host may wire the pod network req with container c
+// ([policy.network], guest/policy PodNetwork).
+func (s *Service) checkNetwork(c *policy.Container, req *agentapi.PodNetwork) error {
+	if req == nil {
+		return nil
+	}
+	n := &policy.PodNetwork{}
+	for _, ni := range req.GetInterfaces() {
+		n.Interfaces = append(n.Interfaces, policy.Interface{Name: ni.GetName(), MAC: ni.GetMac(), MTU: ni.GetMtu(), Addresses: ni.GetAddresses()})
+	}
+	for _, r := range req.GetRoutes() {
+		n.Routes = append(n.Routes, policy.Route{Interface: r.GetInterface(), Destination: r.GetDestination(), Gateway: r.GetGateway(), Source: r.GetSource()})
+	}
+	return s.evaluator().PodNetwork(c, n)
+}
+
+// fileContents are the contents of the host files a plan writes, by guest
+// path, for the policy.
+func fileContents(files []spec.GuestFile) map[string][]byte {
+	out := make(map[string][]byte, len(files))
+	for _, f := range files {
+		out[f.Path] = f.Content
+	}
+	return out
 }

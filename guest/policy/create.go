@@ -35,6 +35,10 @@ type CreateContainer struct {
 	// Root is the container's root file system as the host asks for it:
 	// a disk the host built, or image layers (layers.go).
 	Root Root
+	// Files are the contents of the host files passed by value, by the
+	// guest path the spec binds (for [policy.network] dns: the
+	// container's /etc/resolv.conf).
+	Files map[string][]byte
 }
 
 // noRule governs a container that no rule names but that audit mode let
@@ -85,10 +89,13 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 	k.root(rule, r.Spec)
 	k.paths(rule, r.Spec.Linux)
 	k.namespaces(rule, r.Spec.Linux, r.Joined)
+	k.linux(rule, r.Spec) // process.go
 	k.mounts(rule, r.Spec.Mounts, r.MountKinds)
 	k.belowShared(rule, r.Spec.Mounts, r.MountKinds, r.SecretPaths)
 	k.sysctls(rule, r.Spec.Linux)
 	k.layers(rule, r.Root)
+	k.dns(e.p.NetworkOf(), r.Spec.Mounts, r.MountKinds, r.Files)   // network.go
+	e.emptyDirPod(k, c.Identity, ann, r.Spec.Mounts, r.MountKinds) // volumes.go
 	if c.Identity.Sandbox() {
 		e.claimSandbox(k, r.ID)
 	}
@@ -287,6 +294,7 @@ func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, ter
 	if rule.NoNewPrivileges && !p.NoNewPrivileges {
 		k.deny("process.noNewPrivileges", "false", k.key+".no_new_privileges", "true")
 	}
+	k.limits(rule, p) // process.go
 }
 
 // workingDir checks process.cwd against want, the pattern of the rule's
@@ -428,6 +436,9 @@ func (k *checker) mounts(rule *policyapi.Container, ms []specs.Mount, kinds []po
 		if m.Source != "" {
 			a += " of " + m.Source
 		}
+		if m.Volume != "" {
+			a += " volume " + string(m.Volume)
+		}
 		if m.ReadOnly {
 			a += ", ro"
 		}
@@ -462,7 +473,8 @@ func (k *checker) mounts(rule *policyapi.Container, ms []specs.Mount, kinds []po
 		ro := readOnly(m.Options)
 		if slices.ContainsFunc(rule.Mounts, func(r policyapi.Mount) bool {
 			return r.Kind == kind && r.Destination.Match(m.Destination) &&
-				(kind != policyapi.KindGuest || r.Source == m.Source) && (!r.ReadOnly || ro)
+				(kind != policyapi.KindGuest || r.Source == m.Source) && (!r.ReadOnly || ro) &&
+				(kind != policyapi.KindEmptyDir || volumeMatch(r.Volume, m.Source))
 		}) {
 			continue
 		}
@@ -481,6 +493,9 @@ func (k *checker) mounts(rule *policyapi.Container, ms []specs.Mount, kinds []po
 			if under(m.Source, "/run/c8s") || m.Source == "/" || under(m.Source, "/dev") || under(m.Source, "/proc") || under(m.Source, "/sys") {
 				d.Hint += ": guest-internal state (the pod's secrets, the containers' roots, devices, kernel interfaces)"
 			}
+		case policyapi.KindEmptyDir:
+			d := k.deny(field, fmt.Sprintf("%q (emptydir volume %q)", m.Destination, path.Base(m.Source)), k.key+".mounts", expected)
+			d.Hint = "an emptyDir is named by its volume: another container's, or one the pod spec does not mount here, would share its files"
 		default:
 			k.deny(field, fmt.Sprintf("%q (%s)", m.Destination, kind), k.key+".mounts", expected)
 		}

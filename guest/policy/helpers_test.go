@@ -154,6 +154,8 @@ func kindsOf(ms []specs.Mount) []policyapi.MountKind {
 			out[i] = policyapi.KindFile
 		case strings.HasPrefix(m.Source, "/run/c8s/shared/"):
 			out[i] = policyapi.KindShared
+		case strings.HasPrefix(m.Source, "/run/c8s/emptydir/"):
+			out[i] = policyapi.KindEmptyDir
 		default:
 			out[i] = policyapi.KindGuest
 		}

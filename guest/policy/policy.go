@@ -27,6 +27,62 @@
 // evaluator's OnDenial and the requests allowed. A built-in policy
 // (policyapi.ZeroLaunchDefault) has a default rule for the containers no
 // other rule names, and its denials say why it is in force.
+//
+// Every field of the OCI spec (runtime-spec v1.2.1) the host writes is
+// either pinned or bounded by the rule, or fixed by the guest whatever
+// the host asks (guest/spec), or refused:
+//
+//	field                              decision
+//	process.args, env, cwd             pinned (args, env, working_dir)
+//	process.user.uid, gid              pinned (uid, gid)
+//	process.user.additionalGids        pinned by additional_gids (policygen writes it
+//	                                   from the image's /etc/group, supplementalGroups
+//	                                   and fsGroup); absent: not pinned
+//	process.user.umask                 pinned by umask; absent: 022 or stricter
+//	process.capabilities               bounded (capabilities, privileged)
+//	process.noNewPrivileges            required by no_new_privileges
+//	process.rlimits                    bounded: each type the rule's rlimits (absent:
+//	                                   RLIMIT_NOFILE ≤ 1048576) name, hard ≤ max;
+//	                                   RLIMIT_CORE fixed to 0 (guest/spec)
+//	process.oomScoreAdj                bounded: -998 (the kubelet's lowest) to 1000
+//	process.scheduler                  bounded: SCHED_OTHER, BATCH or IDLE, nice ≥ 0
+//	process.ioPriority                 bounded: IOPRIO_CLASS_BE or IDLE
+//	process.execCPUAffinity            the host's (it schedules the VM's CPUs anyway)
+//	process.apparmorProfile,           stripped (guest/spec): the guest kernel loads
+//	  selinuxLabel, linux.mountLabel   no LSM policy; capabilities, namespaces and
+//	                                   seccomp confine the container
+//	process.terminal, consoleSize      the agent's (the stdio request)
+//	process.commandLine                refused (Windows)
+//	root.readonly                      required by read_only_root
+//	root.path, linux.cgroupsPath       fixed by the guest
+//	mounts                             bounded by source kind (mounts, StandardMounts);
+//	                                   an emptyDir by its volume name (volume) and to
+//	                                   the VM's one pod; uid/gid mappings as below
+//	hooks, annotations (non-CRI)       stripped (guest/spec)
+//	linux.namespaces pid, network,     the container's own or the sandbox's, the VM's
+//	  ipc, uts, mount                  only by vm_namespaces
+//	linux.namespaces cgroup            the runtime's (cgroupfs is read-only unless
+//	                                   privileged)
+//	linux.namespaces user,             refused unless user_namespace; then no mapping
+//	  uid/gidMappings                  of the guest's root (id 0)
+//	linux.namespaces time              allowed fresh; linux.timeOffsets refused
+//	linux.maskedPaths, readonlyPaths   required (masked_paths, readonly_paths)
+//	linux.sysctl                       bounded (sysctls)
+//	linux.devices, resources.devices   the agent's device policy (agent_policy)
+//	linux.resources (other)            the host's (policy.update_resources): it sizes
+//	                                   the VM anyway; cpusets within online CPUs
+//	linux.seccomp                      normalized (NOTIFY, TRACE, ERRNO(0) refused);
+//	                                   the profile itself is the host's: not pinned
+//	linux.rootfsPropagation            fixed to rprivate (guest/spec)
+//	linux.personality                  refused but LINUX without flags
+//	linux.intelRdt                     refused
+//	linux.memoryPolicy, netDevices     not in v1.2.1: dropped when the agent rewrites
+//	                                   the spec it parsed
+//	hostname, domainname               the host's (it names the pod anyway)
+//
+// The pod network the host sends with the sandbox's create is checked by
+// PodNetwork against [policy.network] (policyapi.Network), and the
+// nameservers of each container's /etc/resolv.conf by its dns.
 package policy
 
 import (
@@ -66,6 +122,8 @@ type Evaluator struct {
 	// sandbox is the id of the container the policy admitted as the
 	// pod's sandbox: a VM runs one pod, so one sandbox (CreateContainer).
 	sandbox string
+	// podUID is the pod whose emptyDir volumes the VM holds (volumes.go).
+	podUID string
 }
 
 // maxReported bounds reported: past it, repeats are reported again.

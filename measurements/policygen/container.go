@@ -210,6 +210,7 @@ func (g *gen) container(c *corev1.Container, where string) (*rule, error) {
 		return nil, err
 	}
 	r.c.VMNamespaces = g.vmNamespaces()
+	r.c.UserNamespace = g.w.spec.HostUsers != nil && !*g.w.spec.HostUsers
 	mounts, err := g.mounts(r, c, img)
 	if err != nil {
 		return nil, err
@@ -362,6 +363,7 @@ func (g *gen) user(r *rule, c *corev1.Container, img *Image) error {
 		g.warn("container %s: runAsUser %s without runAsGroup and no image config: gid 0 is assumed; if the image's /etc/passwd gives uid %s another group, CreateContainer is refused (set runAsGroup, or pass --image)", c.Name, userstr, userstr)
 	}
 	r.setUser(u)
+	g.additionalGIDs(r, c, img, userstr) // groups.go
 	return nil
 }
 
@@ -477,7 +479,11 @@ func (g *gen) mounts(r *rule, c *corev1.Container, img *Image) ([]policyapi.Moun
 			}
 		}
 		for _, k := range kinds {
-			add(policyapi.Mount{Destination: exact(dest), Kind: k, ReadOnly: ro || vm.ReadOnly}, "volume %s: %s", vm.Name, note)
+			m := policyapi.Mount{Destination: exact(dest), Kind: k, ReadOnly: ro || vm.ReadOnly}
+			if k == policyapi.KindEmptyDir {
+				m.Volume = exact(vm.Name) // the kubelet's directory is the volume's name
+			}
+			add(m, "volume %s: %s", vm.Name, note)
 		}
 	}
 	automount := g.w.spec.AutomountServiceAccountToken == nil || *g.w.spec.AutomountServiceAccountToken

@@ -177,7 +177,7 @@ func TestRoundTripDeployment(t *testing.T) {
 		t.Fatalf("the sandbox: %v", err)
 	}
 	migrate := containerRequest("migrate1", "migrate", appRef, &specs.Process{
-		Args: []string{"/usr/bin/app", "migrate", "--to=latest"}, Cwd: "/srv/app", User: specs.User{UID: 1001, GID: 1002},
+		Args: []string{"/usr/bin/app", "migrate", "--to=latest"}, Cwd: "/srv/app", User: specs.User{UID: 1001, GID: 1002, AdditionalGids: []uint32{1002}},
 		Env: append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOSTNAME=web-7d9f8c6b5-x2k4q", "HOME=/home/app", "APP_PORT=8080",
 			"POD_NAME=web-7d9f8c6b5-x2k4q"}, kubernetesEnv...),
 	})
@@ -220,6 +220,10 @@ func TestRoundTripDeployment(t *testing.T) {
 		"process.cwd":    func(r *request) { r.spec.Process.Cwd = "/data" },
 		"process.user.uid": func(r *request) {
 			r.spec.Process.User.UID = 0
+		},
+		// The root group added to the process's groups.
+		"process.user.additionalGids": func(r *request) {
+			r.spec.Process.User.AdditionalGids = append(r.spec.Process.User.AdditionalGids, 0)
 		},
 		"mounts[13]": func(r *request) {
 			r.mounts = append(r.mounts, bind("/loot", "/run/c8s/containers/app1/shares/app1-9", policyapi.KindShared, false))
@@ -281,6 +285,22 @@ func TestRoundTripPod(t *testing.T) {
 		"process.env[6]":                func(r *request) { r.spec.Process.Env[6] = "POD_IP=10.0.0.1;rm -rf /" },
 		"process.capabilities.bounding": func(r *request) { r.spec.Process.Capabilities.Bounding = []string{"CAP_NET_RAW"} },
 		"root.readonly":                 func(r *request) { r.spec.Root.Readonly = false },
+		// The pod's scratch volume where the pod spec mounts cache.
+		`emptydir volume "scratch"`: func(r *request) {
+			for i, m := range r.mounts {
+				if m.m.Destination == "/cache" {
+					r.mounts[i] = bind("/cache", "/run/c8s/emptydir/u/scratch", policyapi.KindEmptyDir, false)
+				}
+			}
+		},
+		// A volume of the same name in another pod's directory.
+		"another pod's emptyDir": func(r *request) {
+			for i, m := range r.mounts {
+				if m.m.Destination == "/cache" {
+					r.mounts[i] = bind("/cache", "/run/c8s/emptydir/other-pod/cache", policyapi.KindEmptyDir, false)
+				}
+			}
+		},
 	} {
 		r := app()
 		r.spec.Root.Readonly = true

@@ -284,10 +284,17 @@ func (r *rule) write(b *bytes.Buffer, table string) {
 	if c.GID != nil {
 		r.scalar(b, "gid", strconv.FormatUint(uint64(*c.GID), 10))
 	}
+	if c.AdditionalGIDs != nil {
+		gids := make([]string, len(*c.AdditionalGIDs))
+		for i, g := range *c.AdditionalGIDs {
+			gids[i] = strconv.FormatUint(uint64(g), 10)
+		}
+		r.scalar(b, "additional_gids", "["+strings.Join(gids, ", ")+"]")
+	}
 	for _, f := range []struct {
 		key string
 		on  bool
-	}{{"privileged", c.Privileged}, {"no_new_privileges", c.NoNewPrivileges}, {"read_only_root", c.ReadOnlyRoot}} {
+	}{{"privileged", c.Privileged}, {"no_new_privileges", c.NoNewPrivileges}, {"read_only_root", c.ReadOnlyRoot}, {"user_namespace", c.UserNamespace}} {
 		if f.on {
 			r.scalar(b, f.key, "true")
 		}
@@ -309,6 +316,9 @@ func (r *rule) write(b *bytes.Buffer, table string) {
 		s := "{ destination = " + str(string(m.Destination)) + ", kind = " + str(string(m.Kind))
 		if m.Source != "" {
 			s += ", source = " + str(m.Source)
+		}
+		if m.Volume != "" {
+			s += ", volume = " + str(string(m.Volume))
 		}
 		if m.ReadOnly {
 			s += ", read_only = true"

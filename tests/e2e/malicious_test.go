@@ -106,6 +106,7 @@ uid = 0
 gid = 0
 exec = [["echo", "allowed"]]
 secrets = [{ resource = "kbs:///default/key/db-password" }]
+mounts = [{ destination = "/cache", kind = "emptydir", volume = "cache" }]
 
 [policy.containers.reader]
 image = %q
@@ -482,6 +483,8 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 		p.createRefused(t, c, "attack-env", "sandbox", s, "app", errdefs.ErrPermissionDenied,
 			`process.env[1] "LD_PRELOAD=/tmp/spy.so"`, "policy.containers.app.env")
 	})
+
+	testPolicyPodMore(t, c, p)
 
 	// reader's spec as the guest accepts it (VirtioFSNamed): hostDir bound
 	// on /config, which the host shares over virtio-fs, and a tmpfs on

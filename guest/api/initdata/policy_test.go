@@ -81,9 +81,9 @@ func TestParsePolicy(t *testing.T) {
 // Mistakes in the policy are errors naming the key.
 func TestParsePolicyStrict(t *testing.T) {
 	for policy, want := range map[string]string{
-		"[policy]\nauditt = true\n": "unknown key policy.auditt (known in policy: audit, containers, sandbox, stats, update_resources)",
+		"[policy]\nauditt = true\n": "unknown key policy.auditt (known in policy: audit, containers, network, sandbox, stats, update_resources)",
 		"[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nmountz = []\n":                                             "unknown key policy.containers.app.mountz (known in policy.containers.app: additional_gids, args,",
-		"[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nmounts = [{ destination = \"/x\", knd = \"tmpfs\" }]\n":    "unknown key policy.containers.app.mounts.knd (known in policy.containers.app.mounts: destination, kind, read_only, source)",
+		"[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nmounts = [{ destination = \"/x\", knd = \"tmpfs\" }]\n":    "unknown key policy.containers.app.mounts.knd (known in policy.containers.app.mounts: destination, kind, read_only, source, volume)",
 		"[policy.containers.app]\nargs = [\"y\"]\n":                                                                         "policy.containers.app.image: required",
 		"[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nsecrets = [{ resource = \"kbs:///default/key/other\" }]\n": "policy.containers.app.secrets[0].resource",
 		"[agent_policy]\nallow_exec = true\n[policy]\n":                                                                     "agent_policy.allow_exec does not apply with a [policy] section",

@@ -45,7 +45,7 @@
 //	mounts = [
 //	  { destination = "/var/run/secrets/kubernetes.io/serviceaccount", kind = "shared", read_only = true },
 //	  { destination = "/cache", kind = "tmpfs" },
-//	  { destination = "/scratch", kind = "emptydir" },   # an emptyDir, in guest memory
+//	  { destination = "/scratch", kind = "emptydir", volume = "scratch" },  # the pod's emptyDir "scratch", in guest memory
 //	]
 //
 // Every rule (the sandbox's too) must state image, args, working_dir, uid
@@ -92,6 +92,10 @@ type Policy struct {
 	// Containers are the rules of the pod's other containers, by CRI
 	// container name.
 	Containers map[string]*Container `toml:"containers"`
+	// Network bounds the pod network the host wires the VM to
+	// (CreateContainerRequest.network) and the DNS servers it gives the
+	// containers (network.go). Absent: DefaultNetwork.
+	Network *Network `toml:"network"`
 
 	// The fields below are for built-in policies (ZeroLaunchDefault),
 	// which the agent enforces when no document says otherwise; an init
@@ -208,6 +212,12 @@ type Container struct {
 	// Secrets are the pod's broker secrets ([kbs] secrets) mounted into
 	// the container. Absent: none.
 	Secrets []Secret `toml:"secrets"`
+	// Umask, Rlimits and UserNamespace govern more of the process
+	// (process.go): absent, the umask is at least 022, only the
+	// DefaultRlimits, and no user namespace.
+	Umask         *uint32  `toml:"umask"`
+	Rlimits       []Rlimit `toml:"rlimits"`
+	UserNamespace bool     `toml:"user_namespace"`
 	// Layers pins the image's file system: its layers, bottom first, each
 	// by diff ID and dm-verity root (Layer). The guest then builds the
 	// container's root only from these layers, each opened through
@@ -227,6 +237,12 @@ type Mount struct {
 	Source string `toml:"source"`
 	// ReadOnly, if true, requires the mount to be read-only.
 	ReadOnly bool `toml:"read_only"`
+	// Volume (pattern) names the pod's emptyDir volume an "emptydir"
+	// mount is, as the pod spec names it: the host can then neither give
+	// the container another container's volume nor share a volume the
+	// pod spec does not share. Absent: any of the pod's emptyDirs. Only
+	// for kind "emptydir".
+	Volume Pattern `toml:"volume"`
 }
 
 // Secret mounts one [kbs] secret into a container.
@@ -449,6 +465,9 @@ func (p *Policy) Validate(secrets []string) error {
 		}
 		errs = append(errs, c.validate(key, secrets))
 	}
+	if p.Network != nil {
+		errs = append(errs, p.Network.validate("policy.network"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -478,7 +497,7 @@ func (c *Container) validate(key string, secrets []string) error {
 	if len(c.Args) == 0 {
 		bad("args", "required: the container's process.args")
 	}
-	errs = append(errs, validateLayers(key, c.Layers))
+	errs = append(errs, validateLayers(key, c.Layers), validateProcess(key, c))
 	checkPatterns := func(field string, ps []Pattern) {
 		for i, p := range ps {
 			if err := p.Validate(); err != nil {
@@ -580,5 +599,5 @@ func (m Mount) validate() error {
 	} else if m.Source != "" {
 		return fmt.Errorf("source: only a guest bind names its source (the host chooses the others' host paths)")
 	}
-	return nil
+	return m.validateVolume()
 }

@@ -1,0 +1,162 @@
+package policy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+)
+
+// PodNetwork is the network the host asks the guest to wire with a
+// container's create (CreateContainerRequest.network).
+type PodNetwork struct {
+	Interfaces []Interface
+	Routes     []Route
+}
+
+// Interface is one NIC of the request.
+type Interface struct {
+	Name, MAC string
+	MTU       uint32
+	// Addresses in CIDR notation.
+	Addresses []string
+}
+
+// Route is one route of the request.
+type Route struct {
+	Interface, Destination, Gateway, Source string
+}
+
+const networkKey = "policy.network"
+
+// PodNetwork decides whether the host may wire the pod network n with
+// container c's create ([policy.network], policyapi.Network): only the
+// pod's sandbox brings the network, and neither its addresses nor its
+// routes take over the guest's loopback.
+func (e *Evaluator) PodNetwork(c *Container, n *PodNetwork) error {
+	if !e.Governs() || n == nil || len(n.Interfaces) == 0 && len(n.Routes) == 0 {
+		return nil
+	}
+	rule := e.p.NetworkOf()
+	k := &checker{req: "CreateContainer", key: networkKey}
+	if c != nil {
+		k.name, k.id = c.Identity.Name, c.ID
+		if !c.PodSandbox() {
+			d := k.deny("network", fmt.Sprintf("%d interfaces, %d routes", len(n.Interfaces), len(n.Routes)), "", "on the pod's sandbox container only")
+			d.Reason = "not the pod's sandbox"
+			d.Hint = "the pod network is wired once, into the sandbox's network namespace, which the pod's containers join"
+		}
+	}
+	if max := rule.InterfaceLimit(); len(n.Interfaces) > max {
+		d := k.deny("network.interfaces", fmt.Sprintf("%d interfaces", len(n.Interfaces)), networkKey+".max_interfaces", fmt.Sprint(max))
+		d.Reason = "too many"
+		d.Hint = "a second interface is a second path for the pod's traffic, chosen by the host"
+	}
+	// nil: any (the section does not list them); Validate checked them.
+	var addrs, routes []netip.Prefix
+	if rule.Addresses != nil {
+		addrs, _ = policyapi.ParsePrefixes(rule.Addresses)
+	}
+	if rule.Routes != nil {
+		routes, _ = policyapi.ParsePrefixes(rule.Routes)
+	}
+	names := map[string]bool{}
+	macs := map[string]bool{}
+	for i, ni := range n.Interfaces {
+		field := fmt.Sprintf("network.interfaces[%d]", i)
+		if ni.Name == "lo" || names[ni.Name] {
+			d := k.deny(field+".name", fmt.Sprintf("%q", ni.Name), "", "")
+			d.Reason = "the guest's loopback, or named twice"
+		}
+		names[ni.Name] = true
+		if mac := strings.ToLower(ni.MAC); macs[mac] {
+			k.deny(field+".mac", fmt.Sprintf("%q", ni.MAC), "", "").Reason = "named twice"
+		} else {
+			macs[mac] = true
+		}
+		if min := rule.MTULimit(); ni.MTU < min {
+			d := k.deny(field+".mtu", fmt.Sprint(ni.MTU), networkKey+".min_mtu", fmt.Sprintf("≥ %d", min))
+			d.Reason = "below the least"
+			d.Hint = "a tiny MTU fragments every TLS record the pod sends"
+		}
+		for j, a := range ni.Addresses {
+			k.address(fmt.Sprintf("%s.addresses[%d]", field, j), a, addrs, rule.Addresses)
+		}
+	}
+	for i, r := range n.Routes {
+		field := fmt.Sprintf("network.routes[%d]", i)
+		if !names[r.Interface] {
+			d := k.deny(field+".interface", fmt.Sprintf("%q", r.Interface), "", quoted(slices.Sorted(maps.Keys(names))))
+			d.Reason = "not an interface of the request"
+			d.Hint = "a route through lo or another device the host did not wire would take traffic the guest keeps to itself"
+		}
+		dst, err := netip.ParsePrefix(r.Destination)
+		switch {
+		case err != nil:
+			k.deny(field+".destination", fmt.Sprintf("%q", r.Destination), "", "").Reason = "not a CIDR prefix"
+		case policyapi.PrefixWithin(dst.Masked(), policyapi.Loopback):
+			d := k.deny(field+".destination", fmt.Sprintf("%q", r.Destination), "", "")
+			d.Reason = "in the loopback network"
+			d.Hint = "the pod's own loopback traffic (sidecars, port-forward) would leave through the host's interface"
+		case routes != nil && !policyapi.PrefixWithin(dst.Masked(), routes):
+			k.deny(field+".destination", fmt.Sprintf("%q", r.Destination), networkKey+".routes", strings.Join(rule.Routes, ", "))
+		}
+		if r.Gateway != "" {
+			gw, err := netip.ParseAddr(r.Gateway)
+			if err != nil || gw.IsLoopback() || gw.IsUnspecified() || gw.IsMulticast() {
+				d := k.deny(field+".gateway", fmt.Sprintf("%q", r.Gateway), "", "")
+				d.Reason = "not a unicast gateway"
+			}
+		}
+	}
+	return e.decide(k.ds)
+}
+
+// address checks one interface address.
+func (k *checker) address(field, a string, allowed []netip.Prefix, written []string) {
+	p, err := netip.ParsePrefix(a)
+	if err != nil {
+		k.deny(field, fmt.Sprintf("%q", a), "", "").Reason = "not an address in CIDR notation"
+		return
+	}
+	ip := p.Addr()
+	switch {
+	case ip.IsLoopback() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLinkLocalUnicast():
+		d := k.deny(field, fmt.Sprintf("%q", a), "", "")
+		d.Reason = "a loopback, unspecified, multicast or link-local address"
+		d.Hint = "the pod's loopback and link-local addresses are the guest's own"
+	case allowed != nil && !policyapi.PrefixWithin(netip.PrefixFrom(ip, ip.BitLen()), allowed):
+		k.deny(field, fmt.Sprintf("%q", a), networkKey+".addresses", strings.Join(written, ", "))
+	}
+}
+
+// dns checks the nameservers of the container's /etc/resolv.conf, a host
+// file passed by value, against [policy.network] dns.
+func (k *checker) dns(rule *policyapi.Network, ms []specs.Mount, kinds []policyapi.MountKind, files map[string][]byte) {
+	if rule.DNS == nil {
+		return
+	}
+	for i, m := range ms {
+		if m.Destination != "/etc/resolv.conf" || i >= len(kinds) || kinds[i] != policyapi.KindFile {
+			continue
+		}
+		sc := bufio.NewScanner(bytes.NewReader(files[m.Source]))
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) < 2 || f[0] != "nameserver" {
+				continue
+			}
+			if !policyapi.MatchAny(rule.DNS, f[1]) {
+				d := k.deny(fmt.Sprintf("mounts[%d] /etc/resolv.conf nameserver", i), fmt.Sprintf("%q", f[1]), networkKey+".dns", listed(policyapi.Strings(rule.DNS)))
+				d.Hint = "the host's DNS server answers every name the pod looks up"
+			}
+		}
+	}
+}

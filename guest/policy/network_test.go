@@ -1,0 +1,117 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/pelletier/go-toml/v2"
+
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+)
+
+// bridgeNetwork is what the shim sends for a CNI bridge pod.
+func bridgeNetwork() *PodNetwork {
+	return &PodNetwork{
+		Interfaces: []Interface{{Name: "eth0", MAC: "0a:58:0a:58:00:05", MTU: 1500, Addresses: []string{"10.88.0.5/16", "fd00:88::5/64"}}},
+		Routes: []Route{
+			{Interface: "eth0", Destination: "10.88.0.0/16"},
+			{Interface: "eth0", Destination: "0.0.0.0/0", Gateway: "10.88.0.1"},
+			{Interface: "eth0", Destination: "::/0", Gateway: "fd00:88::1"},
+		},
+	}
+}
+
+// The pod network under the default [policy.network]: a bridge pod is
+// wired, each attack is refused by name.
+func TestMaliciousHostPodNetwork(t *testing.T) {
+	e := evaluator(t, podPolicy)
+	sb := sandbox(t, e)
+	if err := e.PodNetwork(sb, bridgeNetwork()); err != nil {
+		t.Fatalf("a CNI bridge pod: %v", err)
+	}
+	for field, change := range map[string]func(n *PodNetwork){
+		"network.interfaces": func(n *PodNetwork) {
+			n.Interfaces = append(n.Interfaces, Interface{Name: "eth1", MAC: "0a:58:0a:58:00:06", MTU: 1500})
+		},
+		"network.interfaces[0].mtu":          func(n *PodNetwork) { n.Interfaces[0].MTU = 68 },
+		"network.interfaces[0].name":         func(n *PodNetwork) { n.Interfaces[0].Name = "lo" },
+		"network.interfaces[0].addresses[1]": func(n *PodNetwork) { n.Interfaces[0].Addresses[1] = "127.0.0.2/8" },
+		"network.routes[1].destination":      func(n *PodNetwork) { n.Routes[1].Destination = "127.0.0.0/8" },
+		"network.routes[2].destination":      func(n *PodNetwork) { n.Routes[2].Destination = "::1/128" },
+		"network.routes[0].interface":        func(n *PodNetwork) { n.Routes[0].Interface = "lo" },
+		"network.routes[1].gateway":          func(n *PodNetwork) { n.Routes[1].Gateway = "127.0.0.1" },
+	} {
+		n := bridgeNetwork()
+		change(n)
+		d := denied(t, e.PodNetwork(sb, n), field, "")
+		if !strings.Contains(d.Error(), "CreateContainer") {
+			t.Errorf("%s: %v", field, d)
+		}
+	}
+	// Only with the pod's sandbox.
+	app, err := create(t, e, appSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	denied(t, e.PodNetwork(app, bridgeNetwork()), "network", "")
+	// No policy: the host's network.
+	if err := New(nil, nil).PodNetwork(nil, &PodNetwork{Interfaces: []Interface{{Name: "lo"}}}); err != nil {
+		t.Errorf("without a policy: %v", err)
+	}
+}
+
+// A [policy.network] section narrows addresses, routes and DNS.
+func TestPodNetworkSection(t *testing.T) {
+	e := evaluator(t, `
+[policy.network]
+max_interfaces = 2
+min_mtu = 9000
+addresses = ["10.88.0.0/16"]
+routes = ["0.0.0.0/0", "10.0.0.0/8"]
+dns = ["10.96.0.10"]
+`+podPolicy[strings.Index(podPolicy, "[policy.sandbox]"):])
+	sb := sandbox(t, e)
+	n := bridgeNetwork()
+	n.Interfaces[0].MTU = 9000
+	err := e.PodNetwork(sb, n)
+	denied(t, err, "network.interfaces[0].addresses[1]", "policy.network.addresses")
+	denied(t, err, "network.routes[2].destination", "policy.network.routes")
+	n.Interfaces[0].MTU = 1500
+	denied(t, e.PodNetwork(sb, n), "network.interfaces[0].mtu", "policy.network.min_mtu")
+
+	resolv := func(ns string) (*specs.Spec, map[string][]byte) {
+		s := appSpec()
+		src := "/run/c8s/containers/abc/files/1-resolv.conf"
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: src, Options: []string{"rbind", "ro"}})
+		return s, map[string][]byte{src: []byte("search default.svc.cluster.local\nnameserver " + ns + "\noptions ndots:5\n")}
+	}
+	s, files := resolv("10.96.0.10")
+	if _, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sb, Files: files}); err != nil {
+		t.Fatalf("the cluster's DNS: %v", err)
+	}
+	s, files = resolv("203.0.113.53")
+	_, err = e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sb, Files: files})
+	denied(t, err, "mounts[8] /etc/resolv.conf nameserver", "policy.network.dns")
+}
+
+func TestNetworkSectionValidated(t *testing.T) {
+	for _, bad := range []string{"max_interfaces = 100", "min_mtu = 10", `addresses = ["10.0.0.0/33"]`, `routes = ["default"]`, `dns = ["re:("]`} {
+		p := parsePolicy(t, "[policy.network]\n"+bad+"\n")
+		if err := p.Validate(nil); err == nil || !strings.Contains(err.Error(), "policy.network.") {
+			t.Errorf("%s: Validate = %v", bad, err)
+		}
+	}
+}
+
+// parsePolicy reads a [policy] section without validating it.
+func parsePolicy(t *testing.T, doc string) *policyapi.Policy {
+	t.Helper()
+	var d struct {
+		Policy *policyapi.Policy `toml:"policy"`
+	}
+	if err := toml.Unmarshal([]byte(doc), &d); err != nil {
+		t.Fatal(err)
+	}
+	return d.Policy
+}

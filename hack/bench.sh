@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # make bench: Go benchmarks, then the pod figures against peers measured in
 # the same run:
-#   - `ctr run --rm IMG true` on c8s, over a bare QEMU boot of the same
-#     kernel and initramfs to init and power-off   (goal <= 1.15)
-#   - the c8s shim's RSS over containerd-shim-runc-v2's  (goal <= 1.2)
-#   - QEMU's host RSS per pod
+#   - pod start (hack/bench-start.sh): `ctr run --rm IMG true` on c8s over
+#     a truly bare boot of the same kernel with a busybox-static initramfs
+#     (goal <= 1.35), the sealed image to c8s's init, the shim's per-phase
+#     trace, and 10 pods at once over 10 bare boots at once (goal >= 0.75)
+#   - the c8s shim's RSS over containerd-shim-runc-v2's  (goal <= 1.2),
+#     PSS and its anon/file split (hack/bench-memory.sh)
+#   - QEMU's host RSS per pod: guest RAM, TCG buffer, binary, rest; and
+#     per pod with 10 pods running (hack/bench-memory.sh pods)
 #   - exec with 4 MB of output, tty and pipes, over runc's
 #   - the sealed image: build time, sizes, sealed/plain boot (hack/bench-image.sh)
 #   - the agent's measured policy: evaluation per CreateContainer and per
 #     exec, the agent's size and RSS against the agent before it
 #     (hack/bench-policy.sh)
+#   - image layers: start of a 400 MiB image over busybox (goal <= 1.05),
+#     its first conversion, host disk of 10 pods of it over one copy
+#     (goal <= 1.1) (hack/bench-layers.sh)
+#   - layer disks: first conversion time per GiB of layers
+#     (hack/bench-layer.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -24,7 +33,18 @@ hack/bench-image.sh || true
 
 hack/bench-policy.sh || true
 
+hack/bench-layers.sh || true
+
+hack/bench-layer.sh || true
+
+hack/bench-mesh.sh || true
+
 [[ -x hack/bench-measure.sh ]] && { echo "== c8s-measure against the reference tool"; hack/bench-measure.sh || true; }
+
+# Pod start (issue 18): the headline against a truly bare boot, the
+# sealed-image boot, the shim's per-phase trace, N pods at once against N
+# bare boots at once (hack/bench-start.sh, its own containerd).
+RUNS=$RUNS hack/bench-start.sh || true
 
 source hack/lib/containerd.sh
 CD_LOG_LEVEL=info cd_start
@@ -38,51 +58,6 @@ median() { sort -n | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[
 # Warm up: the first pod pays for the node's accelerator probe (cached after).
 ctr run --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" --rm "$img" warmup true
 
-echo "== pod start-to-exit: ctr run --rm $img true ($RUNS runs)"
-c8s=()
-for i in $(seq "$RUNS"); do
-	t0=$(now); ctr run --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" --rm "$img" "bench-$i" true; t1=$(now)
-	c8s+=($(( (t1 - t0) / 1000000 )))
-done
-
-# The bare boot: the same QEMU command line c8s uses (same kernel, initrd,
-# machine, devices, accelerator), with c8s_poweroff=1 so that init powers
-# the VM off as soon as it runs.
-bare_cfg=$CD_DIR/bare.toml
-sed -e "s|^state_dir = .*|state_dir = \"$CD_DIR/bare-state\"|" "$cfg" >"$bare_cfg"
-sed -i "s|^\[hypervisor\]|[hypervisor]\nkernel_params = \"c8s_poweroff=1\"|" "$bare_cfg"
-mkdir -p "$CD_DIR/bare-state"
-cp -r "$CD_DIR/c8s-state/cache" "$CD_DIR/bare-state/" 2>/dev/null || true
-mapfile -t argv < <(bin/c8s-launcher args --config "$bare_cfg" --id bare)
-bare=()
-for i in $(seq "$RUNS"); do
-	rm -rf "$CD_DIR/bare-state/bare"; mkdir -p "$CD_DIR/bare-state/bare"
-	t0=$(now); "${argv[@]}" >/dev/null 2>&1 </dev/null; t1=$(now)
-	bare+=($(( (t1 - t0) / 1000000 )))
-done
-rm -rf "$CD_DIR/bare-state"
-c8s_ms=$(printf '%s\n' "${c8s[@]}" | median)
-bare_ms=$(printf '%s\n' "${bare[@]}" | median)
-echo "c8s ctr run --rm true: median ${c8s_ms} ms  (runs: ${c8s[*]})"
-echo "bare QEMU boot to init and power-off: median ${bare_ms} ms  (runs: ${bare[*]})"
-awk -v a="$c8s_ms" -v b="$bare_ms" 'BEGIN{printf "ratio c8s/bare-boot = %.3f (goal <= 1.15)\n", a/b}'
-
-# From QEMU start to verified attestation, as the shim logs it per pod
-# ("pod VM is up" agent_ready=..., then "pod VM attested" took=...).
-ms() { case $1 in *ms) echo "${1%ms}" ;; *s) awk -v s="${1%s}" 'BEGIN{printf "%d", s*1000}' ;; esac; }
-up=() att=()
-while read -r line; do
-	case $line in
-	*"pod VM is up"*) v=$(grep -o 'agent_ready=[0-9.]*m\?s' <<<"$line" | cut -d= -f2); up_ms=$(ms "$v") ;;
-	*"pod VM attested"*) v=$(grep -o 'took=[0-9.]*m\?s' <<<"$line" | cut -d= -f2); a=$(ms "$v"); att+=("$a"); up+=($((up_ms + a))) ;;
-	esac
-done < <(grep -E 'pod VM is up|pod VM attested' "$CD_DIR/containerd.log")
-if ((${#up[@]})); then
-	echo "QEMU start to verified attestation: median $(printf '%s\n' "${up[@]}" | median) ms; the attestation itself: median $(printf '%s\n' "${att[@]}" | median) ms (${#up[@]} pods)"
-fi
-
-rss_kb() { local sum=0; for p in "$@"; do sum=$((sum + $(awk '/^VmRSS/{print $2}' "/proc/$p/status"))); done; echo $sum; }
-
 echo "== memory of a running container"
 ctr run -d --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" "$img" rss-c8s sleep 600 >/dev/null
 ctr run -d "$img" rss-runc sleep 600 >/dev/null
@@ -90,11 +65,10 @@ sleep 2
 c8s_shim=$(pgrep -f 'containerd-shim-c8s-v2 .*-id rss-c8s' | head -1)
 runc_shim=$(pgrep -f 'containerd-shim-runc-v2 .*-id rss-runc' | head -1)
 qemu=$(pgrep -f "qemu-system.*$CD_DIR/c8s-state" | head -1)
-c8s_rss=$(rss_kb "$c8s_shim"); runc_rss=$(rss_kb "$runc_shim"); qemu_rss=$(rss_kb "$qemu")
-echo "containerd-shim-c8s-v2 RSS: ${c8s_rss} KiB"
-echo "containerd-shim-runc-v2 RSS: ${runc_rss} KiB"
-awk -v a="$c8s_rss" -v b="$runc_rss" 'BEGIN{printf "ratio c8s-shim/runc-shim RSS = %.3f (goal <= 1.2)\n", a/b}'
-echo "QEMU host RSS per pod: ${qemu_rss} KiB ($(( qemu_rss / 1024 )) MiB)"
+# RSS and PSS (anon/file) of both shims in the same run, and the pod's
+# QEMU split into guest RAM, TCG buffer, binary and the rest
+# (hack/bench-memory.sh).
+hack/bench-memory.sh procs "$c8s_shim" "$runc_shim" "$qemu"
 # Exec with large output, as critest's "exec with tty=true and large
 # output" does: 4 MB through a terminal and through pipes, c8s against runc
 # in the same run. The guest's own work under TCG (the same pipeline with
@@ -128,6 +102,12 @@ for t in rss-c8s rss-runc; do ctr tasks kill -s KILL "$t" >/dev/null 2>&1 || tru
 sleep 1
 for t in rss-c8s rss-runc; do ctr tasks delete "$t" >/dev/null 2>&1 || true; ctr containers delete "$t" >/dev/null 2>&1 || true; done
 
+# Memory per pod with 10 pods running (issue 18): QEMU RSS per pod and its
+# split, and the shims' RSS and PSS (hack/bench-memory.sh, its own
+# containerd).
+echo "== memory per pod, ${MEM_PODS:-10} pods running"
+(hack/bench-memory.sh pods "${MEM_PODS:-10}") || true
+
 # ---------------------------------------------------------------------------
 # Live migration (launcher/migrate, issue 8): a pod VM from the guest image
 # moves to a second node on loopback through the shim's Migrate code path,
@@ -137,6 +117,9 @@ for t in rss-c8s rss-runc; do ctr tasks delete "$t" >/dev/null 2>&1 || true; ctr
 # split into the agent channel's first answer through the destination
 # (reattest-connect-ms: under TCG the guest runs cold code on the new QEMU)
 # and fresh evidence plus its verification (reattest-verify-ms), and the
-# pod's first attestation on the source for comparison.
+# pod's first attestation on the source for comparison. Each size runs with
+# QEMU's migration stream under TLS (stream=tls, the default between nodes)
+# and in plain TCP on loopback (stream=plain, migration.plain_loopback), so
+# TLS's cost is measured in the same run.
 echo "== live migration: 256 MiB and 1 GiB guests, loopback"
 go test -run '^$' -bench 'BenchmarkMigrate' -benchtime "${MIGRATE_BENCHTIME:-3x}" ./shim/sandbox 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' || true

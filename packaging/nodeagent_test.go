@@ -80,10 +80,21 @@ func TestNodeAgentManifest(t *testing.T) {
 			rules[res] = append(rules[res], r.Verbs...)
 		}
 	}
-	want := map[string][]string{"nodes": {"get", "patch"}, "nodes/status": {"patch"}, "pods": {"list"}}
-	if len(rules) != len(want) || !slices.Equal(rules["nodes"], want["nodes"]) || !slices.Equal(rules["nodes/status"], want["nodes/status"]) ||
-		!slices.Equal(rules["pods"], want["pods"]) {
+	want := map[string][]string{"nodes": {"get", "patch"}, "nodes/status": {"patch"}, "pods": {"get", "list"},
+		"pods/status": {"patch"}, "events": {"create"}, "configmaps": {"get"}}
+	if len(rules) != len(want) {
 		t.Errorf("ClusterRole rules %v, want %v", rules, want)
+	}
+	for res, verbs := range want {
+		if !slices.Equal(rules[res], verbs) {
+			t.Errorf("ClusterRole rules for %s: %v, want %v", res, rules[res], verbs)
+		}
+	}
+	for _, r := range d.role.Rules {
+		// The trust bundle's ConfigMap only, not every ConfigMap.
+		if slices.Contains(r.Resources, "configmaps") && !slices.Equal(r.ResourceNames, []string{"c8s-trust-bundle"}) {
+			t.Errorf("configmaps rule %+v: want resourceNames [c8s-trust-bundle]", r)
+		}
 	}
 	if d.binding.RoleRef.Kind != "ClusterRole" || d.binding.RoleRef.Name != d.role.Name ||
 		len(d.binding.Subjects) != 1 || d.binding.Subjects[0].Kind != "ServiceAccount" ||
@@ -141,7 +152,7 @@ func TestNodeAgentManifest(t *testing.T) {
 		}
 		mounted[hp] = m.MountPath
 	}
-	for _, p := range []string{"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/etc/c8s", "/sys", "/dev", "/run/c8s"} {
+	for _, p := range []string{"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/etc/c8s", "/sys", "/dev", "/run/c8s", "/run/containerd", "/usr/local/share/c8s"} {
 		if mounted[p] != p {
 			t.Errorf("host %s is mounted at %q, want the same path", p, mounted[p])
 		}

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-//go:embed containerd/c8s.toml c8s/config.toml c8s/config-sim.toml c8s/config-snp.toml c8s/config-tdx.toml kubernetes/runtimeclasses.yaml kubernetes/c8s.yaml kubernetes/node-agent.yaml
+//go:embed containerd/c8s.toml c8s/config.toml c8s/config-sim.toml c8s/config-snp.toml c8s/config-tdx.toml kubernetes/runtimeclasses.yaml kubernetes/runtimeclasses-gpu.yaml kubernetes/c8s.yaml kubernetes/node-agent.yaml
 var files embed.FS
 
 // Paths are the install locations substituted into the templates.

@@ -129,6 +129,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	p, err := s.create(ctx, c, req, join, joined)
 	join.release() // the runtime has joined them, or failed
 	if err != nil {
+		s.stopMesh(id)
 		s.evaluator().ReleaseSandbox(c.policy())
 		s.mu.Lock()
 		delete(s.containers, id)
@@ -232,6 +233,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		}
 	}
 	plan.Spec.Mounts = append(plan.Spec.Mounts, s.secretMounts(grant)...)
+	plan.Spec.Mounts = append(plan.Spec.Mounts, s.meshMounts(ctx, grant)...)
 	c.cgroup = plan.Spec.Linux.CgroupsPath
 	config, err := json.Marshal(plan.Spec)
 	if err != nil {
@@ -246,6 +248,9 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		return nil, s.layerFailure(ctx, c, err)
 	}
 	if err := s.configureNetwork(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
+		return nil, err
+	}
+	if err := s.startMesh(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
 		return nil, err
 	}
 	// Its init waits to be started: its pid is still its own.
@@ -365,6 +370,7 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 			}
 		}()
 	}
+	s.stopMesh(id)
 	err := s.cleanup(ctx, id, filepath.Join(s.cfg.StateDir, id))
 	if ok {
 		// Even if the bundle could not be cleaned: a layer still busy

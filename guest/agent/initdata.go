@@ -77,6 +77,7 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 	s.policy, s.policySet = doc.Agent, true
 	s.eval = policy.New(doc.Policy, logDenial)
 	s.mu.Unlock()
+	s.setMesh(doc, r.InitData)
 	l := log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("allow_devices", doc.Agent.AllowDevices).WithField("secrets", len(doc.KBS.Secrets))
 	if doc.Policy != nil {
 		l = l.WithField("policy", len(doc.Policy.Containers)).WithField("audit", doc.Policy.Audit)

@@ -152,6 +152,8 @@ type Service struct {
 	emptyDirs   shareState
 	// layers are the pod's open image layers (layers.go).
 	layers layerStore
+	// mesh is the pod's attested mesh (mesh.go).
+	mesh meshState
 }
 
 var (

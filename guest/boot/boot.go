@@ -96,6 +96,13 @@ func Main() {
 		go func() {
 			n := initsys.LoadModules(initsys.ModulesList, func(p string) bool { return !initsys.Deferred(p) })
 			log.L.WithField("guest_uptime", initsys.Uptime()).Infof("loaded %d kernel modules", n)
+			// A container run from its image's layers (the default)
+			// gets an overlay for its writable layer: load overlayfs
+			// while the host verifies the attestation rather than in
+			// the first CreateContainer (which still loads it if this
+			// has not finished; device-mapper and dm-verity are the
+			// first stage's, loaded already).
+			initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/fs/overlayfs/") })
 		}()
 		if err := initsys.SetupNetwork(); err != nil {
 			log.L.WithError(err).Error("network setup failed")
@@ -176,7 +183,16 @@ func Main() {
 	if err != nil {
 		fatal(err)
 	}
-	log.L.WithField("channel", ch).WithField("address", l.Addr().String()).WithField("guest_uptime", initsys.Uptime()).Info("serving")
+	// The boot times (guest clock) end up in the host's start trace:
+	// the kernel's start to the first stage, to the agent, to serving.
+	fields := logrus.Fields{"channel": ch, "address": l.Addr().String(), "boot_agent": started, "guest_uptime": initsys.Uptime()}
+	if v, err := time.ParseDuration(os.Getenv(initsys.Stage1UptimeEnv)); err == nil {
+		fields["boot_stage1"] = v
+	}
+	if v, err := time.ParseDuration(os.Getenv(initsys.Stage1ExecEnv)); err == nil {
+		fields["boot_exec"] = v
+	}
+	log.L.WithFields(fields).Info("serving")
 	for {
 		err := srv.Serve(context.Background(), l)
 		log.L.WithError(err).Error("ttrpc server stopped; serving again in 1s")

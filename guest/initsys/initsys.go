@@ -155,7 +155,16 @@ func LoadModules(list string, want func(path string) bool) int {
 		if want != nil && !want(path) {
 			continue
 		}
-		if err := loadModule(path); err != nil {
+		if moduleLive(sysModuleDir, path) {
+			// Loaded already (the first stage's, or another caller's):
+			// finit_module would check its signature again before
+			// finding it loaded, which costs time under emulation.
+			continue
+		}
+		t0 := Uptime()
+		err := finitModule(path)
+		log.L.WithField("took", Uptime()-t0).WithField("guest_uptime", Uptime()).Debugf("kernel module %s", filepath.Base(path))
+		if err != nil {
 			if errors.Is(err, unix.ENODEV) {
 				// Platform drivers (sev-guest, tdx-guest) refuse to load
 				// on other platforms.
@@ -200,6 +209,22 @@ func moduleList(r io.Reader, base string) ([]string, error) {
 		paths = append(paths, path)
 	}
 	return paths, sc.Err()
+}
+
+// sysModuleDir is where the kernel lists its modules.
+var sysModuleDir = "/sys/module"
+
+// finitModule loads a module file (a variable for tests).
+var finitModule = loadModule
+
+// moduleLive reports whether the module of file path is loaded and
+// initialized, as sysModule/NAME/initstate says. One still loading is not
+// (finit_module then waits for it).
+func moduleLive(sysModule, path string) bool {
+	name := strings.TrimSuffix(filepath.Base(path), ".ko")
+	name = strings.ReplaceAll(name, "-", "_")
+	state, err := os.ReadFile(filepath.Join(sysModule, name, "initstate"))
+	return err == nil && strings.TrimSpace(string(state)) == "live"
 }
 
 func loadModule(path string) error {

@@ -77,3 +77,34 @@ func TestDeferredModules(t *testing.T) {
 		t.Error("Deferred with explicit fragments matches the wrong modules")
 	}
 }
+
+func TestLoadModulesSkipsLiveModules(t *testing.T) {
+	dir := t.TempDir()
+	sys := filepath.Join(dir, "sys")
+	for name, state := range map[string]string{"dm_mod": "live\n", "overlay": "coming\n"} {
+		if err := os.MkdirAll(filepath.Join(sys, name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sys, name, "initstate"), []byte(state), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list := filepath.Join(dir, "modules")
+	mods := []string{"/m/kernel/drivers/md/dm-mod.ko", "/m/kernel/fs/overlayfs/overlay.ko", "/m/kernel/drivers/scsi/sd_mod.ko"}
+	if err := os.WriteFile(list, []byte(strings.Join(mods, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	oldSys, oldFinit := sysModuleDir, finitModule
+	defer func() { sysModuleDir, finitModule = oldSys, oldFinit }()
+	var loaded []string
+	sysModuleDir = sys
+	finitModule = func(path string) error { loaded = append(loaded, filepath.Base(path)); return nil }
+	if n := LoadModules(list, nil); n != 2 {
+		t.Errorf("LoadModules = %d, want 2", n)
+	}
+	// dm-mod is live (skipped); overlay is still coming up (loaded: the
+	// kernel waits for it); sd_mod is not there.
+	if want := []string{"overlay.ko", "sd_mod.ko"}; !reflect.DeepEqual(loaded, want) {
+		t.Errorf("loaded %q, want %q", loaded, want)
+	}
+}

@@ -14,6 +14,16 @@ import (
 // root.
 const SwitchedEnv = "C8S_SWITCHED_ROOT"
 
+// Stage1UptimeEnv carries the guest's uptime when the sealed image's first
+// stage started (a Go duration) to the agent, which logs it with its own
+// boot times on the console. The host shows them in the pod's start trace
+// and trusts them for nothing else.
+const Stage1UptimeEnv = "C8S_STAGE1_UPTIME"
+
+// Stage1ExecEnv carries the uptime when the first stage executed the agent,
+// likewise for display only.
+const Stage1ExecEnv = "C8S_STAGE1_EXEC"
+
 // SwitchRoot moves PID 1 off the kernel's initial rootfs and re-executes
 // it. The initial rootfs cannot be pivot_root'ed away from, and the OCI
 // runtime (crun, or runc) jails every container with pivot_root, so

@@ -50,6 +50,7 @@ func Main() {
 // run mounts the verified root and switches to it. It returns only when
 // that fails, and then always with the error.
 func run() error {
+	started := initsys.Uptime()
 	for _, m := range []struct{ src, dst, fstype string }{
 		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},
 	} {
@@ -90,13 +91,14 @@ func run() error {
 	if err := unix.Access(filepath.Join(NewRoot, Init), unix.X_OK); err != nil {
 		return fmt.Errorf("the verified root has no executable %s: %w", Init, err)
 	}
-	return switchRoot()
+	return switchRoot(started)
 }
 
 // switchRoot moves the API file systems into NewRoot, makes it / and
 // executes Init there. The initramfs stays in memory but is no longer
-// reachable; its files are removed first to give the memory back.
-func switchRoot() error {
+// reachable; its files are removed first to give the memory back. started,
+// the uptime when the first stage began, goes to Init for its boot log.
+func switchRoot(started time.Duration) error {
 	for _, f := range []string{"/init", "/lib", "/etc"} {
 		_ = os.RemoveAll(f)
 	}
@@ -117,7 +119,8 @@ func switchRoot() error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
-	env := append(os.Environ(), initsys.SwitchedEnv+"=1")
+	env := append(os.Environ(), initsys.SwitchedEnv+"=1", initsys.Stage1UptimeEnv+"="+started.String(),
+		initsys.Stage1ExecEnv+"="+initsys.Uptime().String())
 	return fmt.Errorf("execute %s in the verified root: %w", Init, syscall.Exec(Init, []string{Init}, env))
 }
 

@@ -119,6 +119,9 @@ type Broker struct {
 	AllowUnconfinedHost bool
 	// Resources are released to attested sessions.
 	Resources Resources
+	// GPUVerifier verifies the GPU evidence pods send as additional
+	// evidence (gpu.go); nil: LocalGPUVerifier.
+	GPUVerifier GPUVerifier
 	// SessionTTL bounds a session's life (default 5 minutes).
 	SessionTTL time.Duration
 

@@ -40,6 +40,7 @@ import (
 //	min_tcb = { bl = 3, tee = 0, snp = 20, ucode = 200 }  # SNP REPORTED_TCB, per component
 //	min_tee_tcb_svn = "0300…"           # TDX TEE_TCB_SVN (32 hex digits), per byte
 //	allow_debug = false                 # default: a debug guest is refused
+//	gpu = { count = 1 }                 # verified GPU evidence required (gpu.go)
 //	[[workloads.db-app.tdx]]            # TDX launch identities, any of
 //	mrtd = "…"                          # 96 hex digits
 //	rtmrs = ["", "…", "…", ""]          # RTMR0-3; "" is not checked
@@ -64,6 +65,9 @@ import (
 type ResourcePolicy struct {
 	Workloads map[string]*Workload `toml:"workloads" json:"workloads"`
 	Rules     []*Rule              `toml:"resources" json:"resources"`
+	// Mesh gives workloads their identities in the attested mesh
+	// (meshpolicy.go): which certificates the mesh CA issues to whom.
+	Mesh *MeshPolicy `toml:"mesh" json:"mesh"`
 }
 
 // Workload is what an attested pod must show to be one of the owner's
@@ -77,6 +81,8 @@ type Workload struct {
 	MinTCB        *TCB          `toml:"min_tcb" json:"min_tcb"`
 	MinTeeTCBSVN  attest.Hex    `toml:"min_tee_tcb_svn" json:"min_tee_tcb_svn"`
 	AllowDebug    bool          `toml:"allow_debug" json:"allow_debug"`
+	// GPU, when set, requires verified GPU evidence (gpu.go).
+	GPU *GPURequirement `toml:"gpu" json:"gpu"`
 
 	name    string
 	digests []attest.Hex // InitData and the digests of InitDataFiles
@@ -131,6 +137,9 @@ type Attested struct {
 	// InitData is the measured document the pod sent (nil: none sent,
 	// under AllowUnconfinedHost only).
 	InitData *initdata.InitData
+	// GPUs are the GPUs whose attestation reports the session verified
+	// (additional evidence, gpu.go).
+	GPUs []GPUClaims
 }
 
 // LoadResourcePolicy reads a resource policy file (ResourcePolicy); its
@@ -182,7 +191,7 @@ const (
 )
 
 func (p *ResourcePolicy) validate(dir string) error {
-	if len(p.Rules) == 0 {
+	if len(p.Rules) == 0 && p.Mesh == nil {
 		return fmt.Errorf("no [[resources]] rules: the broker would release nothing")
 	}
 	for _, name := range slices.Sorted(maps.Keys(p.Workloads)) {
@@ -211,7 +220,7 @@ func (p *ResourcePolicy) validate(dir string) error {
 			}
 		}
 	}
-	return nil
+	return p.Mesh.validate(p)
 }
 
 func (w *Workload) validate(dir string) error {
@@ -263,6 +272,9 @@ func (w *Workload) validate(dir string) error {
 	}
 	if len(w.digests) == 0 && len(w.Measurements) == 0 && len(w.TDX) == 0 {
 		return fmt.Errorf("pins neither init data nor a launch measurement, so any attested pod would be it: give init_data, init_data_files, measurements or tdx")
+	}
+	if w.GPU != nil {
+		return w.GPU.validate()
 	}
 	return nil
 }
@@ -398,6 +410,9 @@ func (w *Workload) check(a *Attested) string {
 				return fmt.Sprintf("TEE_TCB_SVN %s: component %d is below the workload's min_tee_tcb_svn %s", a.TeeTCBSVN, i, w.MinTeeTCBSVN)
 			}
 		}
+	}
+	if w.GPU != nil {
+		return w.GPU.check(a.GPUs)
 	}
 	return ""
 }

@@ -51,9 +51,10 @@ func TestCoCoInitDataReleased(t *testing.T) {
 	}
 }
 
-// Evidence Trustee's deserializer would refuse (a missing field, additional
-// device evidence this broker cannot check, the old base64 encoding) is
-// refused.
+// Evidence Trustee's deserializer would refuse (a missing field, the old
+// base64 encoding) is refused, and so is additional device evidence the
+// CPU evidence does not bind (put in after the report was made; device
+// evidence that is bound is gpu_test.go's).
 func TestEvidenceShapeRefused(t *testing.T) {
 	f := newFixture(t)
 	for _, c := range []struct {
@@ -67,7 +68,7 @@ func TestEvidenceShapeRefused(t *testing.T) {
 		{"missing tcb field", func(a *kbsapi.Attestation) {
 			a.TeeEvidence.PrimaryEvidence = json.RawMessage(strings.Replace(string(a.TeeEvidence.PrimaryEvidence), `"microcode":`, `"ucode":`, 1))
 		}, "missing microcode"},
-		{"additional evidence", func(a *kbsapi.Attestation) { a.TeeEvidence.AdditionalEvidence = `{"sampledevice":{}}` }, "additional"},
+		{"additional evidence", func(a *kbsapi.Attestation) { a.TeeEvidence.AdditionalEvidence = `{"sampledevice":{}}` }, "REPORT_DATA (nonce) mismatch"},
 		{"c8s's old encoding", func(a *kbsapi.Attestation) {
 			a.TeeEvidence.PrimaryEvidence = json.RawMessage(`{"report":"AAAA","cert_table":"AAAA","provider":"sim"}`)
 		}, "missing attestation_report"},

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -36,9 +37,6 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, *Atteste
 	if !key.Valid() || !key.IsPublic() {
 		return nil, nil, errors.New("runtime-data tee-pubkey is not a valid public key")
 	}
-	if att.TeeEvidence.AdditionalEvidence != "" {
-		return nil, nil, errors.New("tee-evidence carries additional (device) evidence, which this broker does not verify")
-	}
 	if len(att.TeeEvidence.PrimaryEvidence) == 0 {
 		return nil, nil, errors.New("tee-evidence has no primary_evidence")
 	}
@@ -50,17 +48,36 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, *Atteste
 	if err != nil {
 		return nil, nil, err
 	}
-	p := b.Policy
-	p.Nonce = rd[:]
-	body, doc, err := b.checkInitData(att.InitData)
+	a, err := b.verifyPrimary(s.tee, att.TeeEvidence.PrimaryEvidence, rd[:], att.InitData)
 	if err != nil {
 		return nil, nil, err
 	}
+	// The device evidence, which the primary evidence binds (gpu.go).
+	if a.GPUs, err = b.verifyAdditional(&att, s.hashAlg); err != nil {
+		return nil, nil, err
+	}
+	return &key, a, nil
+}
+
+// verifyPrimary checks primary evidence of TEE tee (the KBS protocol's
+// name, in the encoding of Trustee's verifier for it) whose REPORT_DATA
+// must be reportData, sent with the init data document initData (nil:
+// none), against the broker's verifier, reference values, attestation
+// policy and init data pins, and returns what it showed. The key broker's
+// sessions and the mesh CA (meshca.go) share it, each with the binding of
+// its own domain.
+func (b *Broker) verifyPrimary(tee string, primary json.RawMessage, reportData []byte, initData *kbsapi.InitData) (*Attested, error) {
+	p := b.Policy
+	p.Nonce = reportData
+	body, doc, err := b.checkInitData(initData)
+	if err != nil {
+		return nil, err
+	}
 	if b.Verifier == nil {
-		return nil, nil, errors.New("the broker has no verifier")
+		return nil, errors.New("the broker has no verifier")
 	}
 	a := &Attested{InitData: doc}
-	switch s.tee {
+	switch tee {
 	case kbsapi.TeeSNP:
 		a.TEE = kbsapi.TeeSNP
 		if b.Verifier.Mode() == attest.ModeSim {
@@ -71,14 +88,14 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, *Atteste
 			d := initdata.Digest(body)
 			sum = d[:]
 		}
-		want, err := b.expectInitData("HOST_DATA", "host_data", sum, b.pins(s.tee))
+		want, err := b.expectInitData("HOST_DATA", "host_data", sum, b.pins(tee))
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		p.HostData = want
-		report, certs, err := decodeSNP(att.TeeEvidence.PrimaryEvidence)
+		report, certs, err := decodeSNP(primary)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		var claims *attest.SNPClaims
 		a.Reference, err = b.eachReference(a.TEE, p, func(p *attest.Policy) (err error) {
@@ -86,7 +103,7 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, *Atteste
 			return err
 		})
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		a.Measurement, a.InitDataDigest, a.TCB = claims.Measurement, claims.HostData, claims.ReportedTCB
 		a.Debug = claims.GuestPolicy&snpPolicyDebug != 0
@@ -97,14 +114,14 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, *Atteste
 			d := initdata.DigestTDX(body)
 			sum = d[:]
 		}
-		want, err := b.expectInitData("MRCONFIGID", "mrconfigid", sum, b.pins(s.tee))
+		want, err := b.expectInitData("MRCONFIGID", "mrconfigid", sum, b.pins(tee))
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		p.MRConfigID = want
-		quote, eventLog, err := decodeTDX(att.TeeEvidence.PrimaryEvidence)
+		quote, eventLog, err := decodeTDX(primary)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		var claims *attest.TDXClaims
 		a.Reference, err = b.eachReference(a.TEE, p, func(p *attest.Policy) (err error) {
@@ -112,14 +129,14 @@ func (b *Broker) verify(r *http.Request, s *session) (*jose.JSONWebKey, *Atteste
 			return err
 		})
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		a.MRTD, a.RTMRs, a.InitDataDigest, a.TeeTCBSVN = claims.MRTD, claims.RTMRs, claims.MRConfigID, claims.TeeTCBSVN
 		a.Debug = len(claims.TDAttributes) > 0 && claims.TDAttributes[0]&tdAttributesDebug != 0
 	default:
-		return nil, nil, fmt.Errorf("TEE %q is not supported", s.tee)
+		return nil, fmt.Errorf("TEE %q is not supported", tee)
 	}
-	return &key, a, nil
+	return a, nil
 }
 
 // snpPolicyDebug is SNP guest policy bit 19 (debugging allowed);

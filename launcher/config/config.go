@@ -18,6 +18,8 @@
 //
 //	[runtime]
 //	state_dir = "/run/c8s"
+//	rootfs = "layers"            # layers | copy (see Runtime.Rootfs)
+//	layer_cache_dir = "/var/lib/c8s/layers"
 //
 // The optional [node] table (see Node) says what the node agent reports to
 // Kubernetes: sim slots, trust pool and taint.
@@ -102,6 +104,8 @@ type Config struct {
 	Runtime     Runtime     `toml:"runtime"`
 	Node        Node        `toml:"node"`
 	Attestation Attestation `toml:"attestation"`
+	Migration   Migration   `toml:"migration"`
+	Devices     Devices     `toml:"devices"`
 }
 
 // Hypervisor describes the QEMU VM every pod gets.
@@ -204,20 +208,62 @@ type Runtime struct {
 	// (default: <state_dir>/cache).
 	CacheDir string `toml:"cache_dir"`
 	// AllowHostRootfs lets snp and tdx pods run containers whose root
-	// filesystem comes from the host (containerd's snapshots, copied into
-	// the VM unverified). Off by default there: a confidential pod must not
-	// run code the host can change. The sim TEE always allows it.
+	// filesystem the host copies from containerd's snapshot (the "copy"
+	// rootfs, RootfsCopy), which the guest cannot verify. Off by default
+	// there: a confidential pod must not run code the host can change.
+	// Image layers (RootfsLayers) need no such permission: the guest opens
+	// each through dm-verity. The sim TEE always allows the copy.
 	AllowHostRootfs bool `toml:"allow_host_rootfs"`
+	// Rootfs is how a container's root filesystem reaches the pod VM:
+	// RootfsLayers (the default) attaches the image's layers, each a
+	// read-only disk with a dm-verity tree built once per node into the
+	// layer cache (LayerCachePath) and shared by every pod; RootfsCopy
+	// copies containerd's snapshot into a disk per container, as before.
+	// In layer mode a container that has no image in containerd, or whose
+	// layer blobs are gone from the content store, gets the copy where
+	// HostRootfsAllowed allows it.
+	Rootfs string `toml:"rootfs"`
+	// LayerCacheDir holds the node's layer disks (see LayerCachePath).
+	LayerCacheDir string `toml:"layer_cache_dir"`
+}
+
+// Values of runtime.rootfs.
+const (
+	RootfsLayers = "layers"
+	RootfsCopy   = "copy"
+)
+
+// DefaultLayerCacheDir is the layer cache of a node that keeps the default
+// runtime.state_dir: on disk, since /run is memory.
+const DefaultLayerCacheDir = "/var/lib/c8s/layers"
+
+// LayerCachePath returns where the node's layer disks are cached:
+// runtime.layer_cache_dir; else, on a node with the default state_dir and
+// no cache_dir, DefaultLayerCacheDir; else <cache_dir>/layers, so that a
+// private state_dir (a second runtime on a node, a test) keeps its own
+// layers beside its own state.
+func (c *Config) LayerCachePath() string {
+	switch {
+	case c.Runtime.LayerCacheDir != "":
+		return c.Runtime.LayerCacheDir
+	case c.Runtime.CacheDir == "" && filepath.Clean(c.Runtime.StateDir) == DefaultStateDir:
+		return DefaultLayerCacheDir
+	}
+	return filepath.Join(c.CachePath(), "layers")
 }
 
 // HostRootfsAllowed reports whether containers may run from a rootfs the
-// host supplies, and if not, why.
+// host copies from containerd's snapshot (RootfsCopy), and if not, why.
+// It does not govern image layers (RootfsLayers), which the guest
+// verifies.
 func (c *Config) HostRootfsAllowed() error {
 	if c.Hypervisor.TEE == "sim" || c.Runtime.AllowHostRootfs {
 		return nil
 	}
-	return fmt.Errorf("tee %s does not trust a container rootfs supplied by the host (containerd's snapshot, copied into the VM unverified): "+
-		"set runtime.allow_host_rootfs = true to accept that risk; guest-side image pull and dm-verity-protected layers are not available yet", c.Hypervisor.TEE)
+	return fmt.Errorf("tee %s does not trust a container rootfs copied by the host (containerd's snapshot, unverified in the VM): "+
+		"run the container from an image whose layers are in containerd's content store (runtime.rootfs = %q, the default; "+
+		"keep discard_unpacked_layers = false in containerd's CRI image config), "+
+		"or set runtime.allow_host_rootfs = true to accept that risk", c.Hypervisor.TEE, RootfsLayers)
 }
 
 // Default returns the configuration used for every key a file leaves out.
@@ -235,7 +281,7 @@ func Default() Config {
 				Policy:          0x30000,
 			},
 		},
-		Runtime:     Runtime{StateDir: DefaultStateDir},
+		Runtime:     Runtime{StateDir: DefaultStateDir, Rootfs: RootfsLayers},
 		Node:        Node{Taint: DefaultTaint},
 		Attestation: Attestation{Mode: AttestRequired},
 	}
@@ -354,6 +400,15 @@ func (c *Config) Validate() error {
 	}
 	if err := c.Attestation.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if err := c.Migration.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Runtime.Rootfs != RootfsLayers && c.Runtime.Rootfs != RootfsCopy {
+		errs = append(errs, fmt.Errorf("runtime.rootfs %q is not valid: use %q (image layers, verified in the guest) or %q (a copy of containerd's snapshot)", c.Runtime.Rootfs, RootfsLayers, RootfsCopy))
+	}
+	if c.Runtime.LayerCacheDir != "" && !filepath.IsAbs(c.Runtime.LayerCacheDir) {
+		errs = append(errs, fmt.Errorf("runtime.layer_cache_dir %q must be an absolute path", c.Runtime.LayerCacheDir))
 	}
 	if c.Runtime.StateDir == "" || !filepath.IsAbs(c.Runtime.StateDir) {
 		errs = append(errs, fmt.Errorf("runtime.state_dir %q must be an absolute path", c.Runtime.StateDir))

@@ -86,7 +86,7 @@ debug = true
 	want.Hypervisor.EnableAnnotations = []string{"default_vcpus"}
 	want.Hypervisor.SNP.Policy, want.Hypervisor.SNP.HostData = 0x30001, "00"
 	want.Hypervisor.TDX.QuoteGenerationSocket = "vsock:4050"
-	want.Runtime = Runtime{StateDir: "/tmp/c8s", Debug: true}
+	want.Runtime = Runtime{StateDir: "/tmp/c8s", Debug: true, Rootfs: RootfsLayers}
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("Load =\n%+v\nwant\n%+v", *c, want)
 	}
@@ -256,12 +256,55 @@ func TestHostRootfsIsRefusedByConfidentialTEEs(t *testing.T) {
 	for _, tee := range []string{"snp", "tdx"} {
 		c.Hypervisor.TEE = tee
 		c.Runtime.AllowHostRootfs = false
-		if err := c.HostRootfsAllowed(); err == nil || !strings.Contains(err.Error(), "runtime.allow_host_rootfs") {
-			t.Errorf("%s with a host rootfs: %v, want a refusal naming runtime.allow_host_rootfs", tee, err)
+		if err := c.HostRootfsAllowed(); err == nil || !strings.Contains(err.Error(), "runtime.allow_host_rootfs") ||
+			!strings.Contains(err.Error(), `runtime.rootfs = "layers"`) {
+			t.Errorf("%s with a host rootfs: %v, want a refusal naming runtime.allow_host_rootfs and the image layers", tee, err)
 		}
 		c.Runtime.AllowHostRootfs = true
 		if err := c.HostRootfsAllowed(); err != nil {
 			t.Errorf("%s with allow_host_rootfs: %v", tee, err)
+		}
+	}
+}
+
+func TestRootfsMode(t *testing.T) {
+	c, err := Parse([]byte("[runtime]\nrootfs = \"copy\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Runtime.Rootfs != RootfsCopy {
+		t.Fatalf("runtime.rootfs = %q, want copy", c.Runtime.Rootfs)
+	}
+	if d := Default(); d.Runtime.Rootfs != RootfsLayers {
+		t.Fatalf("default runtime.rootfs = %q, want %q", d.Runtime.Rootfs, RootfsLayers)
+	}
+	v := validConfig(t)
+	v.Runtime.Rootfs = "overlay"
+	if err := v.Validate(); err == nil || !strings.Contains(err.Error(), `runtime.rootfs "overlay"`) {
+		t.Fatalf("runtime.rootfs = overlay: %v", err)
+	}
+	v.Runtime.Rootfs = RootfsLayers
+	v.Runtime.LayerCacheDir = "layers"
+	if err := v.Validate(); err == nil || !strings.Contains(err.Error(), "runtime.layer_cache_dir") {
+		t.Fatalf("relative runtime.layer_cache_dir: %v", err)
+	}
+}
+
+func TestLayerCachePath(t *testing.T) {
+	for _, tc := range []struct {
+		stateDir, cacheDir, layerDir, want string
+	}{
+		{"/run/c8s", "", "", DefaultLayerCacheDir},
+		{"/run/c8s/", "", "", DefaultLayerCacheDir},
+		{"/run/c8s", "/var/cache/c8s", "", "/var/cache/c8s/layers"},
+		{"/tmp/c8s-test", "", "", "/tmp/c8s-test/cache/layers"},
+		{"/tmp/c8s-test", "", "/srv/layers", "/srv/layers"},
+		{"/run/c8s", "", "/srv/layers", "/srv/layers"},
+	} {
+		c := Default()
+		c.Runtime.StateDir, c.Runtime.CacheDir, c.Runtime.LayerCacheDir = tc.stateDir, tc.cacheDir, tc.layerDir
+		if got := c.LayerCachePath(); got != tc.want {
+			t.Errorf("state_dir %q cache_dir %q layer_cache_dir %q: LayerCachePath = %q, want %q", tc.stateDir, tc.cacheDir, tc.layerDir, got, tc.want)
 		}
 	}
 }

@@ -57,6 +57,10 @@ type IncomingResponse struct {
 	ID string `json:"id"`
 	// URI is the migrate URI for the source ("tcp:HOST:PORT").
 	URI string `json:"uri"`
+	// TLS says the destination QEMU expects the stream under TLS with a
+	// pool member's client certificate (see stream.go); false only for a
+	// plain stream on loopback that migration.plain_loopback allows.
+	TLS bool `json:"tls"`
 	// AgentSocket is the destination VM's agent channel (virtio-serial).
 	AgentSocket string `json:"agent_socket"`
 	// StateDir is the destination VM's state directory.
@@ -77,11 +81,27 @@ type VMStatus struct {
 	Error string `json:"error,omitempty"`
 }
 
-// Client talks to a destination's Server.
+// Client talks to a destination's Server on behalf of the source node.
 type Client struct {
 	socket string // what the client dials, for errors
 	dial   func(ctx context.Context) (net.Conn, error)
 	hc     *http.Client
+
+	// streamIdentity is the source node's migration TLS identity (a
+	// directory as statedir.MigrateTLS) that its QEMU presents on the
+	// migration stream; plainLoopback accepts a plain stream on loopback.
+	streamIdentity string
+	plainLoopback  bool
+}
+
+// WithStream sets the source node's migration TLS identity, the directory
+// (statedir.MigrateTLS) whose certificate the source QEMU presents on the
+// migration stream, and whether a destination's plain stream on loopback
+// is acceptable (migration.plain_loopback). Dial sets both from the node's
+// configuration. It returns c.
+func (c *Client) WithStream(identityDir string, plainLoopback bool) *Client {
+	c.streamIdentity, c.plainLoopback = identityDir, plainLoopback
+	return c
 }
 
 // NewClient returns a client for the Server on the unix socket path.

@@ -2,10 +2,12 @@ package migrate
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -19,6 +21,8 @@ import (
 	"time"
 
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/migrate/pooltest"
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/launcher/vm/testguest"
 )
@@ -81,10 +85,18 @@ type env struct {
 	a, b   config.Config
 	src    *vm.VM
 	server *Server
-	client *Client
+	// client reaches the server on its unix socket, tlsClient with node
+	// A's certificate; both migrate the stream under TLS with A's identity.
+	client, tlsClient *Client
+	// root holds every node's state; ca is the trust pool's CA, and
+	// identityC another member's identity.
+	root      string
+	ca        *pooltest.CA
+	identityC string
 }
 
 func newEnv(t *testing.T) *env {
+	var err error
 	qemu := testguest.QEMU(t)
 	k := testguest.GetKernel(t)
 	initrd := testguest.Initramfs(t, guestInit, nil)
@@ -96,7 +108,16 @@ func newEnv(t *testing.T) *env {
 	base := config.Default()
 	base.Hypervisor.Path, base.Hypervisor.Kernel, base.Hypervisor.Initrd = qemu, k.Path, initrd
 	base.Hypervisor.DefaultMemoryMiB = 256
-	e := &env{a: node(t, base, filepath.Join(root, "a"), "pool-1"), b: node(t, base, filepath.Join(root, "b"), "pool-1")}
+	e := &env{a: node(t, base, filepath.Join(root, "a"), "pool-1"), b: node(t, base, filepath.Join(root, "b"), "pool-1"), root: root}
+	if e.ca, err = pooltest.NewCA("pool-1"); err != nil {
+		t.Fatal(err)
+	}
+	e.identityC = filepath.Join(root, "c-identity")
+	for dir, name := range map[string]string{statedir.MigrateTLS(e.a.Runtime.StateDir): "node-a", statedir.MigrateTLS(e.b.Runtime.StateDir): "node-b", e.identityC: "node-c"} {
+		if _, err := e.ca.Issue(dir, name); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	e.server = &Server{Config: e.b, Name: "node-b"}
 	sock := filepath.Join(root, "b.sock")
@@ -104,16 +125,30 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	serverTLS, _, err := LoadTLS(statedir.MigrateTLS(e.b.Runtime.StateDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := ListenTLS("127.0.0.1:0", serverTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
 	sctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
+	served := make(chan error, 2)
 	go func() { served <- e.server.Serve(sctx, l) }()
+	go func() { served <- e.server.Serve(sctx, tl) }()
 	t.Cleanup(func() {
 		stop()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
+		for range 2 {
+			if err := <-served; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
 		}
 	})
-	e.client = NewClient(sock)
+	e.client = NewClient(sock).WithStream(statedir.MigrateTLS(e.a.Runtime.StateDir), false)
+	if e.tlsClient, err = Dial("tls://"+tl.Addr().String(), e.a); err != nil {
+		t.Fatal(err)
+	}
 
 	spec := vm.Spec{ID: "pod1", StateDir: filepath.Join(e.a.Runtime.StateDir, "pods", "pod1"), Hypervisor: e.a.Hypervisor, Accel: "tcg"}
 	e.src, err = vm.Start(context.Background(), spec)
@@ -152,6 +187,30 @@ func (e *env) requireSourceRunning(t *testing.T) {
 	if _, err := e.client.Status(context.Background(), "pod1"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("destination status of pod1 = %v; want not found", err)
 	}
+	e.requireNothingLeft(t)
+}
+
+// requireNothingLeft checks that no destination QEMU runs (none of the
+// nodes' other state dirs on a QEMU command line) and that no copy of
+// TLS credentials is left in a state dir.
+func (e *env) requireNothingLeft(t *testing.T) {
+	t.Helper()
+	waitFor(t, "the destination QEMUs to exit", func() bool {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			b, _ := os.ReadFile(p)
+			if strings.Contains(string(b), "qemu") && strings.Contains(string(b), e.root) && !strings.Contains(string(b), e.a.Runtime.StateDir) {
+				return false
+			}
+		}
+		return true
+	})
+	filepath.WalkDir(e.root, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Name() == streamCredsDir {
+			t.Fatalf("a copy of the stream's TLS credentials is left: %s", p)
+		}
+		return nil
+	})
 }
 
 // destPid is the destination QEMU's pid while a migration runs.
@@ -191,6 +250,63 @@ func TestMigrate(t *testing.T) {
 		var ref *Refusal
 		if !errors.As(err, &ref) || !strings.Contains(err.Error(), `trust pool "pool-2"`) {
 			t.Fatalf("Run to another pool = %v; want a refusal naming the pool", err)
+		}
+		e.requireSourceRunning(t)
+	})
+
+	// A source QEMU without TLS credentials: the destination QEMU, which
+	// expects TLS, refuses the stream; the migration fails and is rolled
+	// back, the destination QEMU is gone.
+	t.Run("refused: plain stream to a TLS destination", func(t *testing.T) {
+		_, err := Run(ctx, e.source(t), e.client, Options{Parameters: slow, plainStream: true, Timeout: 30 * time.Second})
+		if err == nil || !strings.Contains(err.Error(), "QEMU reports the migration failed") || !strings.Contains(err.Error(), "rolled back") {
+			t.Fatalf("Run with a plain stream to a TLS destination = %v; want a failed migration, rolled back", err)
+		}
+		e.requireSourceRunning(t)
+	})
+
+	// Node C is a member of the same pool (its certificate is from the same
+	// CA) but node A asked for the incoming VM: the destination QEMU admits
+	// only A's certificate on the stream (tls-authz).
+	t.Run("refused: stream from another pool member", func(t *testing.T) {
+		_, err := Run(ctx, e.source(t), e.tlsClient, Options{Parameters: slow, streamIdentity: e.identityC, Timeout: 30 * time.Second})
+		if err == nil || !strings.Contains(err.Error(), "QEMU reports the migration failed") || !strings.Contains(err.Error(), "rolled back") {
+			t.Fatalf("Run with node C's certificate on the stream = %v; want a failed migration, rolled back", err)
+		}
+		e.requireSourceRunning(t)
+	})
+
+	// A destination without a TLS identity offers plain TCP on loopback
+	// when migration.plain_loopback allows it; the source takes it only if
+	// it allows it too.
+	t.Run("plain stream on loopback only when both allow it", func(t *testing.T) {
+		pcfg := node(t, e.b, filepath.Join(e.root, "p"), "pool-1")
+		pcfg.Migration.PlainLoopback = true
+		psock := filepath.Join(e.root, "p.sock")
+		l, err := Listen(psock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pctx, stop := context.WithCancel(ctx)
+		served := make(chan struct{})
+		go func() { (&Server{Config: pcfg, Name: "node-p"}).Serve(pctx, l); close(served) }()
+		defer func() { stop(); <-served }()
+
+		_, err = Run(ctx, e.source(t), NewClient(psock).WithStream(statedir.MigrateTLS(e.a.Runtime.StateDir), false), Options{})
+		if err == nil || !strings.Contains(err.Error(), "node node-p offers a plain-TCP migration stream") || !strings.Contains(err.Error(), "rolled back") {
+			t.Fatalf("Run to a plain destination from a source that does not allow it = %v", err)
+		}
+		e.requireSourceRunning(t)
+
+		var state string
+		var tls bool
+		_, err = Run(ctx, e.source(t), NewClient(psock).WithStream("", true), Options{Reattest: func(ctx context.Context, in IncomingResponse) error {
+			state, _ = e.src.QMP().RunState(ctx)
+			tls = in.TLS
+			return errors.New("stop here")
+		}})
+		if err == nil || !strings.Contains(err.Error(), "stop here") || state != vm.RunStatePostmigrate || tls {
+			t.Fatalf("Run over a plain loopback stream: %v (source state %q, tls %v); want a completed transfer, then the rollback", err, state, tls)
 		}
 		e.requireSourceRunning(t)
 	})
@@ -257,17 +373,19 @@ func TestMigrate(t *testing.T) {
 		e.requireSourceRunning(t)
 	})
 
-	t.Run("migrates: the counter continues on the destination", func(t *testing.T) {
+	t.Run("migrates over TLS: the counter continues on the destination", func(t *testing.T) {
 		before := lastTick(e.src.ConsolePath())
 		var onDest int
 		var progress []vm.MigrationInfo
-		res, err := Run(ctx, e.source(t), e.client, Options{
-			Progress: func(info vm.MigrationInfo) { progress = append(progress, info) },
+		wire := newCutProxy(t, 1<<40) // records the stream's first bytes
+		res, err := Run(ctx, e.source(t), e.tlsClient, Options{
+			rewriteURI: wire.rewrite,
+			Progress:   func(info vm.MigrationInfo) { progress = append(progress, info) },
 			Reattest: func(ctx context.Context, in IncomingResponse) error {
 				// The guest answers on the destination's agent channel
 				// with the counter it kept in memory.
 				// (through the destination API's agent tunnel).
-				out, err := guestShell(ctx, func() (net.Conn, error) { return e.client.DialAgent(ctx, in.ID) }, "cat /tmp/count")
+				out, err := guestShell(ctx, func() (net.Conn, error) { return e.tlsClient.DialAgent(ctx, in.ID) }, "cat /tmp/count")
 				if err != nil {
 					return err
 				}
@@ -280,6 +398,11 @@ func TestMigrate(t *testing.T) {
 		}
 		if onDest < before {
 			t.Fatalf("the counter on the destination is %d, it was %d on the source before: the guest restarted", onDest, before)
+		}
+		// A TLS handshake record (content type 22, version 3.x), not
+		// QEMU's plain stream ("QEVM"), went over the wire.
+		if head := wire.first(); len(head) < 3 || head[0] != 0x16 || head[1] != 3 || bytes.Contains(head, []byte("QEVM")) || !res.Incoming.TLS {
+			t.Fatalf("the migration stream began with %q (TLS %v); want a TLS handshake", head, res.Incoming.TLS)
 		}
 		if res.Info.Status != vm.MigrationCompleted || res.Info.TotalTime <= 0 || len(progress) == 0 {
 			t.Fatalf("result %+v after %d progress reports", res.Info, len(progress))
@@ -296,22 +419,44 @@ func TestMigrate(t *testing.T) {
 		if first := tickRE.FindSubmatch(b); first == nil || string(first[1]) == "1" {
 			t.Fatalf("the destination's console starts at tick %q: the counter was reset", first)
 		}
-		st, err := e.client.Status(ctx, "pod1")
+		st, err := e.tlsClient.Status(ctx, "pod1")
 		if err != nil || st.RunState != "running" {
 			t.Fatalf("destination status = %+v, %v", st, err)
+		}
+		// The VM is node A's: neither node C nor the unix socket may use it.
+		cc := e.a
+		cc.Runtime.StateDir = filepath.Join(e.root, "c")
+		if err := os.MkdirAll(filepath.Dir(statedir.MigrateTLS(cc.Runtime.StateDir)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(e.identityC, statedir.MigrateTLS(cc.Runtime.StateDir)); err != nil {
+			t.Fatal(err)
+		}
+		nodeC, err := Dial(e.tlsClient.Address(), cc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, c := range map[string]*Client{"node C": nodeC, "the unix socket": e.client} {
+			if err := c.Delete(ctx, "pod1"); err == nil || !strings.Contains(err.Error(), `was migrated here by pool member "CN=node-a"`) {
+				t.Fatalf("delete by %s = %v; want a refusal", name, err)
+			}
+			if _, err := c.DialAgent(ctx, "pod1"); err == nil || !strings.Contains(err.Error(), "403 Forbidden") {
+				t.Fatalf("agent channel by %s = %v; want 403", name, err)
+			}
 		}
 		// A dead shim's cleanup on the source stops the moved VM through
 		// the handoff file.
 		dir := t.TempDir()
-		if err := WriteHandoff(dir, e.client, "pod1", ""); err != nil {
+		if err := WriteHandoff(dir, e.tlsClient, "pod1", statedir.MigrateTLS(e.a.Runtime.StateDir)); err != nil {
 			t.Fatal(err)
 		}
 		if found, err := StopHandedOff(ctx, dir); !found || err != nil {
 			t.Fatalf("StopHandedOff = %v, %v", found, err)
 		}
-		if _, err := e.client.Status(ctx, "pod1"); !errors.Is(err, ErrNotFound) {
+		if _, err := e.tlsClient.Status(ctx, "pod1"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("the moved VM still runs after StopHandedOff: %v", err)
 		}
+		e.requireNothingLeft(t)
 		if found, err := StopHandedOff(ctx, dir); found || err != nil {
 			t.Fatalf("StopHandedOff without a handoff file = %v, %v", found, err)
 		}
@@ -351,6 +496,24 @@ type cutProxy struct {
 	limit int64
 	cut   atomic.Bool
 	wg    sync.WaitGroup
+	mu    sync.Mutex
+	head  []byte // the first bytes from the source
+}
+
+// first returns the first bytes the source sent.
+func (p *cutProxy) first() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return bytes.Clone(p.head)
+}
+
+func (p *cutProxy) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := 64 - len(p.head); n > 0 {
+		p.head = append(p.head, b[:min(n, len(b))]...)
+	}
+	return len(b), nil
 }
 
 func newCutProxy(t *testing.T, limit int64) *cutProxy {
@@ -379,8 +542,12 @@ func (p *cutProxy) rewrite(uri string) string {
 			return
 		}
 		defer out.Close()
-		go io.Copy(in, out)
-		if n, _ := io.CopyN(out, in, p.limit); n == p.limit {
+		go func() {
+			// The destination closed: so does the source's side.
+			io.Copy(in, out)
+			in.Close()
+		}()
+		if n, _ := io.CopyN(out, io.TeeReader(in, p), p.limit); n == p.limit {
 			p.cut.Store(true)
 		}
 	}()

@@ -8,11 +8,14 @@
 //     trust pool ([node] trust_pool, the c8s.io/trust-pool label), runs the
 //     same TEE with a TCB that meets the pod's policy, can host the shape and
 //     has the same guest image (kernel, initrd, firmware digests).
-//  2. Incoming: the destination's Server starts QEMU with the same machine
-//     and `-incoming defer`, then migrate-incoming on a TCP port.
-//  3. Migrate: the source sets its capabilities and parameters, migrates,
-//     and polls query-migrate (progress to Options.Progress), within
-//     Options.Timeout.
+//  2. Incoming: the destination's Server checks the disk paths against its
+//     migration.shared_storage_root (storage.go), starts QEMU with the same
+//     machine and `-incoming defer`, loads its TLS identity into it
+//     (stream.go), then migrate-incoming on a TCP port. The VM is bound to
+//     the caller (peer.go).
+//  3. Migrate: the source loads its TLS identity into its QEMU, sets its
+//     capabilities and parameters, migrates, and polls query-migrate
+//     (progress to Options.Progress), within Options.Timeout.
 //  4. Re-attest: Options.Reattest verifies fresh evidence from the VM on
 //     the destination (the shim does it: fresh nonce, destination chip,
 //     pool root, same measurement and HOST_DATA).
@@ -32,8 +35,11 @@
 // only); after the move the source's shim reaches the VM's agent channel
 // through it (an Upgrade tunnel), never through the destination's file
 // system. Between hosts the API is served with mutual TLS (tls.go, one CA
-// per trust pool). Storage is not migrated: the disks must be on storage
-// both nodes see, as on one host.
+// per trust pool); QEMU's migration stream is TLS with the same
+// certificates, plain TCP only on loopback when both nodes allow it, and a
+// VM answers only the caller that moved it. Storage is not migrated: the
+// disks must be on storage both nodes see, below the destination's
+// migration.shared_storage_root.
 package migrate
 
 import (

@@ -40,9 +40,26 @@ type Server struct {
 
 // hostedVM is one VM the server started.
 type hostedVM struct {
-	vm       *vm.VM
+	vm       guest
 	stopHost context.CancelFunc
+	// owner is the caller whose Incoming created the VM: only it may use
+	// or delete the VM.
+	owner peer
 }
+
+// guest is the VM a hostedVM runs: a *vm.VM (qemuGuest), a fake in tests.
+type guest interface {
+	Pid() int
+	Done() <-chan struct{}
+	Err() error
+	Stop(ctx context.Context) error
+	DialAgent(ctx context.Context) (net.Conn, error)
+	RunState(ctx context.Context) (string, error)
+}
+
+type qemuGuest struct{ *vm.VM }
+
+func (g qemuGuest) RunState(ctx context.Context) (string, error) { return g.QMP().RunState(ctx) }
 
 // Handler returns the API's HTTP handler.
 func (s *Server) Handler() http.Handler {
@@ -128,7 +145,7 @@ func (s *Server) handleIncoming(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
 	defer cancel()
-	resp, code, err := s.incoming(ctx, req)
+	resp, code, err := s.incoming(ctx, req, peerOf(r))
 	if err != nil {
 		log.G(ctx).WithError(err).WithField("vm", req.ID).Warn("incoming migration refused")
 		writeError(w, code, err)
@@ -137,14 +154,31 @@ func (s *Server) handleIncoming(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// incoming starts QEMU for req with `-incoming defer` and makes it listen.
-func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingResponse, code int, retErr error) {
+// incoming starts QEMU for req with `-incoming defer` and makes it listen
+// for a stream from caller (over TLS, see stream.go).
+func (s *Server) incoming(ctx context.Context, req IncomingRequest, caller peer) (_ IncomingResponse, code int, retErr error) {
 	local, err := s.local()
 	if err != nil {
 		return IncomingResponse{}, http.StatusInternalServerError, err
 	}
 	if err := Preflight(req.Source, local, req.Shape, req.MinTCB); err != nil {
 		return IncomingResponse{}, http.StatusConflict, err
+	}
+	disks, err := checkDiskPaths(s.Config.Migration.SharedStorageRoot, req.Disks)
+	if err != nil {
+		return IncomingResponse{}, http.StatusForbidden, err
+	}
+	host := s.migrationHost()
+	identity := statedir.MigrateTLS(s.Config.Runtime.StateDir)
+	useTLS, err := s.StreamTLS()
+	if err != nil {
+		return IncomingResponse{}, http.StatusServiceUnavailable, err
+	}
+	var authz string // the stream's client must be the API's caller
+	if useTLS && caller.cert != nil {
+		if authz, err = x509DN(caller.cert); err != nil {
+			return IncomingResponse{}, http.StatusForbidden, fmt.Errorf("%s: %w", caller, err)
+		}
 	}
 	s.mu.Lock()
 	if s.vms == nil {
@@ -180,7 +214,7 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 		StateDir:   statedir.Incoming(s.Config.Runtime.StateDir, req.ID),
 		Hypervisor: h,
 		Accel:      req.Accel,
-		Disks:      req.Disks,
+		Disks:      disks,
 		VsockCID:   req.VsockCID,
 		Incoming:   true,
 	}
@@ -195,7 +229,7 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 		return IncomingResponse{}, http.StatusInternalServerError, fmt.Errorf("start the destination QEMU: %w", err)
 	}
 	hostCtx, stopHost := context.WithCancel(context.WithoutCancel(ctx))
-	hv := &hostedVM{vm: v, stopHost: stopHost}
+	hv := &hostedVM{vm: qemuGuest{v}, stopHost: stopHost, owner: caller}
 	defer func() {
 		if retErr != nil {
 			hv.stop(context.WithoutCancel(ctx))
@@ -206,9 +240,12 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 			return IncomingResponse{}, http.StatusInternalServerError, err
 		}
 	}
-	host := s.MigrationHost
-	if host == "" {
-		host = "127.0.0.1"
+	if useTLS {
+		if err := setupStreamTLS(ctx, v.QMP(), v.StateDir(), identity, endpointServer, "", authz); err != nil {
+			return IncomingResponse{}, http.StatusInternalServerError, err
+		}
+	} else {
+		log.G(ctx).WithFields(log.Fields{"vm": req.ID, "host": host}).Warn("migration stream over plain TCP on loopback (migration.plain_loopback)")
 	}
 	if err := v.QMP().MigrateIncoming(ctx, "tcp:"+net.JoinHostPort(host, "0")); err != nil {
 		return IncomingResponse{}, http.StatusInternalServerError, err
@@ -236,11 +273,31 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest) (_ IncomingR
 			log.G(hostCtx).WithError(err).WithField("vm", req.ID).Error("VM exited")
 		}
 	}()
-	log.G(ctx).WithFields(log.Fields{"vm": req.ID, "uri": uri, "pid": v.Pid()}).Info("waiting for an incoming migration")
+	log.G(ctx).WithFields(log.Fields{"vm": req.ID, "uri": uri, "pid": v.Pid(), "tls": useTLS, "from": caller.String()}).Info("waiting for an incoming migration")
 	return IncomingResponse{
-		ID: req.ID, URI: uri, Pid: v.Pid(), StateDir: v.StateDir(),
+		ID: req.ID, URI: uri, TLS: useTLS, Pid: v.Pid(), StateDir: v.StateDir(),
 		AgentSocket: filepath.Join(v.StateDir(), vm.AgentSocketName), Node: local,
 	}, http.StatusOK, nil
+}
+
+func (s *Server) migrationHost() string {
+	if s.MigrationHost == "" {
+		return "127.0.0.1"
+	}
+	return s.MigrationHost
+}
+
+// StreamTLS says whether incoming migration streams use TLS (the node has
+// a migration TLS identity), or returns why the node cannot receive any:
+// without an identity, only a plain stream on loopback that
+// migration.plain_loopback allows.
+func (s *Server) StreamTLS() (bool, error) {
+	identity := statedir.MigrateTLS(s.Config.Runtime.StateDir)
+	has, err := HasTLSIdentity(identity)
+	if err != nil {
+		return false, err
+	}
+	return streamMode(has, s.Config.Migration.PlainLoopback, s.migrationHost(), identity)
 }
 
 // simHost measures what the destination QEMU is handed and signs reports
@@ -259,12 +316,19 @@ func (s *Server) simHost(spec vm.Spec, hostData []byte) (*sim.Host, error) {
 	return sim.NewHost(argv, statedir.SimSP(s.Config.Runtime.StateDir), hd)
 }
 
-// lookup returns the VM the request's path names, or answers 404.
+// lookup returns the VM the request's path names if the caller owns it;
+// otherwise it answers 404 or 403.
 func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (string, *hostedVM) {
 	id := r.PathValue("id")
 	h := s.get(id)
 	if h == nil {
 		writeError(w, http.StatusNotFound, fmt.Errorf("no VM %q on this node", id))
+		return id, nil
+	}
+	if caller := peerOf(r); caller.id != h.owner.id {
+		log.G(r.Context()).WithFields(log.Fields{"vm": id, "owner": h.owner.String(), "caller": caller.String()}).Warn("request for a VM another caller migrated here refused")
+		writeError(w, http.StatusForbidden, errNotOwner(id, h.owner, caller))
+		return id, nil
 	}
 	return id, h
 }
@@ -284,7 +348,7 @@ func (s *Server) status(ctx context.Context, id string, h *hostedVM) VMStatus {
 			st.Error = err.Error()
 		}
 	default:
-		st.RunState, _ = h.vm.QMP().RunState(ctx)
+		st.RunState, _ = h.vm.RunState(ctx)
 	}
 	return st
 }
@@ -312,8 +376,15 @@ func (s *Server) handleWait(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	caller := peerOf(r)
 	s.mu.Lock()
 	h := s.vms[id]
+	if h != nil && h.owner.id != caller.id {
+		s.mu.Unlock()
+		log.G(r.Context()).WithFields(log.Fields{"vm": id, "owner": h.owner.String(), "caller": caller.String()}).Warn("deletion of a VM another caller migrated here refused")
+		writeError(w, http.StatusForbidden, errNotOwner(id, h.owner, caller))
+		return
+	}
 	if h != nil {
 		delete(s.vms, id)
 	}

@@ -62,6 +62,11 @@ type Options struct {
 
 	// rewriteURI lets tests put a proxy between source and destination.
 	rewriteURI func(string) string
+	// plainStream makes the source send a plain stream whatever the
+	// destination expects; streamIdentity replaces the Client's identity
+	// for the stream (tests: a source without TLS, another pool member).
+	plainStream    bool
+	streamIdentity string
 }
 
 // Result is a successful migration.
@@ -124,13 +129,16 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	}
 	tIncoming := time.Since(t0) - tPreflight
 	r := &rollback{src: src.VM, dst: dst, id: spec.ID, node: dnode.Name}
+	if err := prepareStream(ctx, q, src.VM.StateDir(), dst, in, dnode.Name, opts); err != nil {
+		return nil, r.do(ctx, err)
+	}
 	info, err := transfer(ctx, q, in, opts)
 	if err != nil {
 		return nil, r.do(ctx, err)
 	}
 	log.G(ctx).WithFields(log.Fields{
 		"vm": spec.ID, "to": dnode.Name, "qemu_total_ms": info.TotalTime, "downtime_ms": info.Downtime,
-		"preflight": tPreflight.Round(time.Millisecond), "incoming": tIncoming.Round(time.Millisecond),
+		"preflight": tPreflight.Round(time.Millisecond), "incoming": tIncoming.Round(time.Millisecond), "tls": in.TLS && !opts.plainStream,
 	}).Info("migration transferred; re-attesting on the destination")
 	res := &Result{Incoming: in, Info: info}
 	if opts.Reattest != nil {
@@ -142,6 +150,35 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	}
 	res.Total = time.Since(t0)
 	return res, nil
+}
+
+// prepareStream sets the source QEMU up for the stream the destination
+// expects: TLS with the source node's identity, or plain TCP only where
+// checkPlainStream allows it.
+func prepareStream(ctx context.Context, q executor, stateDir string, dst *Client, in IncomingResponse, node string, opts Options) error {
+	if opts.plainStream {
+		return nil
+	}
+	if !in.TLS {
+		return checkPlainStream(in.URI, node, dst.plainLoopback)
+	}
+	identity := dst.streamIdentity
+	if opts.streamIdentity != "" {
+		identity = opts.streamIdentity
+	}
+	if identity == "" {
+		return fmt.Errorf("node %s expects the migration stream under TLS, and no migration TLS identity is configured for the source (migrate.Dial sets the node's)", node)
+	}
+	if ok, err := HasTLSIdentity(identity); err != nil {
+		return fmt.Errorf("the node's migration TLS identity: %w", err)
+	} else if !ok {
+		return fmt.Errorf("node %s expects the migration stream under TLS, and this node has no migration TLS identity in %s (%s, %s, %s signed by the trust pool's CA)", node, identity, TLSCertFile, TLSKeyFile, TLSCAFile)
+	}
+	host, err := uriHost(in.URI)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
+	}
+	return setupStreamTLS(ctx, q, stateDir, identity, endpointClient, host, "")
 }
 
 func queryCapabilities(ctx context.Context, q *vm.QMP) ([]string, error) {
@@ -259,6 +296,8 @@ func (r *rollback) do(ctx context.Context, cause error) error {
 			}
 		}
 	}
+	// The stream's credentials (a next attempt adds them again).
+	resetStreamTLS(ctx, q)
 	// 2. Destroy the destination VM before the source takes its disks back.
 	if err := r.dst.Delete(ctx, r.id); err != nil && !errors.Is(err, ErrNotFound) {
 		errs = append(errs, fmt.Errorf("destroying the destination VM: %w", err))

@@ -75,20 +75,28 @@ func NewTLSClient(addr string, cfg *tls.Config) (*Client, error) {
 // Dial returns a client for a destination given as a unix socket path
 // (optionally unix://PATH) or as tls://HOST:PORT, which uses the node's
 // TLS identity (statedir.MigrateTLS).
+//
+// The client's QEMU migration stream uses the same identity (WithStream).
 func Dial(dest string, cfg config.Config) (*Client, error) {
+	identity := statedir.MigrateTLS(cfg.Runtime.StateDir)
+	var c *Client
 	switch {
 	case strings.HasPrefix(dest, "tls://"):
-		_, client, err := LoadTLS(statedir.MigrateTLS(cfg.Runtime.StateDir))
+		_, client, err := LoadTLS(identity)
 		if err != nil {
 			return nil, err
 		}
-		return NewTLSClient(strings.TrimPrefix(dest, "tls://"), client)
+		if c, err = NewTLSClient(strings.TrimPrefix(dest, "tls://"), client); err != nil {
+			return nil, err
+		}
 	case strings.HasPrefix(dest, "unix://"):
-		return NewClient(strings.TrimPrefix(dest, "unix://")), nil
+		c = NewClient(strings.TrimPrefix(dest, "unix://"))
 	case strings.HasPrefix(dest, "/"):
-		return NewClient(dest), nil
+		c = NewClient(dest)
+	default:
+		return nil, errors.New("migrate: destination " + dest + ": want a unix socket path or tls://HOST:PORT")
 	}
-	return nil, errors.New("migrate: destination " + dest + ": want a unix socket path or tls://HOST:PORT")
+	return c.WithStream(identity, cfg.Migration.PlainLoopback), nil
 }
 
 // ListenTLS listens on addr for mutual-TLS API connections.

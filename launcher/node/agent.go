@@ -5,7 +5,10 @@
 // (launcher/node/deviceplugin), and, on a node that is itself a confidential
 // VM, publishes its verified launch digest and TCB as annotations
 // (launcher/node/cvm), again and again, so that what Kubernetes sees
-// follows the node.
+// follows the node. Beside it, the re-attestation monitor
+// (launcher/node/reattest) re-attests the node's running pods and, when
+// the node's own chip or TCB falls below the owners' policy, the agent
+// withholds its capacity (Agent.Trust).
 //
 // The Kubernetes API is behind the Client interface (the agent needs only
 // to read its Node and send JSON merge patches), so the loop is tested
@@ -27,6 +30,7 @@ import (
 	"github.com/c8s-dev/c8s/launcher/node/deviceplugin"
 	"github.com/c8s-dev/c8s/launcher/node/discovery"
 	"github.com/c8s-dev/c8s/launcher/node/labels"
+	"github.com/c8s-dev/c8s/launcher/node/reattest"
 )
 
 // DefaultInterval is how often Run reconciles.
@@ -75,6 +79,11 @@ type Agent struct {
 	NodeCVMInterval time.Duration
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Trust is the node's standing under the pod owners' policy, as the
+	// re-attestation of its pods finds it (a *reattest.Monitor); when it
+	// is withheld the node advertises no capacity (labels.Withhold) and
+	// says why in the c8s.io/trust-withheld annotation. nil: not judged.
+	Trust interface{ Node() reattest.NodeState }
 
 	cvm selfAttest
 	// lastDevices are the device lists last served, kept when usage
@@ -107,6 +116,11 @@ type Report struct {
 	// configured) and NodeCVMPatched the annotation patch sent (nil: none).
 	NodeCVM        *cvm.Result
 	NodeCVMPatched []byte
+	// Withheld is the node's standing when it falls below the policy
+	// (nil: it does not, or is not judged); WithheldPatched is the
+	// annotation patch sent (nil: none).
+	Withheld        *reattest.NodeState
+	WithheldPatched []byte
 }
 
 // Once reconciles one time.
@@ -117,6 +131,14 @@ func (a *Agent) Once(ctx context.Context) (Report, error) {
 		return rep, fmt.Errorf("node-agent: discovery: %w", err)
 	}
 	rep.Desired = labels.Desire(r, a.Settings)
+	withheld := ""
+	if a.Trust != nil {
+		if ns := a.Trust.Node(); ns.Withheld {
+			rep.Withheld = &ns
+			rep.Desired = labels.Withhold(rep.Desired, ns.Reason)
+			withheld = ns.Reason + ": " + ns.Message
+		}
+	}
 	node, capacity, err := a.Client.Node(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("node-agent: reading the Node: %w", err)
@@ -134,6 +156,18 @@ func (a *Agent) Once(ctx context.Context) (Report, error) {
 			return rep, fmt.Errorf("node-agent: patching the Node: %w", err)
 		}
 		rep.Patched = patch
+	}
+	if a.Trust != nil {
+		if ann := labels.WithheldAnnotation(node.Annotations, withheld); ann != nil {
+			b, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": ann}})
+			if err != nil {
+				return rep, err
+			}
+			if err := a.Client.Patch(ctx, b); err != nil {
+				return rep, fmt.Errorf("node-agent: patching the trust-withheld annotation: %w", err)
+			}
+			rep.WithheldPatched = b
+		}
 	}
 	if a.NodeCVM != nil {
 		want, res := a.nodeCVMAnnotations(ctx, r.NodeCVM)
@@ -228,7 +262,7 @@ func (a *Agent) devices(ctx context.Context, r discovery.Result, res []labels.Re
 		if !x.DevicePlugin {
 			continue
 		}
-		devs := deviceplugin.Devices(x.Name, x.Count)
+		devs := deviceplugin.DevicesFor(x.Name, x.Count, labels.DeviceIDs(r, x.Name))
 		u := deviceplugin.Usage{HostUsed: -1, LiveVMs: live[vmKinds[x.Name]]}
 		if c := hostUsed[x.Name]; c.UsedKnown {
 			u.HostUsed = c.Used

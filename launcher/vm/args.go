@@ -7,11 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
-
 	"github.com/c8s-dev/c8s/guest/api/teeparam"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm/accel"
 	"github.com/c8s-dev/c8s/launcher/vm/tee"
 )
 
@@ -83,6 +82,9 @@ type Spec struct {
 	NICs []NetDevice
 	// SharedFS, when set, adds a virtio-fs device (see sharedfs.go).
 	SharedFS *SharedFS
+	// VFIO are host PCI devices (confidential GPUs) cold-plugged at boot,
+	// each on its own PCIe root port (see vfio.go).
+	VFIO []VFIODevice
 }
 
 // Disk is a host file or block device given to the guest as a SCSI disk.
@@ -116,6 +118,10 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	vfio, err := vfioArgs("q35", h, spec.VFIO)
+	if err != nil {
+		return nil, err
+	}
 	if pieces.RequiresKVM && spec.Accel != "kvm" {
 		return nil, fmt.Errorf("tee %s needs KVM but the accelerator is %s: set hypervisor.accel = \"kvm\" on a host with %s support", backend.Name(), spec.Accel, backend.Name())
 	}
@@ -125,18 +131,14 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		}
 	}
 
-	// govmm's typed devices render themselves against a govmm Config; only
-	// the machine type matters to them (it selects the virtio transport).
-	gcfg := &govmm.Config{Machine: govmm.Machine{Type: "q35"}}
-
-	fsMachine, fsArgs := sharedFSArgs(gcfg, spec.SharedFS, pieces.MachineOptions, h.DefaultMemoryMiB)
+	fsMachine, fsArgs := sharedFSArgs(spec.SharedFS, pieces.MachineOptions, h.DefaultMemoryMiB)
 	machine := append(append([]string{"q35"}, pieces.MachineOptions...), fsMachine...)
 	argv := []string{
 		h.Path,
 		"-name", "c8s-" + spec.ID,
 		"-nodefaults", "-no-user-config", "-nographic", "-no-reboot",
 		"-machine", strings.Join(machine, ","),
-		"-accel", spec.Accel,
+		"-accel", accel.Option(spec.Accel),
 	}
 	if spec.Accel == "kvm" {
 		argv = append(argv, "-cpu", "host")
@@ -171,40 +173,23 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 
 	if spec.Root != nil {
 		// The first (only) virtio-blk disk: /dev/vda in the guest.
-		argv = append(argv, govmm.BlockDevice{
-			Driver: govmm.VirtioBlock, ID: rootDiskID, File: spec.Root.Path,
-			AIO: govmm.Threads, Format: govmm.BlockDeviceFormat("raw"), Interface: govmm.NoInterface, ReadOnly: true,
-		}.QemuParams(gcfg)...)
+		argv = append(argv, rootDiskArgs(rootDiskID, spec.Root.Path)...)
 	}
-	argv = append(argv, govmm.RngDevice{ID: "rng0", Filename: "/dev/urandom"}.QemuParams(gcfg)...)
-	argv = append(argv, govmm.SCSIController{ID: scsiControllerID}.QemuParams(gcfg)...)
+	argv = append(argv, rngArgs("rng0")...)
+	argv = append(argv, scsiControllerArgs(scsiControllerID)...)
 	if spec.VsockCID != 0 {
-		argv = append(argv, govmm.VSOCKDevice{ID: "vsock0", ContextID: uint64(spec.VsockCID)}.QemuParams(gcfg)...)
+		argv = append(argv, vsockArgs("vsock0", spec.VsockCID)...)
 	}
 	if spec.VsockCID == 0 || len(pieces.Ports) > 0 {
-		argv = append(argv, govmm.SerialDevice{Driver: govmm.VirtioSerial, ID: "serial0"}.QemuParams(gcfg)...)
+		argv = append(argv, virtioSerialArgs("serial0")...)
 	}
 	for i, name := range pieces.Ports {
-		argv = append(argv, govmm.CharDevice{
-			Backend:  govmm.Socket,
-			Driver:   govmm.VirtioSerialPort,
-			Bus:      "serial0.0",
-			DeviceID: fmt.Sprintf("port%d", i),
-			ID:       fmt.Sprintf("charport%d", i),
-			Path:     portSocket(spec.StateDir, name),
-			Name:     name,
-		}.QemuParams(gcfg)...)
+		argv = append(argv, serialPortArgs("serial0.0", fmt.Sprintf("port%d", i), fmt.Sprintf("charport%d", i),
+			portSocket(spec.StateDir, name), name)...)
 	}
 	if spec.VsockCID == 0 {
-		argv = append(argv, govmm.CharDevice{
-			Backend:  govmm.Socket,
-			Driver:   govmm.VirtioSerialPort,
-			Bus:      "serial0.0",
-			DeviceID: "agent0",
-			ID:       "charagent0",
-			Path:     filepath.Join(spec.StateDir, AgentSocketName),
-			Name:     AgentPortName,
-		}.QemuParams(gcfg)...)
+		argv = append(argv, serialPortArgs("serial0.0", "agent0", "charagent0",
+			filepath.Join(spec.StateDir, AgentSocketName), AgentPortName)...)
 	}
 	for i, d := range spec.Disks {
 		bd, err := json.Marshal(blockdevOptions(d, i))
@@ -213,8 +198,9 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		}
 		argv = append(argv, "-blockdev", string(bd), "-device", scsiDeviceOption(i))
 	}
-	argv = append(argv, netArgs(gcfg, spec.NICs)...)
+	argv = append(argv, netArgs(spec.NICs)...)
 	argv = append(argv, fsArgs...)
+	argv = append(argv, vfio...)
 	return argv, nil
 }
 

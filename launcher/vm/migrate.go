@@ -6,9 +6,8 @@ import (
 	"sort"
 )
 
-// Live migration over QMP. go-qemu's generated command set predates most
-// migration commands and types their arguments too narrowly, so these are
-// raw commands with QEMU's own JSON names.
+// Live migration over QMP: commands with QEMU's own JSON names
+// (qapi/migration.json).
 
 // Migration states of query-migrate that end a migration.
 const (

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strings"
-
-	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
 )
 
 // NetDevice is a virtio-net NIC of the VM backed by a tap device the caller
@@ -24,27 +21,14 @@ type NetDevice struct {
 // netdevID names the i-th NIC's netdev; its device is netdevID + "dev".
 func netdevID(i int) string { return fmt.Sprintf("net%d", i) }
 
-// netArgs renders the -netdev tap,fds=N and -device virtio-net-pci pairs.
-// govmm renders the netdev; its device rendering turns multi-queue on for
-// fd-backed NICs, so the device is rendered without the fds. The device
-// gets no option ROM (romfile=): the guest boots directly, never over the
-// network, and hosts without the ipxe ROMs (Debian's ipxe-qemu) would
-// refuse the device.
-func netArgs(gcfg *govmm.Config, nics []NetDevice) []string {
+// netArgs renders the -netdev tap,fds=N and -device virtio-net-pci pairs,
+// one queue each (the i-th NIC's tap is fd 3+i). The device gets no option
+// ROM (romfile=): the guest boots directly, never over the network, and
+// hosts without the ipxe ROMs (Debian's ipxe-qemu) would refuse the device.
+func netArgs(nics []NetDevice) []string {
 	var argv []string
 	for i, n := range nics {
-		d := govmm.NetDevice{
-			Type:       govmm.TAP,
-			Driver:     govmm.VirtioNet,
-			ID:         netdevID(i),
-			IFName:     netdevID(i),
-			MACAddress: n.MAC.String(),
-			FDs:        []*os.File{n.Tap},
-		}
-		netdev := d.QemuNetdevParams(gcfg)
-		d.FDs = nil
-		device := append(d.QemuDeviceParams(gcfg), "romfile=")
-		argv = append(argv, "-netdev", strings.Join(netdev, ","), "-device", strings.Join(device, ","))
+		argv = append(argv, tapNetArgs(netdevID(i), n.MAC.String(), 3+i)...)
 	}
 	return argv
 }

@@ -3,32 +3,70 @@ package vm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
-
-	"github.com/digitalocean/go-qemu/qmp"
-	"github.com/digitalocean/go-qemu/qmp/raw"
 )
 
-// QMP is the VM's QEMU monitor connection. Raw gives the generated typed
-// commands of go-qemu; Execute runs any command (for those Raw lacks or
-// types too narrowly, such as device_add with driver properties); Subscribe
-// delivers asynchronous events.
+// QMP is the VM's QEMU monitor connection (QEMU's docs/interop/qmp-spec):
+// Execute runs a command, Subscribe delivers asynchronous events. Each
+// command carries an "id" QEMU echoes in its answer, so commands from
+// several goroutines may be in flight at once. The client is this small
+// file rather than a generated QMP library: the shim links this package,
+// and a library's thousand typed commands stay resident in every shim.
 type QMP struct {
-	mon *qmp.SocketMonitor
-	raw *raw.Monitor
+	conn    net.Conn
+	version string
 
-	mu     sync.Mutex
-	subs   map[int]*subscription
-	nextID int
-	closed bool
-	once   sync.Once
+	wmu sync.Mutex // serializes writes
+
+	mu      sync.Mutex
+	pending map[uint64]chan qmpReply
+	nextCmd uint64
+	subs    map[int]*subscription
+	nextSub int
+	closed  bool
+	err     error // why the connection closed
+	once    sync.Once
 }
+
+// Event is an asynchronous QMP event ({"event": ..., "data": ...}).
+type Event struct {
+	Event     string         `json:"event"`
+	Data      map[string]any `json:"data"`
+	Timestamp struct {
+		Seconds      int64 `json:"seconds"`
+		Microseconds int64 `json:"microseconds"`
+	} `json:"timestamp"`
+}
+
+// QMPError is a command's error answer.
+type QMPError struct {
+	Command string
+	Class   string `json:"class"`
+	Desc    string `json:"desc"`
+}
+
+func (e *QMPError) Error() string { return e.Desc }
 
 type subscription struct {
 	name string
-	ch   chan qmp.Event
+	ch   chan Event
+}
+
+// qmpMessage is any message QEMU sends after the greeting.
+type qmpMessage struct {
+	ID     *uint64         `json:"id"`
+	Return json.RawMessage `json:"return"`
+	Error  *QMPError       `json:"error"`
+	Event
+}
+
+type qmpReply struct {
+	ret json.RawMessage
+	err error
 }
 
 func dialQMP(ctx context.Context, socket string) (*QMP, error) {
@@ -36,60 +74,129 @@ func dialQMP(ctx context.Context, socket string) (*QMP, error) {
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
 		timeout = time.Until(d)
 	}
-	mon, err := qmp.NewSocketMonitor("unix", socket, timeout)
+	conn, err := net.DialTimeout("unix", socket, timeout)
 	if err != nil {
 		return nil, err
 	}
-	if err := runCtx(ctx, func() error { return mon.Connect() }); err != nil {
-		mon.Disconnect()
+	var q *QMP
+	err = runCtx(ctx, func() error {
+		var e error
+		q, e = handshake(conn, timeout)
+		return e
+	})
+	if err != nil {
+		conn.Close()
 		return nil, fmt.Errorf("qmp handshake: %w", err)
 	}
-	events, err := mon.Events(context.Background())
-	if err != nil {
-		mon.Disconnect()
-		return nil, err
-	}
-	q := &QMP{mon: mon, raw: raw.NewMonitor(mon), subs: map[int]*subscription{}}
-	go q.dispatch(events)
 	return q, nil
 }
 
-// dispatch always drains the monitor's event channel (go-qemu blocks
-// command responses while an event is unread) and fans events out.
-func (q *QMP) dispatch(events <-chan qmp.Event) {
-	for ev := range events {
+// handshake reads the greeting, leaves capabilities negotiation mode and
+// starts the reader.
+func handshake(conn net.Conn, timeout time.Duration) (*QMP, error) {
+	_ = conn.SetDeadline(time.Now().Add(timeout))
+	dec := json.NewDecoder(conn)
+	var greeting struct {
+		QMP *struct {
+			Version struct {
+				QEMU struct {
+					Major, Minor, Micro int
+				} `json:"qemu"`
+			} `json:"version"`
+		} `json:"QMP"`
+	}
+	if err := dec.Decode(&greeting); err != nil {
+		return nil, fmt.Errorf("reading the greeting: %w", err)
+	}
+	if greeting.QMP == nil {
+		return nil, errors.New("the first message is not a QMP greeting")
+	}
+	if _, err := conn.Write([]byte(`{"execute":"qmp_capabilities"}` + "\n")); err != nil {
+		return nil, err
+	}
+	for {
+		var m qmpMessage
+		if err := dec.Decode(&m); err != nil {
+			return nil, fmt.Errorf("reading the qmp_capabilities answer: %w", err)
+		}
+		if m.Error != nil {
+			return nil, fmt.Errorf("qmp_capabilities: %s", m.Error.Desc)
+		}
+		if m.Return != nil {
+			break
+		}
+	}
+	_ = conn.SetDeadline(time.Time{})
+	v := greeting.QMP.Version.QEMU
+	q := &QMP{
+		conn:    conn,
+		version: fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Micro),
+		pending: map[uint64]chan qmpReply{},
+		subs:    map[int]*subscription{},
+	}
+	go q.read(dec)
+	return q, nil
+}
+
+// read routes answers to their commands and fans events out to
+// subscribers until the connection fails; then every pending command gets
+// the error and every subscription is closed.
+func (q *QMP) read(dec *json.Decoder) {
+	var err error
+	for {
+		var m qmpMessage
+		if err = dec.Decode(&m); err != nil {
+			break
+		}
 		q.mu.Lock()
-		for _, s := range q.subs {
-			if s.name == "" || s.name == ev.Event {
-				select {
-				case s.ch <- ev:
-				default: // a slow subscriber loses events rather than blocking QMP
+		switch {
+		case m.Event.Event != "":
+			for _, s := range q.subs {
+				if s.name == "" || s.name == m.Event.Event {
+					select {
+					case s.ch <- m.Event:
+					default: // a slow subscriber loses events rather than blocking QMP
+					}
+				}
+			}
+		case m.ID != nil:
+			if ch, ok := q.pending[*m.ID]; ok {
+				delete(q.pending, *m.ID)
+				if m.Error != nil {
+					ch <- qmpReply{err: m.Error}
+				} else {
+					ch <- qmpReply{ret: m.Return}
 				}
 			}
 		}
 		q.mu.Unlock()
 	}
 	q.mu.Lock()
+	q.closed = true
+	q.err = fmt.Errorf("qmp connection closed: %w", err)
+	for id, ch := range q.pending {
+		ch <- qmpReply{err: q.err}
+		delete(q.pending, id)
+	}
 	for id, s := range q.subs {
 		close(s.ch)
 		delete(q.subs, id)
 	}
-	q.closed = true
 	q.mu.Unlock()
 }
 
 // Subscribe returns a channel receiving events named name ("" for all)
 // until cancel is called or the connection closes (then it is closed).
-func (q *QMP) Subscribe(name string) (events <-chan qmp.Event, cancel func()) {
+func (q *QMP) Subscribe(name string) (events <-chan Event, cancel func()) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	ch := make(chan qmp.Event, 64)
+	ch := make(chan Event, 64)
 	if q.closed {
 		close(ch)
 		return ch, func() {}
 	}
-	id := q.nextID
-	q.nextID++
+	id := q.nextSub
+	q.nextSub++
 	q.subs[id] = &subscription{name: name, ch: ch}
 	return ch, func() {
 		q.mu.Lock()
@@ -101,48 +208,65 @@ func (q *QMP) Subscribe(name string) (events <-chan qmp.Event, cancel func()) {
 	}
 }
 
-// Raw is go-qemu's generated, typed QMP command set.
-func (q *QMP) Raw() *raw.Monitor { return q.raw }
-
-// Version is the QEMU version the monitor reported.
-func (q *QMP) Version() string {
-	if q.mon.Version == nil {
-		return ""
-	}
-	return q.mon.Version.String()
-}
+// Version is the QEMU version the monitor reported (major.minor.micro).
+func (q *QMP) Version() string { return q.version }
 
 // Execute runs command with args (marshalled to JSON, nil for none) and
 // decodes the "return" value into result (nil to ignore it). If ctx ends
 // first, Execute returns ctx.Err(); the command may still complete.
 func (q *QMP) Execute(ctx context.Context, command string, args any, result any) error {
-	req := map[string]any{"execute": command}
-	if args != nil {
-		req["arguments"] = args
+	q.mu.Lock()
+	if q.closed {
+		err := q.err
+		q.mu.Unlock()
+		return fmt.Errorf("qmp %s: %w", command, err)
 	}
+	id := q.nextCmd
+	q.nextCmd++
+	ch := make(chan qmpReply, 1)
+	q.pending[id] = ch
+	q.mu.Unlock()
+	drop := func() {
+		q.mu.Lock()
+		delete(q.pending, id)
+		q.mu.Unlock()
+	}
+
+	req := struct {
+		Execute   string `json:"execute"`
+		Arguments any    `json:"arguments,omitempty"`
+		ID        uint64 `json:"id"`
+	}{command, args, id}
 	b, err := json.Marshal(req)
 	if err != nil {
+		drop()
 		return fmt.Errorf("qmp %s: %w", command, err)
 	}
-	var out []byte
-	err = runCtx(ctx, func() error {
-		var e error
-		out, e = q.mon.Run(b)
-		return e
-	})
+	q.wmu.Lock()
+	_, err = q.conn.Write(append(b, '\n'))
+	q.wmu.Unlock()
 	if err != nil {
+		drop()
 		return fmt.Errorf("qmp %s: %w", command, err)
+	}
+	var r qmpReply
+	select {
+	case r = <-ch:
+	case <-ctx.Done():
+		drop()
+		return ctx.Err()
+	}
+	if r.err != nil {
+		var qe *QMPError
+		if errors.As(r.err, &qe) {
+			qe.Command = command
+		}
+		return fmt.Errorf("qmp %s: %w", command, r.err)
 	}
 	if result == nil {
 		return nil
 	}
-	var resp struct {
-		Return json.RawMessage `json:"return"`
-	}
-	if err := json.Unmarshal(out, &resp); err != nil {
-		return fmt.Errorf("qmp %s: decoding response: %w", command, err)
-	}
-	if err := json.Unmarshal(resp.Return, result); err != nil {
+	if err := json.Unmarshal(r.ret, result); err != nil {
 		return fmt.Errorf("qmp %s: decoding return value: %w", command, err)
 	}
 	return nil
@@ -152,7 +276,7 @@ func (q *QMP) close() {
 	if q == nil {
 		return
 	}
-	q.once.Do(func() { q.mon.Disconnect() })
+	q.once.Do(func() { q.conn.Close() })
 }
 
 // runCtx runs f, returning early with ctx.Err() if ctx ends first.

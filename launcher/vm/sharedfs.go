@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-
-	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
 )
 
 // SharedFS is a virtio-fs share served by a vhost-user daemon (virtiofsd)
@@ -22,7 +20,7 @@ const sharedMemoryID = "c8s-mem"
 
 // sharedFSArgs returns the machine options and arguments for fs (nil: none).
 // machine holds the TEE's machine options so far.
-func sharedFSArgs(gcfg *govmm.Config, fs *SharedFS, machine []string, memoryMiB uint32) (machineOpts, argv []string) {
+func sharedFSArgs(fs *SharedFS, machine []string, memoryMiB uint32) (machineOpts, argv []string) {
 	if fs == nil {
 		return nil, nil
 	}
@@ -34,12 +32,7 @@ func sharedFSArgs(gcfg *govmm.Config, fs *SharedFS, machine []string, memoryMiB 
 		machineOpts = []string{"memory-backend=" + sharedMemoryID}
 		argv = []string{"-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=on", sharedMemoryID, memoryMiB)}
 	}
-	argv = append(argv, govmm.VhostUserDevice{
-		SocketPath:    fs.Socket,
-		CharDevID:     "charfs0",
-		Tag:           fs.Tag,
-		VhostUserType: govmm.VhostUserFS,
-	}.QemuParams(gcfg)...)
+	argv = append(argv, vhostUserFSArgs("charfs0", fs.Socket, fs.Tag)...)
 	return machineOpts, argv
 }
 

@@ -203,7 +203,7 @@ func (v *VM) connectQMP(ctx context.Context) error {
 			// The socket file appears before QEMU listens on it.
 			continue
 		}
-		if _, err := q.Raw().QueryStatus(); err != nil {
+		if err := q.Execute(ctx, "query-status", nil, nil); err != nil {
 			q.close()
 			return fmt.Errorf("vm: query-status: %w", err)
 		}

@@ -171,11 +171,13 @@ func TestVM(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = v.Stop(context.Background()) })
 
-	st, err := v.QMP().Raw().QueryStatus()
-	if err != nil {
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := v.QMP().Execute(ctx, "query-status", nil, &st); err != nil {
 		t.Fatalf("query-status: %v", err)
 	}
-	if st.Status.String() != "running" {
+	if st.Status != "running" {
 		t.Fatalf("query-status = %v, want running", st.Status)
 	}
 	if fi, err := os.Stat(spec.StateDir); err != nil || fi.Mode().Perm() != 0o700 {

@@ -31,6 +31,7 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 
+	"github.com/c8s-dev/c8s/launcher/layercache"
 	"github.com/c8s-dev/c8s/launcher/migrate"
 	"github.com/c8s-dev/c8s/shim/sandbox"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
@@ -181,6 +182,17 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 			if err := sharedfs.Cleanup(task.FSDir(st.StateDir)); err != nil {
 				log.G(ctx).WithError(err).Warn("clean up the pod's virtio-fs share")
 			}
+			// The pod's references on the layers its VM had, and its
+			// namespace's dir once empty.
+			if st.LayerCache != "" && st.LayerRef != "" {
+				if c, err := layercache.Open(st.LayerCache); err == nil {
+					if err := c.ReleaseAll(ctx, st.LayerRef); err != nil {
+						log.G(ctx).WithError(err).Warn("drop the pod's references on cached layers")
+					}
+				}
+			}
+			os.Remove(filepath.Dir(task.FSDir(st.StateDir)))
+			os.Remove(filepath.Dir(st.StateDir))
 		}
 		if st.Disk != "" {
 			if err := os.Remove(st.Disk); err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -14,6 +14,7 @@ import (
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/migrate"
+	"github.com/c8s-dev/c8s/launcher/migrate/pooltest"
 	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
@@ -24,7 +25,9 @@ import (
 // (re-attestation included) and its ratio to QEMU's total, and the
 // re-attestation alone, next to the pod's first attestation on the source
 // (both under TCG here: the guest's share is emulated). The boot is not
-// timed.
+// timed. Each size runs with QEMU's migration stream under TLS (the pool's
+// certificates, as between nodes) and, for comparison, in plain TCP on
+// loopback (migration.plain_loopback).
 func BenchmarkMigrate(b *testing.B) {
 	// go test interleaves log lines with the benchmark's result line:
 	// logs are dropped so that the metrics stay on it (failures still end
@@ -40,11 +43,15 @@ func BenchmarkMigrate(b *testing.B) {
 		b.Skipf("no guest image (%v): run make image", err)
 	}
 	for _, mem := range []uint32{256, 1024} {
-		b.Run(fmt.Sprintf("mem=%dMiB", mem), func(b *testing.B) { benchMigrate(b, image, mem) })
+		b.Run(fmt.Sprintf("mem=%dMiB", mem), func(b *testing.B) {
+			for _, stream := range []string{"tls", "plain"} {
+				b.Run("stream="+stream, func(b *testing.B) { benchMigrate(b, image, mem, stream == "tls") })
+			}
+		})
 	}
 }
 
-func benchMigrate(b *testing.B, image string, mem uint32) {
+func benchMigrate(b *testing.B, image string, mem uint32, streamTLS bool) {
 	b.StopTimer() // the setup creates a sim identity: seconds of key generation
 	ctx := context.Background()
 	root, err := os.MkdirTemp("", "c8s-mb-") // short: unix socket paths
@@ -63,6 +70,20 @@ func benchMigrate(b *testing.B, image string, mem uint32) {
 		return cfg
 	}
 	a, bn := node("a"), node("b")
+	identityA := statedir.MigrateTLS(a.Runtime.StateDir)
+	if streamTLS {
+		ca, err := pooltest.NewCA("bench")
+		if err != nil {
+			b.Fatal(err)
+		}
+		for cfg, name := range map[*config.Config]string{&a: "node-a", &bn: "node-b"} {
+			if _, err := ca.Issue(statedir.MigrateTLS(cfg.Runtime.StateDir), name); err != nil {
+				b.Fatal(err)
+			}
+		}
+	} else {
+		bn.Migration.PlainLoopback = true
+	}
 
 	srv := &migrate.Server{Config: bn, Name: "node-b"}
 	sock := filepath.Join(root, "b.sock")
@@ -84,7 +105,7 @@ func benchMigrate(b *testing.B, image string, mem uint32) {
 	if err := os.WriteFile(filepath.Join(statedir.PoolRoots(a.Runtime.StateDir), "node-b.pem"), spB.CertChainPEM(), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	dst := migrate.NewClient(sock)
+	dst := migrate.NewClient(sock).WithStream(identityA, !streamTLS)
 
 	var qemuTotal, downtime, total, reattest, connect, verify, bootAttest time.Duration
 	n := 0

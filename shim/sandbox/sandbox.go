@@ -64,6 +64,9 @@ type Options struct {
 	// (a host-network pod's: the node's).
 	PortForward bool
 	NetNS       string
+	// VFIO are the pod's host devices (its confidential GPUs), cold-plugged
+	// at boot (launcher/vm, vfio.go).
+	VFIO []vm.VFIODevice
 }
 
 // Sandbox is a running pod VM and its agent connection.
@@ -102,11 +105,15 @@ type Sandbox struct {
 
 	stopOnce sync.Once
 	stopErr  error
+
+	// boot is how Start went, for the pod's start trace.
+	boot BootTimes
 }
 
 // Start boots the pod VM and waits until its agent answers. On error
 // nothing is left behind.
 func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
+	tBegin := time.Now()
 	cfg := opts.Config
 	h := cfg.Hypervisor
 	qemu, err := h.QEMUBinary()
@@ -125,35 +132,28 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 	// The VM's state dir records the pod's namespace (the one the
 	// shim's request carries) and ID in full: its name may be shortened.
 	ns, _ := namespaces.Namespace(ctx)
-	spec := vm.Spec{
-		Root:       root,
-		ID:         opts.ID,
-		StateDir:   opts.StateDir,
-		Namespace:  ns,
-		Hypervisor: h,
-		Accel:      choice.Accel,
-		Disks:      opts.Disks,
-		NICs:       opts.NICs,
-		SharedFS:   opts.SharedFS,
-	}
+	spec := VMSpec(opts, root, choice.Accel, ns)
 	// The sim TEE's secure processor is simulated on the host: it
 	// measures the files QEMU is handed and serves the VM's reports.
 	// Hardware TEEs need no host part (the guest talks to the real one).
-	var simHost *sim.Host
+	// The measurement (hashing the kernel and initrd) runs while QEMU
+	// starts: the guest asks for a report only once it has booted, and
+	// its request waits on the port until the secure processor attaches.
+	var sims *simStart
 	if h.TEE == "sim" {
 		argv, err := vm.Args(spec, sim.Backend{})
 		if err != nil {
 			return nil, err
 		}
-		simHost, err = sim.NewHost(argv, statedir.SimSP(cfg.Runtime.StateDir), initdata.Digest(opts.InitData))
-		if err != nil {
-			return nil, err
-		}
+		sims = startSimHost(argv, statedir.SimSP(cfg.Runtime.StateDir), initdata.Digest(opts.InitData))
 	}
+	tSpawn := time.Now()
 	v, err := vm.Start(ctx, spec)
 	if err != nil {
+		sims.wait()
 		return nil, fmt.Errorf("start pod VM: %w", err)
 	}
+	tSpawned := time.Now()
 	hostCtx, stopHost := context.WithCancel(context.WithoutCancel(ctx))
 	s := &Sandbox{ID: opts.ID, vm: v, stopHost: stopHost, initData: opts.InitData, done: make(chan struct{})}
 	s.Agent, s.IO = movingAgent{s}, movingIO{s}
@@ -163,7 +163,11 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 			s.Stop(context.WithoutCancel(ctx))
 		}
 	}()
-	if simHost != nil {
+	if sims != nil {
+		simHost, err := sims.wait()
+		if err != nil {
+			return nil, err
+		}
 		if err := simHost.Attach(hostCtx, v); err != nil {
 			return nil, fmt.Errorf("start the host side of TEE %s: %w", h.TEE, err)
 		}
@@ -176,12 +180,20 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		return nil, fmt.Errorf("record QEMU pid: %w", err)
 	}
 	tQEMU := time.Since(t0)
+	tHost := time.Now()
 	timeout := opts.AgentTimeout
 	if timeout == 0 {
 		timeout = DefaultAgentTimeout
 	}
 	if err := s.connect(ctx, timeout); err != nil {
 		return nil, err
+	}
+	s.boot = BootTimes{
+		Prepare:    tSpawn.Sub(tBegin),
+		Spawn:      tSpawned.Sub(tSpawn),
+		HostSide:   tHost.Sub(tSpawned),
+		AgentReady: time.Since(tSpawn),
+		Guest:      readGuestBoot(v.ConsolePath()),
 	}
 	if opts.PortForward {
 		s.forward = portfwd.Start(hostCtx, opts.NetNS, movingPortForward{s})
@@ -198,9 +210,19 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 // virtio-serial the host side of the channel accepts before the guest has
 // opened its port; a request sent early waits in the channel, so each
 // attempt is short and retried until the deadline.
+//
+// timeout counts the time QEMU could run (bootwait.go), so that a node
+// starting many pods at once does not fail the ones its CPUs are slow to.
 func (s *Sandbox) connect(ctx context.Context, timeout time.Duration) error {
-	c, info, err := dialAgent(ctx, s.machine(), timeout)
+	m := s.machine()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go newBootClock("/proc", m.Pid()).watch(ctx, cancel, timeout, 250*time.Millisecond)
+	c, info, err := dialAgent(ctx, m, bootWaitCap*timeout)
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) && !errors.Is(cause, context.DeadlineExceeded) {
+			return fmt.Errorf("%w (%v)", cause, err)
+		}
 		return err
 	}
 	s.mu.Lock()
@@ -354,4 +376,46 @@ func (s *Sandbox) Stop(ctx context.Context) error {
 		s.stopErr = errors.Join(errs...)
 	})
 	return s.stopErr
+}
+
+// simStart is the sim TEE's host part being measured in the background.
+type simStart struct {
+	done chan struct{}
+	host *sim.Host
+	err  error
+}
+
+func startSimHost(argv []string, spDir string, hostData [32]byte) *simStart {
+	st := &simStart{done: make(chan struct{})}
+	go func() {
+		defer close(st.done)
+		st.host, st.err = sim.NewHost(argv, spDir, hostData)
+	}()
+	return st
+}
+
+// wait returns the measured host part (a nil simStart waits for nothing).
+func (st *simStart) wait() (*sim.Host, error) {
+	if st == nil {
+		return nil, nil
+	}
+	<-st.done
+	return st.host, st.err
+}
+
+// VMSpec is the VM Start launches for opts, with the resolved root disk,
+// accelerator and the pod's containerd namespace.
+func VMSpec(opts Options, root *vm.RootDisk, accel, namespace string) vm.Spec {
+	return vm.Spec{
+		Root:       root,
+		ID:         opts.ID,
+		StateDir:   opts.StateDir,
+		Namespace:  namespace,
+		Hypervisor: opts.Config.Hypervisor,
+		Accel:      accel,
+		Disks:      opts.Disks,
+		NICs:       opts.NICs,
+		SharedFS:   opts.SharedFS,
+		VFIO:       opts.VFIO,
+	}
 }

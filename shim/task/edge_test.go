@@ -74,7 +74,7 @@ func TestEdgeOverTTRPC(t *testing.T) {
 	ctx := namespaces.WithNamespace(context.Background(), "test")
 	sdCtx, sd := shutdown.WithShutdown(ctx)
 	defer sd.Shutdown()
-	svc, err := New(sdCtx, &recorder{events: make(chan published, 16)}, sd)
+	svc, err := New(sdCtx, &recorder{events: make(chan published, 16)}, sd, "")
 	if err != nil {
 		t.Fatal(err)
 	}

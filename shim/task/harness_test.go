@@ -35,6 +35,14 @@ import (
 // concrete *fakesandbox.Sandbox.
 type fakeHost struct{ *fakesandbox.Host }
 
+func (h fakeHost) OpenImages(ctx context.Context) (Images, error) {
+	i, err := h.Host.OpenImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return i, nil
+}
+
 func (h fakeHost) StartSandbox(ctx context.Context, opts sandbox.Options) (Sandbox, error) {
 	sb, err := h.Start(ctx, opts)
 	if err != nil {

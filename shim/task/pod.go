@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	runtimeoptions "github.com/containerd/containerd/api/types/runtimeoptions/v1"
@@ -23,6 +24,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/shim/layers"
 	"github.com/c8s-dev/c8s/shim/podnet"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 )
@@ -63,6 +65,19 @@ type podState struct {
 	fsDir  string
 	share  *sharedfs.Share
 	shared map[string][]string
+	// layers are the image layers attached to the VM (root.go), once a
+	// container ran in layer mode.
+	layersMu sync.Mutex
+	layers   *layers.Pod
+	// k8s is the Kubernetes pod, whose allocated GPUs the VM gets (gpu.go).
+	k8s k8sPod
+}
+
+// heldLayers returns the pod's layers (nil if it has none).
+func (p *podState) heldLayers() *layers.Pod {
+	p.layersMu.Lock()
+	defer p.layersMu.Unlock()
+	return p.layers
 }
 
 // podFor returns the pod of a new container, fixing it on the first one.
@@ -124,6 +139,7 @@ func (s *service) podFor(ctx context.Context, ns string, r *taskAPI.CreateTaskRe
 		portForward: netnsPath(spec) != "" || spec.Annotations[ContainerTypeAnnotation] == "sandbox",
 		fsDir:       dirs.FS,
 		shared:      map[string][]string{},
+		k8s:         k8sPodOf(spec.Annotations),
 	}
 	log.G(ctx).WithFields(log.Fields{"sandbox": id, "config": path, "tee": withAnn.Hypervisor.TEE}).Info("new pod")
 	s.mu.Lock()
@@ -193,6 +209,10 @@ type BundleState struct {
 	Sandbox  string `json:"sandbox"`
 	StateDir string `json:"state_dir"`
 	Disk     string `json:"disk"`
+	// LayerCache and LayerRef are the node's layer cache and the pod's
+	// reference name in it, for a container run from its image's layers.
+	LayerCache string `json:"layer_cache,omitempty"`
+	LayerRef   string `json:"layer_ref,omitempty"`
 }
 
 func writeBundleState(bundle string, st BundleState) error {

@@ -22,8 +22,9 @@ import (
 // QEMU's death, stopped with the last container or at shutdown.
 
 // ensureSandbox returns the pod VM, starting it with the first container's
-// disk attached at boot. started reports whether this call started it.
-func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk) (Sandbox, bool, error) {
+// disks attached at boot. started reports whether this call started it; tr
+// then becomes the pod's start trace.
+func (s *service) ensureSandbox(ctx context.Context, pod *podState, disks []vm.Disk, tr *podTrace) (Sandbox, bool, error) {
 	s.startMu.Lock()
 	defer s.startMu.Unlock()
 	s.mu.Lock()
@@ -37,20 +38,26 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 			return sb, false, nil
 		}
 	}
+	gpus, err := podGPUs(ctx, pod.cfg, pod.k8s)
+	if err != nil {
+		return nil, false, err
+	}
 	nics, fs, err := wireVM(ctx, pod)
 	if err != nil {
 		return nil, false, err
 	}
+	tr.mark("wire")
 	sb, err = s.host.StartSandbox(ctx, sandbox.Options{
 		ID:          pod.id,
 		StateDir:    pod.stateDir,
 		Config:      pod.cfg,
 		InitData:    pod.initData,
-		Disks:       []vm.Disk{disk},
+		Disks:       disks,
 		NICs:        nics,
 		SharedFS:    fs,
 		NetNS:       pod.netns,
 		PortForward: pod.portForward,
+		VFIO:        gpus,
 	})
 	if pod.network != nil {
 		pod.network.ReleaseTaps() // QEMU has them now
@@ -59,13 +66,17 @@ func (s *service) ensureSandbox(ctx context.Context, pod *podState, disk vm.Disk
 		unwireVM(ctx, pod)
 		return nil, false, err
 	}
+	tr.mark("vm_start")
+	tr.setBoot(sb)
 	if err := attestSandbox(ctx, sb, pod); err != nil {
 		sb.Stop(context.WithoutCancel(ctx))
 		unwireVM(ctx, pod)
 		return nil, false, err
 	}
+	tr.mark("attest")
 	s.mu.Lock()
 	s.sb = sb
+	s.trace = tr
 	s.mu.Unlock()
 	go s.watchSandbox(sb, pod.id)
 	return sb, true, nil
@@ -145,6 +156,10 @@ func (s *service) stopSandbox(ctx context.Context) {
 		}
 	}
 	if pod != nil {
+		// The VM is gone: so are its layer disks.
+		if pl := pod.heldLayers(); pl != nil {
+			pl.Close(ctx)
+		}
 		unwireVM(ctx, pod)
 		os.Remove(filepath.Dir(pod.fsDir)) // once no other pod shares
 		os.RemoveAll(pod.diskDir)
@@ -152,6 +167,9 @@ func (s *service) stopSandbox(ctx context.Context) {
 		disks := filepath.Dir(pod.diskDir)
 		os.Remove(disks)
 		os.Remove(filepath.Dir(disks))
+	}
+	if sb != nil {
+		s.podTrace().log(ctx)
 	}
 }
 

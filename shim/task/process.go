@@ -16,7 +16,6 @@ import (
 	"github.com/containerd/log"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
-	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
 // ioDrainTimeout bounds how long an exit waits for the process's output to
@@ -33,11 +32,11 @@ const readStreamBytes = 1 << 20
 const stdinDrainTimeout = 5 * time.Second
 
 // container is one containerd task: its init process, its execs and its
-// root disk.
+// root (root.go).
 type container struct {
 	id     string
 	bundle string
-	disk   vm.Disk
+	root   *containerRoot
 	init   *process
 	execs  map[string]*process
 	// hostPid, when not zero, is the pid reported for every process of

@@ -2,13 +2,17 @@ package task
 
 import (
 	"context"
+	"errors"
+	"io"
 
 	"github.com/containerd/containerd/v2/core/mount"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/ctrdimage"
 	"github.com/c8s-dev/c8s/launcher/migrate"
 	"github.com/c8s-dev/c8s/launcher/vm"
+	"github.com/c8s-dev/c8s/shim/layers"
 	"github.com/c8s-dev/c8s/shim/rootfs"
 	"github.com/c8s-dev/c8s/shim/sandbox"
 )
@@ -27,6 +31,12 @@ type Host interface {
 	// RemoveRootfs deletes an image BuildRootfs wrote; a missing one is
 	// not an error.
 	RemoveRootfs(image string) error
+	// OpenImages connects to containerd's images (layer mode,
+	// shim/layers); the caller closes them.
+	OpenImages(ctx context.Context) (Images, error)
+	// ConvertLayer writes the layer disk of a layer blob, as
+	// layers.Convert does.
+	ConvertLayer(ctx context.Context, blob io.Reader, mediaType string, out io.ReadWriteSeeker) (layers.Info, error)
 	// StartSandbox boots the pod VM and waits for its agent. On error
 	// nothing is left behind.
 	StartSandbox(ctx context.Context, opts sandbox.Options) (Sandbox, error)
@@ -82,10 +92,28 @@ type Mover interface {
 	MigrationProgress() (vm.MigrationInfo, bool)
 }
 
-// hostVMs is the shim's Host: real root disks and QEMU VMs.
-type hostVMs struct{}
+// Images is containerd's view of container images, for layer mode.
+type Images interface {
+	layers.Images
+	io.Closer
+}
+
+// hostVMs is the shim's Host: real root disks and QEMU VMs, and the
+// images of the containerd at address (its gRPC socket).
+type hostVMs struct{ address string }
 
 var _ Host = hostVMs{}
+
+func (h hostVMs) OpenImages(context.Context) (Images, error) {
+	if h.address == "" {
+		return nil, errors.New("containerd's address is not known to the shim")
+	}
+	return ctrdimage.Dial(h.address)
+}
+
+func (hostVMs) ConvertLayer(ctx context.Context, blob io.Reader, mediaType string, out io.ReadWriteSeeker) (layers.Info, error) {
+	return layers.Convert(ctx, blob, mediaType, out)
+}
 
 func (hostVMs) BuildRootfs(ctx context.Context, mounts []mount.Mount, target, image string) error {
 	return rootfs.Build(ctx, mounts, target, image, rootfs.Options{FreeMiB: 256})

@@ -16,7 +16,6 @@ import (
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/runtime"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/protobuf"
@@ -29,9 +28,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
-	"github.com/c8s-dev/c8s/launcher/vm"
 	adminapi "github.com/c8s-dev/c8s/shim/api/admin/v1"
-	"github.com/c8s-dev/c8s/shim/rootfs"
 )
 
 var _ shim.TTRPCService = (*service)(nil)
@@ -58,12 +55,15 @@ type service struct {
 	sb      Sandbox
 	pod     *podState
 	conts   map[string]*container
+	// trace follows the container that started the pod VM (trace.go).
+	trace *podTrace
 }
 
 // New returns the task service. It is registered as the shim's "task"
-// ttrpc plugin.
-func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service) (taskAPI.TTRPCTaskService, error) {
-	return newService(ctx, publisher, sd, hostVMs{}), nil
+// ttrpc plugin; containerd is containerd's gRPC address, where the
+// service reads container images (layer mode).
+func New(ctx context.Context, publisher shim.Publisher, sd shutdown.Service, containerd string) (taskAPI.TTRPCTaskService, error) {
+	return newService(ctx, publisher, sd, hostVMs{address: containerd}), nil
 }
 
 // newService returns the task service running its pod VM on host.
@@ -151,6 +151,13 @@ func (s *service) getProcess(id, execID string) (*container, *process, error) {
 	return c, p, err
 }
 
+// podTrace returns the trace of the pod's start (nil before the VM runs).
+func (s *service) podTrace() *podTrace {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.trace
+}
+
 func (s *service) sandbox() (Sandbox, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -161,11 +168,15 @@ func (s *service) sandbox() (Sandbox, error) {
 }
 
 // Create boots the pod VM on the pod's first container, attaches the
-// container's root disk and creates its init process in the guest.
+// container's root (its image layers or a copy, root.go) and creates its
+// init process in the guest.
 func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *taskAPI.CreateTaskResponse, retErr error) {
 	if err := validID(r.ID); err != nil {
 		return nil, err
 	}
+	// Kept (and logged) only if this container starts the pod VM.
+	tr := newTrace()
+	tr.container = r.ID
 	s.mu.Lock()
 	_, exists := s.conts[r.ID]
 	s.mu.Unlock()
@@ -187,30 +198,31 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if specJSON, err = s.withNodeUTS(r.ID, pod, specJSON, spec); err != nil {
 		return nil, err
 	}
+	tr.mark("config")
 
-	if err := pod.cfg.HostRootfsAllowed(); err != nil {
-		return nil, fmt.Errorf("container %q: %w: %w", r.ID, err, errdefs.ErrFailedPrecondition)
-	}
-	mounts := make([]mount.Mount, 0, len(r.Rootfs))
-	for _, m := range r.Rootfs {
-		mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
-	}
-	disk := vm.Disk{ID: diskID(r.ID), Path: filepath.Join(pod.diskDir, r.ID+".img")}
 	t0 := time.Now()
-	if err := s.host.BuildRootfs(ctx, mounts, filepath.Join(r.Bundle, "rootfs"), disk.Path); err != nil {
-		return nil, fmt.Errorf("prepare the root disk of container %q: %w", r.ID, err)
-	}
-	defer func() {
-		if retErr != nil {
-			s.host.RemoveRootfs(disk.Path)
-		}
-	}()
-	log.G(ctx).WithField("container", r.ID).WithField("took", time.Since(t0).Round(time.Millisecond)).Debug("root disk ready")
-	if err := writeBundleState(r.Bundle, BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: disk.Path}); err != nil {
+	root, err := s.prepareRoot(ctx, pod, ns, r)
+	if err != nil {
 		return nil, err
 	}
+	// attached is the VM the root went into, if this call did not start
+	// it (one it started goes with its disks).
+	var attached Machine
+	defer func() {
+		if retErr != nil {
+			s.releaseRoot(context.WithoutCancel(ctx), pod, attached, r.ID, root)
+		}
+	}()
+	st := BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: root.disk.Path}
+	if root.layered {
+		st.LayerCache, st.LayerRef = pod.cfg.LayerCachePath(), pod.heldLayers().RefName()
+	}
+	if err := writeBundleState(r.Bundle, st); err != nil {
+		return nil, err
+	}
+	tr.mark("rootfs")
 
-	sb, started, err := s.ensureSandbox(ctx, pod, disk)
+	sb, started, err := s.ensureSandbox(ctx, pod, root.bootDisks(), tr)
 	if err != nil {
 		return nil, err
 	}
@@ -219,15 +231,13 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			s.stopSandbox(ctx)
 		}
 	}()
-	addr, err := sb.AttachDisk(ctx, disk)
-	if err != nil {
-		return nil, fmt.Errorf("attach the root disk of container %q: %w", r.ID, err)
+	if !started {
+		attached = sb
 	}
-	defer func() {
-		if retErr != nil && !started {
-			sb.DetachDisk(context.WithoutCancel(ctx), disk.ID)
-		}
-	}()
+	rootfs, err := s.attachRoot(ctx, pod, sb, r.ID, root)
+	if err != nil {
+		return nil, err
+	}
 
 	files := sharedFiles(ctx, spec)
 	shared, err := s.shareMounts(ctx, pod, r.ID, spec, files)
@@ -239,15 +249,13 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			s.unshare(context.WithoutCancel(ctx), pod, r.ID)
 		}
 	}()
+	tr.mark("attach")
 	io := stdio.Stdio{Stdin: r.Stdin, Stdout: r.Stdout, Stderr: r.Stderr, Terminal: r.Terminal}
 	init := newProcess(r.ID, "", io, nil)
 	resp, err := sb.Agent().CreateContainer(ctx, &agent.CreateContainerRequest{
-		ContainerId: r.ID,
-		Spec:        specJSON,
-		Rootfs: &agent.Rootfs{
-			Source: &agent.Rootfs_Scsi{Scsi: &agent.ScsiDisk{Target: uint32(addr.Target), Lun: uint32(addr.LUN)}},
-			Fstype: rootfs.FSType,
-		},
+		ContainerId:  r.ID,
+		Spec:         specJSON,
+		Rootfs:       rootfs,
 		Stdio:        init.agentStdio(),
 		Files:        files,
 		SandboxId:    pod.id,
@@ -258,7 +266,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		return nil, fmt.Errorf("create container %q in the pod VM: %w", r.ID, fromAgent(err))
 	}
 	log.G(ctx).WithField("container", r.ID).WithField("took", time.Since(t0).Round(time.Millisecond)).Info("container created in the pod VM")
-	c := &container{id: r.ID, bundle: r.Bundle, disk: disk, init: init, execs: map[string]*process{}, hostPid: criHostPid(spec, sb.Pid())}
+	c := &container{id: r.ID, bundle: r.Bundle, root: root, init: init, execs: map[string]*process{}, hostPid: criHostPid(spec, sb.Pid())}
 	pid := c.reported(resp.Pid)
 	init.mu.Lock()
 	init.pid = pid
@@ -275,6 +283,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	// Kill or Delete WithProcessKill of a task never started), or its VM
 	// lost. Its exit is published like any other.
 	go s.wait(sb, init)
+	tr.mark("create")
 
 	s.send(&eventstypes.TaskCreate{
 		ContainerID: r.ID,
@@ -302,10 +311,13 @@ func (s *service) Start(ctx context.Context, r *taskAPI.StartRequest) (*taskAPI.
 	}
 	var pid uint32
 	if r.ExecID == "" {
+		tr := s.podTrace()
+		tr.markFor(r.ID, "create_to_start")
 		resp, err := sb.Agent().StartContainer(ctx, &agent.StartContainerRequest{ContainerId: r.ID})
 		if err != nil {
 			return nil, fmt.Errorf("start container %q: %w", r.ID, fromAgent(err))
 		}
+		tr.markFor(r.ID, "start")
 		pid = c.reported(resp.Pid)
 	} else {
 		// The agent buffers the exec's output from its start, so the copies
@@ -368,6 +380,9 @@ func (s *service) exited(p *process, status uint32, at time.Time) {
 	if !p.setExited(status, at) {
 		return
 	}
+	if p.execID == "" {
+		s.podTrace().markFor(p.containerID, "run")
+	}
 	_, pid, _, _ := p.state()
 	id := p.execID
 	if id == "" {
@@ -382,8 +397,9 @@ func (s *service) exited(p *process, status uint32, at time.Time) {
 	})
 }
 
-// Delete removes an exited exec, or a container with its root disk. The
-// pod VM goes away with its last container.
+// Delete removes an exited exec, or a container with its root (the
+// layers no other container of the pod uses, or its copy). The pod VM
+// goes away with its last container.
 func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAPI.DeleteResponse, error) {
 	c, p, err := s.getProcess(r.ID, r.ExecID)
 	if err != nil {
@@ -396,6 +412,9 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	s.mu.Lock()
 	sb := s.sb
 	s.mu.Unlock()
+	if r.ExecID == "" {
+		s.podTrace().markFor(r.ID, "exit_to_delete")
+	}
 	if r.ExecID != "" {
 		if sb != nil && st == task.Status_STOPPED {
 			if _, err := sb.Agent().DeleteProcess(ctx, &agent.ProcessRequest{ContainerId: r.ID, ExecId: r.ExecID}); err != nil && !vmGone(sb) {
@@ -420,21 +439,18 @@ func (s *service) Delete(ctx context.Context, r *taskAPI.DeleteRequest) (*taskAP
 	s.mu.Unlock()
 	// The pod's last container goes with its VM: nothing in the guest needs
 	// undoing first.
+	var attached Machine
 	if sb != nil && !vmGone(sb) && !last {
 		if _, err := sb.Agent().RemoveContainer(ctx, &agent.RemoveContainerRequest{ContainerId: r.ID}); err != nil && !vmGone(sb) {
 			return nil, fmt.Errorf("remove container %q from the pod VM: %w", r.ID, fromAgent(err))
 		}
-		if err := sb.DetachDisk(ctx, c.disk.ID); err != nil {
-			log.G(ctx).WithError(err).Warn("detach container root disk")
-		}
+		attached = sb
 	}
 	c.init.releaseIO()
 	for _, e := range c.execs {
 		e.releaseIO()
 	}
-	if err := s.host.RemoveRootfs(c.disk.Path); err != nil {
-		log.G(ctx).WithError(err).Warn("remove container root disk")
-	}
+	s.releaseRoot(ctx, s.pod, attached, r.ID, c.root)
 	s.unshare(ctx, s.pod, r.ID)
 	s.mu.Lock()
 	delete(s.conts, r.ID)

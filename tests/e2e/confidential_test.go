@@ -79,12 +79,17 @@ func TestConfidentialWrites(t *testing.T) {
 		t.Logf("a %d MiB write to the container's root took %v beyond an empty exec's %v: %.0f MiB/s", mib, w.Round(time.Millisecond), base.Round(time.Millisecond), mib/w.Seconds())
 	}
 
-	// The host's disk images of the pod's containers, while they run.
-	disks := statedir.ForPod(e.stateDir, e.d.Namespace, pod).Disks
-	for _, id := range []string{pod, app} {
-		img := filepath.Join(disks, id+".img")
+	// The host's disk images of the pod's containers, while they run: the
+	// image's layer disks in the node's layer cache (layer mode, the
+	// default), or a copy per container.
+	copies, _ := filepath.Glob(filepath.Join(statedir.ForPod(e.stateDir, e.d.Namespace, pod).Disks, "*.img"))
+	layers, _ := filepath.Glob(filepath.Join(e.stateDir, "cache", "layers", "*.disk"))
+	if len(copies)+len(layers) == 0 {
+		t.Fatal("no disk image of the pod's containers on the host")
+	}
+	for _, img := range append(copies, layers...) {
 		if found, err := fileContains(img, []byte(marker)); err != nil {
-			t.Fatalf("read the disk image of %s: %v", id, err)
+			t.Fatalf("read the disk image %s: %v", img, err)
 		} else if found {
 			t.Errorf("the host's disk image %s holds the container's write %q", img, marker)
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,7 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/migrate"
+	"github.com/c8s-dev/c8s/launcher/migrate/pooltest"
 	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
@@ -40,10 +44,14 @@ func (s *syncBuffer) String() string {
 
 // TestMigratePod live-migrates a running pod from node A (the shim's
 // node) to node B (`c8s-launcher serve` with its own state dir and sim
-// identity) on loopback: the pod's counter continues without a reset,
-// re-attestation shows B's chip, and containerd keeps managing the task
-// (ps, exec, kill, wait, delete) after the move. Two QEMUs: the pod VM and
-// its incoming copy.
+// identity) on loopback, through B's mutual-TLS API and with QEMU's
+// migration stream under TLS (one pool CA, a certificate per node): the
+// pod's counter continues without a reset, re-attestation shows B's chip,
+// and containerd keeps managing the task (ps, exec, kill, wait, delete)
+// after the move. Node C, a second `serve` of the same pool whose shared
+// storage does not hold A's disks, refuses the pod before any QEMU starts;
+// C's certificate cannot reach the VM A moved to B. Two QEMUs: the pod VM
+// and its incoming copy.
 func TestMigratePod(t *testing.T) {
 	e := setup(t)
 	c, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -58,35 +66,36 @@ tee = "sim"
 accel = "auto"
 `, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(e.imageDir, "initrd.img"))
 	cfgA := e.writeConfig(t, "node-a.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\n\n[node]\ntrust_pool = %q\n", e.stateDir, pool))
+	// A's state dir stands for the storage A and B share: the pod's disks
+	// (container layers and its writable disk) are there.
 	bDir := filepath.Join(e.d.Dir, "nb")
-	cfgB := e.writeConfig(t, "node-b.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\n\n[node]\ntrust_pool = %q\n", bDir, pool))
-
-	// Node B accepts migrations.
-	sock := filepath.Join(e.d.Dir, "b.sock")
-	serveOut := &syncBuffer{}
-	serve := exec.Command(bin, "serve", "--config", cfgB, "--socket", sock, "--name", "node-b")
-	serve.Stdout, serve.Stderr = serveOut, serveOut
-	if err := serve.Start(); err != nil {
+	cfgB := e.writeConfig(t, "node-b.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\n\n[node]\ntrust_pool = %q\n\n[migration]\nshared_storage_root = %q\n", bDir, pool, e.stateDir))
+	cDir, cShared := filepath.Join(e.d.Dir, "nc"), filepath.Join(e.d.Dir, "shared-c")
+	if err := os.MkdirAll(cShared, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	served := make(chan struct{})
-	go func() { serve.Wait(); close(served) }()
-	t.Cleanup(func() {
-		serve.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-served:
-		case <-time.After(30 * time.Second):
-			serve.Process.Kill()
-			<-served
+	cfgC := e.writeConfig(t, "node-c.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\n\n[node]\ntrust_pool = %q\n\n[migration]\nshared_storage_root = %q\n", cDir, pool, cShared))
+
+	// The pool's CA issues each node its migration TLS identity.
+	ca, err := pooltest.NewCA(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir, name := range map[string]string{e.stateDir: "node-a", bDir: "node-b", cDir: "node-c"} {
+		if _, err := ca.Issue(statedir.MigrateTLS(dir), name); err != nil {
+			t.Fatal(err)
 		}
-		if t.Failed() {
-			t.Logf("c8s-launcher serve output:\n%s", serveOut.String())
-		}
-	})
-	waitUntil(t, "c8s-launcher serve to listen", func() bool {
-		_, err := os.Stat(sock)
-		return err == nil && strings.Contains(serveOut.String(), "accepts migrations")
-	})
+	}
+
+	// Nodes B and C accept migrations; B also with mutual TLS.
+	sock, sockC := filepath.Join(e.d.Dir, "b.sock"), filepath.Join(e.d.Dir, "c.sock")
+	serveOut := startServe(t, bin, cfgB, sock, "node-b", "--listen-tls", "127.0.0.1:0")
+	startServe(t, bin, cfgC, sockC, "node-c")
+	m := regexp.MustCompile(`with mutual TLS on (127\.0\.0\.1:\d+)`).FindStringSubmatch(serveOut.String())
+	if m == nil || !strings.Contains(serveOut.String(), "migration stream: TLS with the node's identity") {
+		t.Fatalf("c8s-launcher serve output:\n%s", serveOut.String())
+	}
+	toB := "tls://" + m[1]
 	spB, err := sim.Load(statedir.SimSP(bDir))
 	if err != nil {
 		t.Fatal(err)
@@ -138,11 +147,22 @@ accel = "auto"
 		t.Fatalf("QEMU processes of node A before the migration: %v", sourceQEMU)
 	}
 
+	// C's shared storage does not hold the pod's disks: C refuses the
+	// pod, naming the disk and its root, before it starts a QEMU.
+	out, err := exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
+		"--to", sockC, pod).CombinedOutput()
+	if err == nil || !regexp.MustCompile(`disk "[^"]+" at \S+ refused: it resolves to \S+, outside the shared storage root \(migration.shared_storage_root is `+regexp.QuoteMeta(cShared)+`\)`).Match(out) {
+		t.Fatalf("c8s-launcher migrate to a node whose shared storage lacks the pod's disks: %v\n%s", err, out)
+	}
+	if now := e.qemus(t); len(now) != 1 || now[0] != sourceQEMU[0] {
+		t.Fatalf("QEMU processes after node C's refusal: %v, want the source %v alone", now, sourceQEMU)
+	}
+
 	// B's root is not trusted by A yet: re-attestation on B fails after
 	// the transfer, and the pod keeps running on A (cont from postmigrate).
-	out, err := exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
-		"--to", sock, pod).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "re-attestation on node node-b failed: certificate chain: VCEK could not be verified by any trusted roots") ||
+	out, err = exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
+		"--to", toB, pod).CombinedOutput()
+	if err == nil || !regexp.MustCompile(`re-attestation on node node-b failed: .*VCEK`).Match(out) ||
 		!strings.Contains(string(out), "rolled back") {
 		t.Fatalf("c8s-launcher migrate to a node whose root A does not trust: %v\n%s", err, out)
 	}
@@ -164,7 +184,7 @@ accel = "auto"
 		t.Fatal(err)
 	}
 	out, err = exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
-		"--to", sock, "--json", pod).CombinedOutput()
+		"--to", toB, "--json", pod).CombinedOutput()
 	if err != nil {
 		t.Fatalf("c8s-launcher migrate: %v\n%s\ncontainerd log:\n%s\nserve:\n%s", err, out, e.d.Log(), serveOut.String())
 	}
@@ -189,6 +209,30 @@ accel = "auto"
 	// One QEMU is left, B's (it mentions A's state dir for the shared disk).
 	if left := e.qemus(t); len(left) != 1 || left[0] == sourceQEMU[0] || !cmdlineHas(left[0], bDir) {
 		t.Fatalf("QEMU processes after the cut-over: %v (the source was %d); want only node B's", left, sourceQEMU[0])
+	}
+
+	// The stream went under TLS, bound to A's certificate.
+	if log := serveOut.String(); !strings.Contains(log, `from="pool member \"CN=node-a\"`) || !strings.Contains(log, "tls=true") {
+		t.Fatalf("node B's log shows no TLS stream from node A:\n%s", log)
+	}
+	// The moved VM is A's: node C's certificate (same CA) and B's unix
+	// socket are refused for its status, agent channel and deletion.
+	cfgCLoaded := config.Default()
+	cfgCLoaded.Runtime.StateDir = cDir
+	asC, err := migrate.Dial(toB, cfgCLoaded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for who, cl := range map[string]*migrate.Client{"node C": asC, "node B's unix socket": migrate.NewClient(sock)} {
+		if _, err := cl.Status(c, pod); err == nil || !strings.Contains(err.Error(), `was migrated here by pool member "CN=node-a"`) {
+			t.Fatalf("status of the moved VM by %s: %v; want a refusal naming node A", who, err)
+		}
+		if _, err := cl.DialAgent(c, pod); err == nil || !strings.Contains(err.Error(), "403 Forbidden") {
+			t.Fatalf("agent channel of the moved VM by %s: %v; want 403", who, err)
+		}
+		if err := cl.Delete(c, pod); err == nil || !strings.Contains(err.Error(), "may not use it") {
+			t.Fatalf("deletion of the moved VM by %s: %v; want a refusal", who, err)
+		}
 	}
 
 	// The counter went on from where it was, on B.
@@ -258,6 +302,36 @@ accel = "auto"
 	e.d.Ctr(t, "container", "delete", orphan)
 	waitUntil(t, "node B to stop the dead shim's moved VM", func() bool { return bVMs() == 0 })
 	e.assertNothingLeft(t)
+}
+
+// startServe runs `c8s-launcher serve` for a node until the test ends and
+// returns its output once it listens.
+func startServe(t *testing.T, bin, cfg, sock, name string, extra ...string) *syncBuffer {
+	out := &syncBuffer{}
+	serve := exec.Command(bin, append([]string{"serve", "--config", cfg, "--socket", sock, "--name", name}, extra...)...)
+	serve.Stdout, serve.Stderr = out, out
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { serve.Wait(); close(served) }()
+	t.Cleanup(func() {
+		serve.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-served:
+		case <-time.After(30 * time.Second):
+			serve.Process.Kill()
+			<-served
+		}
+		if t.Failed() {
+			t.Logf("c8s-launcher serve %s output:\n%s", name, out.String())
+		}
+	})
+	waitUntil(t, "c8s-launcher serve "+name+" to listen", func() bool {
+		_, err := os.Stat(sock)
+		return err == nil && strings.Contains(out.String(), "migration stream:") && (len(extra) == 0 || strings.Contains(out.String(), "with mutual TLS on"))
+	})
+	return out
 }
 
 func cmdlineHas(pid int, s string) bool {

@@ -25,6 +25,10 @@
 //	resource = "kbs:///default/key/db-password"
 //	path = "/run/secrets/db-password"
 //
+//	[mesh]               # optional: the attested mesh (mesh.go)
+//	url = "https://mesh-ca.example:8443"
+//	identity = "spiffe://example.org/ns/default/sa/db"
+//
 // allow_devices lists the character devices beyond the standard ones
 // (/dev/null, zero, full, random, urandom, tty, console, ptmx, ptys) that
 // the host may have created in the pod's containers: "c MAJOR:MINOR" or
@@ -78,6 +82,10 @@ type InitData struct {
 	// agent, default-deny (schema: guest/api/policy; enforced by
 	// guest/policy).
 	Policy *policy.Policy `toml:"policy"`
+	// Mesh, when present, puts the pod in the owner's attested mesh
+	// (mesh.go): its workload certificate and the ports the agent's proxy
+	// wraps in mutual TLS.
+	Mesh *Mesh `toml:"mesh"`
 
 	// Format is FormatC8s or FormatCoCo; CoCo is the CoCo document.
 	Format string `toml:"-"`
@@ -191,7 +199,7 @@ func Parse(data []byte) (*InitData, error) {
 // parseC8s reads c8s's own format; the kbs section is not validated yet.
 func parseC8s(data []byte) (*InitData, error) {
 	d := &InitData{Version: Version, Format: FormatC8s}
-	if err := decodeStrict(data, d, "version, agent_policy.allow_exec, agent_policy.allow_devices, agent_policy.allow_port_forward, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path, policy"); err != nil {
+	if err := decodeStrict(data, d, "version, agent_policy.allow_exec, agent_policy.allow_devices, agent_policy.allow_port_forward, kbs.url, kbs.cert, kbs.secrets.resource, kbs.secrets.path, policy, mesh"); err != nil {
 		return nil, fmt.Errorf("init data: %w", err)
 	}
 	if err := d.checkPolicy(); err != nil {
@@ -202,6 +210,9 @@ func parseC8s(data []byte) (*InitData, error) {
 	}
 	if err := d.Agent.checkPorts(); err != nil {
 		return nil, fmt.Errorf("init data: %w", err)
+	}
+	if err := d.Mesh.validate(d.Agent); err != nil {
+		return nil, err
 	}
 	if d.Version != Version {
 		return nil, fmt.Errorf("init data: version %q is not supported; this agent reads version %q", d.Version, Version)

@@ -12,9 +12,14 @@
 // SHA-384 or SHA-512 of its runtime data, chosen by the guest's own
 // client) would take a preimage of SHA-512.
 //
+// The attested mesh has a domain of its own (MeshKey): the pod binds the
+// public key of its workload certificate and the mesh CA's nonce, so that
+// evidence made for the host, or for a key broker, never gets a key a
+// certificate, and a mesh binding never answers a host's challenge.
+//
 // Both sides use this package: the agent to make the binding, the shim,
 // the migration path and `c8s-launcher verify-report --host-nonce` to
-// check it.
+// check the host's, the mesh CA (launcher/broker) the mesh's.
 package reportdata
 
 import "crypto/sha512"
@@ -34,6 +39,24 @@ func Host(nonce []byte) [Size]byte {
 	h := sha512.New()
 	h.Write([]byte(HostDomain))
 	h.Write([]byte{0})
+	h.Write(nonce)
+	var rd [Size]byte
+	h.Sum(rd[:0])
+	return rd
+}
+
+// MeshKeyDomain labels evidence that binds a mesh workload key.
+const MeshKeyDomain = "c8s mesh key"
+
+// MeshKey is the REPORT_DATA of evidence that binds the public key of a
+// pod's mesh certificate, spki (its DER SubjectPublicKeyInfo, which is
+// self-delimiting), to the mesh CA's nonce:
+// SHA-512(MeshKeyDomain || 0x00 || spki || nonce).
+func MeshKey(spki, nonce []byte) [Size]byte {
+	h := sha512.New()
+	h.Write([]byte(MeshKeyDomain))
+	h.Write([]byte{0})
+	h.Write(spki)
 	h.Write(nonce)
 	var rd [Size]byte
 	h.Sum(rd[:0])

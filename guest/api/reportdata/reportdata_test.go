@@ -24,3 +24,20 @@ func TestHostVector(t *testing.T) {
 		t.Fatal("different nonces gave the same binding")
 	}
 }
+
+// The mesh binding is fixed for the same reason; the vector is
+// `printf 'c8s mesh key\0SPKInonce' | sha512sum`. It is never the host's
+// binding of the same bytes.
+func TestMeshKeyVector(t *testing.T) {
+	const want = "0222397009a4eecfb6d43e1d326fcaefd093c8a1e164289d004075e20bd2b94bea5992866d2aa8d3c299932cb243767668c909813adcb3c7ef7843ad8d5b14b0"
+	got := MeshKey([]byte("SPKI"), []byte("nonce"))
+	if hex.EncodeToString(got[:]) != want {
+		t.Fatalf("MeshKey = %x, want %s", got, want)
+	}
+	if got == Host([]byte("SPKInonce")) {
+		t.Fatal("the mesh binding equals the host's")
+	}
+	if MeshKey([]byte("SPKI"), []byte("nonce")) == MeshKey([]byte("SPKI"), []byte("nonc3")) {
+		t.Fatal("different nonces gave the same binding")
+	}
+}

@@ -67,6 +67,9 @@ type File struct {
 	Imports []string
 	// Handlers are the handlers this file defines, by name.
 	Handlers map[string]Handler
+	// DiscardUnpackedLayers is the file's CRI discard_unpacked_layers
+	// (nil when it does not set it).
+	DiscardUnpackedLayers *bool
 }
 
 // Config is containerd's configuration as loaded from the main file.
@@ -82,6 +85,13 @@ type Config struct {
 	Files []File
 	// Handlers are the merged handlers: a later file overrides an earlier one.
 	Handlers map[string]Handler
+	// DiscardUnpackedLayers is CRI's discard_unpacked_layers as the last
+	// file that sets it says (containerd's default: false), and
+	// DiscardFile that file. When true, CRI deletes an image's layer
+	// blobs once unpacked, and c8s's layer mode can convert only layers
+	// its cache already holds.
+	DiscardUnpackedLayers bool
+	DiscardFile           string
 }
 
 // C8sHandlers returns the names of the handlers whose runtime_type is
@@ -129,6 +139,9 @@ func Load(root, mainPath string) (*Config, error) {
 		for n, h := range f.Handlers {
 			cfg.Handlers[n] = h
 		}
+		if f.DiscardUnpackedLayers != nil {
+			cfg.DiscardUnpackedLayers, cfg.DiscardFile = *f.DiscardUnpackedLayers, p
+		}
 		imports, err := ResolveImports(root, p, f.Imports)
 		if err != nil {
 			return nil, err
@@ -169,6 +182,15 @@ func Parse(p string, data []byte) (*File, error) {
 		opts, _ := rt["options"].(map[string]any)
 		cfgPath, _ := opts["ConfigPath"].(string)
 		f.Handlers[name] = Handler{Name: name, RuntimeType: typ, ConfigPath: cfgPath, File: p}
+	}
+	// Version 3 has it in the CRI images plugin, version 2 in the CRI
+	// plugin's containerd table.
+	images := lookupTable(doc.Plugins, "io.containerd.cri.v1.images")
+	if doc.Version < 3 {
+		images = lookupTable(doc.Plugins, plugin, "containerd")
+	}
+	if v, ok := images["discard_unpacked_layers"].(bool); ok {
+		f.DiscardUnpackedLayers = &v
 	}
 	return f, nil
 }

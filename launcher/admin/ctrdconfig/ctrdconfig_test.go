@@ -78,3 +78,36 @@ func TestVersions(t *testing.T) {
 		t.Fatalf("missing main config: %+v %v", cfg, err)
 	}
 }
+
+// CRI's discard_unpacked_layers, where each config version keeps it; a
+// later file overrides an earlier one, as for handlers.
+func TestDiscardUnpackedLayers(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		want *bool
+	}{
+		{"version = 3\n", nil},
+		{"version = 3\n[plugins.'io.containerd.cri.v1.images']\ndiscard_unpacked_layers = true\n", ptr(true)},
+		{"version = 3\n[plugins.'io.containerd.cri.v1.images']\ndiscard_unpacked_layers = false\n", ptr(false)},
+		{"version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd]\ndiscard_unpacked_layers = true\n", ptr(true)},
+		// Not where a version 3 config keeps it.
+		{"version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\ndiscard_unpacked_layers = true\n", nil},
+	} {
+		f, err := Parse("/c.toml", []byte(tc.doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (f.DiscardUnpackedLayers == nil) != (tc.want == nil) || (tc.want != nil && *f.DiscardUnpackedLayers != *tc.want) {
+			t.Errorf("%q: DiscardUnpackedLayers %v, want %v", tc.doc, f.DiscardUnpackedLayers, tc.want)
+		}
+	}
+	root := t.TempDir()
+	write(t, root, "/etc/containerd/config.toml", "version = 3\nimports = [\"/etc/containerd/conf.d/*.toml\"]\n[plugins.'io.containerd.cri.v1.images']\ndiscard_unpacked_layers = true\n")
+	write(t, root, "/etc/containerd/conf.d/keep.toml", "version = 3\n[plugins.'io.containerd.cri.v1.images']\ndiscard_unpacked_layers = false\n")
+	cfg, err := Load(root, "")
+	if err != nil || cfg.DiscardUnpackedLayers || cfg.DiscardFile != "/etc/containerd/conf.d/keep.toml" {
+		t.Fatalf("merged: %v from %s, %v", cfg.DiscardUnpackedLayers, cfg.DiscardFile, err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/c8s-dev/c8s/launcher/admin/ctrdconfig"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/layercache"
 	"github.com/c8s-dev/c8s/launcher/vm/accel"
 	"github.com/c8s-dev/c8s/manifest"
 )
@@ -31,6 +32,7 @@ type Env struct {
 	Hypervisor EnvHypervisor `toml:"hypervisor" json:"hypervisor"`
 	Image      EnvImage      `toml:"image" json:"image"`
 	Containerd EnvContainerd `toml:"containerd" json:"containerd"`
+	Layers     EnvLayers     `toml:"layers" json:"layers"`
 	// Config is the effective configuration (the file over the defaults),
 	// keyed as in the TOML file in both output formats.
 	Config map[string]any `toml:"config" json:"config"`
@@ -96,6 +98,18 @@ type EnvContainerd struct {
 	LoadedHandlers []string `toml:"loaded_handlers" json:"loaded_handlers"`
 }
 
+// EnvLayers describes the node's cache of image layer disks
+// (launcher/layercache; `c8s-launcher layers list` shows each).
+type EnvLayers struct {
+	Dir string `toml:"dir" json:"dir"`
+	// Count is the number of cached layers, Bytes their disks' sizes and
+	// Allocated the host disk space they take.
+	Count     int    `toml:"count" json:"count"`
+	Bytes     int64  `toml:"bytes" json:"bytes"`
+	Allocated int64  `toml:"allocated" json:"allocated"`
+	Problem   string `toml:"problem" json:"problem"`
+}
+
 // CollectEnv gathers the environment report; configPath is the file the
 // configuration came from ("" for built-in defaults). It never fails:
 // what cannot be found is left empty.
@@ -149,6 +163,13 @@ func CollectEnv(ctx context.Context, o Options, configPath string) *Env {
 		e.Image.KernelSHA256 = m.Artifacts[manifest.RoleKernel].SHA256
 		e.Image.InitrdSHA256 = m.Artifacts[manifest.RoleInitrd].SHA256
 		e.Image.Runc = m.Runc.Version
+	}
+
+	e.Layers.Dir = o.Config.LayerCachePath()
+	if st, err := layercache.Usage(o.path(e.Layers.Dir)); err != nil {
+		e.Layers.Problem = o.unroot(err.Error())
+	} else {
+		e.Layers.Count, e.Layers.Bytes, e.Layers.Allocated = st.Layers, st.Bytes, st.Allocated
 	}
 
 	c := &e.Containerd

@@ -34,6 +34,12 @@ func TestEnvOnFixtureHost(t *testing.T) {
 		env.Host.KernelRelease != "6.11.0-snp-host" || env.C8s.ShimPath != "/usr/local/bin/containerd-shim-c8s-v2" {
 		t.Errorf("env: %+v", env)
 	}
+	// The fixture's layer cache holds one 8 KiB layer; what it takes on
+	// disk depends on the file system the tree is checked out on.
+	if l := env.Layers; l.Dir != "/var/lib/c8s/layers" || l.Count != 1 || l.Bytes != 8192 || l.Allocated == 0 || l.Problem != "" {
+		t.Errorf("layers: %+v", l)
+	}
+	env.Layers.Allocated = 0
 	var js, tm bytes.Buffer
 	if err := env.WriteJSON(&js); err != nil {
 		t.Fatal(err)

@@ -291,6 +291,12 @@ func checkContainerdHandler(ctx context.Context, s *state) Result {
 		return Result{Status: Fail, Detail: detail + "; but " + ShimBinary + " is not in PATH", Facts: facts,
 			Hint: "install the binaries (c8s-launcher install) into a directory on containerd's PATH"}
 	}
+	if cfg.DiscardUnpackedLayers {
+		facts["discard_unpacked_layers"] = cfg.DiscardFile
+		return Result{Status: Warn, Facts: facts,
+			Detail: detail + "; but " + cfg.DiscardFile + " sets discard_unpacked_layers = true: CRI deletes layer blobs once unpacked, so a pod can run only image layers c8s's layer cache already holds",
+			Hint:   "set discard_unpacked_layers = false (plugins.'io.containerd.cri.v1.images') and pull the images again"}
+	}
 	return Result{Status: Pass, Detail: detail + "; shim " + shim, Facts: facts}
 }
 

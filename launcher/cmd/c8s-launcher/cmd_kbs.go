@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -43,17 +44,7 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&o.certFile, "cert", "", "TLS certificate (PEM); with --key. Both missing files: a self-signed pair for --hosts is created")
 	fs.StringVar(&o.keyFile, "key", "", "TLS key (PEM)")
 	fs.StringVar(&o.hosts, "hosts", "127.0.0.1", "comma-separated names and addresses of a created certificate")
-	fs.StringVar(&o.tee, "tee", "", "the TEE of the pods served: snp, tdx or sim (sim: also --sim-dir, the node's simulated root, for development). Required unless --reference-values-from-node")
-	fs.Var(&o.referenceValues, "reference-values", "the owner's image manifest `FILE` (manifest.json as images/build.sh and c8s-measure write it): a pod's launch measurement must be one of its digests for --tee (repeatable: any file matches)")
-	fs.StringVar(&o.referenceKey, "reference-key", "", "the owner's public key `FILE` (PEM; Ed25519, ECDSA P-256 or P-384): every --reference-values FILE must then carry a valid signature over its bytes in FILE"+broker.SignatureSuffix)
-	fs.StringVar(&o.resourcePolicy, "resource-policy", "", "the owner's resource policy `FILE` (TOML, or JSON for *.json; see launcher/broker.ResourcePolicy): which workloads (launch measurement, init data digest, TCB, TEE, debug) may read which resource; a resource no rule covers is refused")
-	fs.StringVar(&o.policyPath, "policy", "", "the owner's attestation policy (JSON, as verify-report reads it): min_tcb, allow_debug, vmpl, chip_id; its measurements or mrtd count as reference values; its host_data (SNP) or mrconfigid (TDX) pins one pod's init data")
-	fs.Var(&o.initData, "init-data", "init data `FILE` of a pod the broker serves (repeatable): only evidence whose HOST_DATA or MRCONFIGID is the digest of one of these documents, sent with that document, is accepted")
-	fs.BoolVar(&o.anyInitData, "any-init-data", false, "development only: accept whatever init data a pod sends (the host launches the pod, so it could write a [policy] of its own)")
-	fs.BoolVar(&o.allowUnconfined, "allow-unconfined-host", false, "development only: also release to pods whose init data lets the host run code of its choosing in them (no [policy] section, or one in audit mode), which could read the secrets back")
-	fs.BoolVar(&o.fromNode, "reference-values-from-node", false, "DEVELOPMENT ONLY, INSECURE: take the launch reference values, min_tcb and allow_debug from the node's own config (--config) and image manifest, which the host controls and can widen; never with --reference-values or --resource-policy")
-	fs.StringVar(&o.configPath, "config", "/etc/c8s/config.toml", "with --reference-values-from-node only: the node's c8s config (TEE, image manifest, state dir)")
-	fs.StringVar(&o.simDir, "sim-dir", "", "sim: the node's simulated secure processor state dir (with --reference-values-from-node, default STATE_DIR/node/sim-sp)")
+	o.registerVerification(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -89,6 +80,23 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	return nil
+}
+
+// registerVerification adds the flags that say how pods' evidence is
+// verified: the owner's reference values, policies and init data pins
+// (kbs, mesh-ca).
+func (o *kbsFlags) registerVerification(fs *flag.FlagSet) {
+	fs.StringVar(&o.tee, "tee", "", "the TEE of the pods served: snp, tdx or sim (sim: also --sim-dir, the node's simulated root, for development). Required unless --reference-values-from-node")
+	fs.Var(&o.referenceValues, "reference-values", "the owner's image manifest `FILE` (manifest.json as images/build.sh and c8s-measure write it): a pod's launch measurement must be one of its digests for --tee (repeatable: any file matches)")
+	fs.StringVar(&o.referenceKey, "reference-key", "", "the owner's public key `FILE` (PEM; Ed25519, ECDSA P-256 or P-384): every --reference-values FILE must then carry a valid signature over its bytes in FILE"+broker.SignatureSuffix)
+	fs.StringVar(&o.resourcePolicy, "resource-policy", "", "the owner's resource policy `FILE` (TOML, or JSON for *.json; see launcher/broker.ResourcePolicy): which workloads (launch measurement, init data digest, TCB, TEE, debug) may read which resource; a resource no rule covers is refused")
+	fs.StringVar(&o.policyPath, "policy", "", "the owner's attestation policy (JSON, as verify-report reads it): min_tcb, allow_debug, vmpl, chip_id; its measurements or mrtd count as reference values; its host_data (SNP) or mrconfigid (TDX) pins one pod's init data")
+	fs.Var(&o.initData, "init-data", "init data `FILE` of a pod the broker serves (repeatable): only evidence whose HOST_DATA or MRCONFIGID is the digest of one of these documents, sent with that document, is accepted")
+	fs.BoolVar(&o.anyInitData, "any-init-data", false, "development only: accept whatever init data a pod sends (the host launches the pod, so it could write a [policy] of its own)")
+	fs.BoolVar(&o.allowUnconfined, "allow-unconfined-host", false, "development only: also release to pods whose init data lets the host run code of its choosing in them (no [policy] section, or one in audit mode), which could read the secrets back")
+	fs.BoolVar(&o.fromNode, "reference-values-from-node", false, "DEVELOPMENT ONLY, INSECURE: take the launch reference values, min_tcb and allow_debug from the node's own config (--config) and image manifest, which the host controls and can widen; never with --reference-values or --resource-policy")
+	fs.StringVar(&o.configPath, "config", "/etc/c8s/config.toml", "with --reference-values-from-node only: the node's c8s config (TEE, image manifest, state dir)")
+	fs.StringVar(&o.simDir, "sim-dir", "", "sim: the node's simulated secure processor state dir (with --reference-values-from-node, default STATE_DIR/node/sim-sp)")
 }
 
 // errNoReferences refuses to serve without launch reference values.

@@ -14,10 +14,11 @@ import (
 	"github.com/c8s-dev/c8s/launcher/node/cvm"
 	"github.com/c8s-dev/c8s/launcher/node/deviceplugin"
 	"github.com/c8s-dev/c8s/launcher/node/discovery"
+	"github.com/c8s-dev/c8s/launcher/node/reattest"
 )
 
 func init() {
-	register("node-agent", "report the node's TEE capacity to Kubernetes (labels, taint, extended resources) and serve its device plugins, continuously", runNodeAgent)
+	register("node-agent", "report the node's TEE capacity to Kubernetes (labels, taint, extended resources), serve its device plugins and re-attest its running pods, continuously", runNodeAgent)
 }
 
 // Kubelet paths the node agent uses by default.
@@ -38,6 +39,7 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 	interval := fs.Duration("interval", node.DefaultInterval, "time between reconciliations")
 	cvmInterval := fs.Duration("node-cvm-interval", node.DefaultNodeCVMInterval, "how long a node-as-CVM's verified self-attestation stands before it attests itself again")
 	once := fs.Bool("once", false, "reconcile once, print what was done (JSON) and exit; device plugins are not served")
+	rf := addReattestFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -70,13 +72,29 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 		},
 		NodeCVMInterval: *cvmInterval,
 	}
+	monitor, closeMonitor, err := rf.monitor(cfg, *root, client)
+	if err != nil {
+		return err
+	}
+	defer closeMonitor()
+	if monitor != nil {
+		a.Trust = monitor
+	}
 	if *once {
+		var pass *reattest.Pass
+		if monitor != nil {
+			p, err := monitor.Once(ctx)
+			if err != nil {
+				return err
+			}
+			pass = &p
+		}
 		rep, err := a.Once(ctx)
 		if err != nil {
 			return err
 		}
 		out, err := json.MarshalIndent(onceReport{Desired: rep.Desired, Patch: rawOrNull(rep.Patched), StatusPatch: rawOrNull(rep.StatusPatched),
-			NodeCVMPatch: rawOrNull(rep.NodeCVMPatched)}, "", "  ")
+			NodeCVMPatch: rawOrNull(rep.NodeCVMPatched), Reattest: reattestReport(pass)}, "", "  ")
 		if err != nil {
 			return err
 		}
@@ -88,6 +106,11 @@ func runNodeAgent(ctx context.Context, args []string, stdout io.Writer) error {
 	if *pluginDir != "" {
 		a.Plugins = deviceplugin.NewManager(ctx, *pluginDir)
 	}
+	if monitor != nil {
+		done := make(chan struct{})
+		go func() { defer close(done); monitor.Run(ctx) }()
+		defer func() { <-done }()
+	}
 	return a.Run(ctx)
 }
 
@@ -98,6 +121,43 @@ type onceReport struct {
 	StatusPatch json.RawMessage `json:"statusPatch"`
 	// NodeCVMPatch is the c8s.io/node-cvm.* annotation patch.
 	NodeCVMPatch json.RawMessage `json:"nodeCVMPatch"`
+	// Reattest is the re-attestation pass (null: off).
+	Reattest *onceReattest `json:"reattest"`
+}
+
+// onceReattest is a re-attestation pass as `node-agent --once` prints it.
+type onceReattest struct {
+	Bundle   uint64             `json:"bundle"`
+	Rejected []string           `json:"rejected,omitempty"`
+	Pods     []oncePod          `json:"pods"`
+	Node     reattest.NodeState `json:"node"`
+}
+
+type oncePod struct {
+	Sandbox string          `json:"sandbox"`
+	Pod     string          `json:"pod,omitempty"`
+	Status  reattest.Status `json:"status"`
+	Reason  string          `json:"reason"`
+	Message string          `json:"message"`
+	Stopped bool            `json:"stopped,omitempty"`
+}
+
+func reattestReport(p *reattest.Pass) *onceReattest {
+	if p == nil {
+		return nil
+	}
+	out := &onceReattest{Bundle: p.Bundle, Node: p.Node, Pods: []oncePod{}}
+	for _, err := range p.Rejected {
+		out.Rejected = append(out.Rejected, err.Error())
+	}
+	for _, r := range p.Results {
+		pod := ""
+		if r.Pod.Name != "" {
+			pod = r.Pod.String()
+		}
+		out.Pods = append(out.Pods, oncePod{Sandbox: r.Sandbox.ID, Pod: pod, Status: r.Verdict.Status, Reason: r.Verdict.Reason, Message: r.Verdict.Message, Stopped: r.Stopped})
+	}
+	return out
 }
 
 func rawOrNull(b []byte) json.RawMessage {

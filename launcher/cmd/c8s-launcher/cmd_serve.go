@@ -52,7 +52,25 @@ func runServe(ctx context.Context, args []string, stdout io.Writer) error {
 		l.Close()
 		return err
 	}
+	useTLS, err := srv.StreamTLS()
+	if err != nil {
+		l.Close()
+		return err
+	}
+	stream := "TLS with the node's identity in " + statedir.MigrateTLS(cfg.Runtime.StateDir)
+	if !useTLS {
+		stream = "plain TCP on loopback (migration.plain_loopback; tests only)"
+	}
+	storage := "none (migration.shared_storage_root unset: VMs with disks are refused)"
+	if r := cfg.Migration.SharedStorageRoot; r != "" {
+		if _, err := os.Stat(r); err != nil {
+			l.Close()
+			return fmt.Errorf("migration.shared_storage_root: %w", err)
+		}
+		storage = r
+	}
 	fmt.Fprintf(stdout, "node %s (trust pool %s, tee %s, chip %.16s…) accepts migrations on %s\n", node.Name, node.TrustPool, node.TEE, node.ChipID, *socket)
+	fmt.Fprintf(stdout, "migration stream: %s on %s; shared storage: %s\n", stream, *host, storage)
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *listenTLS != "" {

@@ -17,6 +17,8 @@
 //	KVM       /dev/kvm exists; usable only as launcher/vm/accel's probe says
 //	sim       slots from configuration, or from /proc/meminfo when set to auto
 //	node-CVM  /dev/sev-guest (SNP), /dev/tdx_guest (TDX), /sys/kernel/config/tsm/report
+//	GPUs      NVIDIA GPUs for confidential pods: /sys/bus/pci/devices, IOMMU
+//	          groups, /dev/vfio, the config space, the CC mode file (gpu.go)
 //
 // The misc cgroup files are read from the cgroup v2 root
 // (/sys/fs/cgroup/misc.*) or the cgroup v1 misc hierarchy
@@ -78,6 +80,9 @@ type Options struct {
 	// SimSlotMemoryMiB is the guest memory of one sim pod VM, used when
 	// SimSlots is 0 (default: 512).
 	SimSlotMemoryMiB int
+	// GPUCCModeFile is the file provisioning records the GPUs' CC modes
+	// in, read under Root (default DefaultGPUCCModeFile; see gpu.go).
+	GPUCCModeFile string
 }
 
 // Capacity is a countable resource and how much of it is in use.
@@ -177,6 +182,7 @@ type Result struct {
 	KVM     KVMInfo     `json:"kvm"`
 	Sim     SimInfo     `json:"sim"`
 	NodeCVM NodeCVMInfo `json:"nodeCVM"`
+	GPU     GPUInfo     `json:"gpu"`
 }
 
 // SNPUsable is true when SNP pod VMs can start here: SNP enabled, ASIDs
@@ -227,6 +233,7 @@ func Discover(opts Options) (Result, error) {
 	r.TDX = d.tdx(m)
 	r.SGX = d.sgx(m)
 	r.Sim = d.sim(opts)
+	r.GPU = d.gpus(opts.GPUCCModeFile)
 	r.NodeCVM = NodeCVMInfo{
 		SEVGuest:  d.exists("dev/sev-guest"),
 		TDXGuest:  d.exists("dev/tdx_guest"),

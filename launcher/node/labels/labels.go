@@ -42,7 +42,8 @@
 // the device plugin (launcher/node/deviceplugin), one device per ASID, key or
 // slot. sgx.intel.com/epc is counted in bytes, as Intel's SGX plugin does,
 // which is too many units for devices: the node agent writes it into the
-// Node's status capacity instead.
+// Node's status capacity instead. nvidia.com/confidential-gpu, and the
+// NVIDIA GPU labels, are in gpu.go.
 package labels
 
 import (
@@ -211,6 +212,11 @@ func Desire(r discovery.Result, s Settings) Desired {
 		res = append(res, Resource{Name: ResourceSGXEPC, Count: r.SGX.EPCBytes.Total})
 	}
 	podVMs := len(l) > 0
+	// GPUs go to pod VMs: they neither make the node one that offers pod
+	// VMs (the taint) nor count without them.
+	if gpus := desireGPUs(l, r.GPU); podVMs {
+		res = append(res, gpus...)
+	}
 	if r.SNP.Enabled {
 		l[NFDSNP] = "true"
 	}

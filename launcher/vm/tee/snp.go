@@ -7,17 +7,13 @@ import (
 	"fmt"
 	"strings"
 
-	govmm "github.com/kata-containers/kata-containers/src/runtime/pkg/govmm/qemu"
-
 	"github.com/c8s-dev/c8s/guest/api/teeparam"
 	"github.com/c8s-dev/c8s/launcher/config"
 )
 
-// SNP is AMD SEV-SNP. The sev-snp-guest object is rendered by govmm's
-// Object (SNPGuest), which also emits kernel-hashes=on (so the direct-boot
-// kernel, initrd and command line are measured) and host-data. Guest memory
-// comes from a memory-backend-memfd, which govmm has no type for, so that
-// object is rendered here.
+// SNP is AMD SEV-SNP: a sev-snp-guest object with kernel-hashes=on (so the
+// direct-boot kernel, initrd and command line are measured) and host-data,
+// over guest memory from a memory-backend-memfd.
 type SNP struct{}
 
 func init() { Register(SNP{}) }
@@ -65,23 +61,23 @@ func (SNP) QEMU(h config.Hypervisor) (Pieces, error) {
 	if h.IGVM != "" {
 		return snpIGVM(h, hostData)
 	}
-	obj := govmm.Object{
-		Type:            govmm.SNPGuest,
-		ID:              snpObjectID,
-		File:            h.Firmware,
-		CBitPos:         s.CBitPos,
-		ReducedPhysBits: s.ReducedPhysBits,
-		SnpGuestPolicy:  &policy,
-		SnpIdBlock:      s.IDBlock,
-		SnpIdAuth:       s.IDAuth,
-		InitdataDigest:  hostData,
+	props := []string{
+		"sev-snp-guest", "id=" + snpObjectID,
+		fmt.Sprintf("cbitpos=%d", s.CBitPos),
+		fmt.Sprintf("reduced-phys-bits=%d", s.ReducedPhysBits),
+		"kernel-hashes=on",
 	}
-	if !obj.Valid() {
-		return Pieces{}, fmt.Errorf("invalid sev-snp-guest object %+v", obj)
+	if s.IDBlock != "" {
+		props = append(props, "id-block="+s.IDBlock, "id-auth="+s.IDAuth)
 	}
-	var scratch govmm.Config // QemuParams records the firmware there; we pass it as Pieces.Firmware
-	args := []string{"-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=true,prealloc=false", snpMemoryID, h.DefaultMemoryMiB)}
-	args = append(args, obj.QemuParams(&scratch)...)
+	props = append(props, fmt.Sprintf("policy=%d", policy))
+	if hostData != nil {
+		props = append(props, "host-data="+base64.StdEncoding.EncodeToString(hostData))
+	}
+	args := []string{
+		"-object", fmt.Sprintf("memory-backend-memfd,id=%s,size=%dM,share=true,prealloc=false", snpMemoryID, h.DefaultMemoryMiB),
+		"-object", strings.Join(props, ","),
+	}
 	return Pieces{
 		MachineOptions: []string{"confidential-guest-support=" + snpObjectID, "memory-backend=" + snpMemoryID},
 		Args:           args,
@@ -133,8 +129,7 @@ const igvmID = "igvm0"
 // snpIGVM renders an SEV-SNP launch from an IGVM file through igvm-cfg
 // (QEMU ≥ 10.1): the file replaces -bios and carries the SEV metadata pages
 // and the kernel hashes table, so the sev-snp-guest object has
-// kernel-hashes=off (QEMU must not add a second table). govmm's SNPGuest
-// object always renders kernel-hashes=on, so this object is rendered here.
+// kernel-hashes=off (QEMU must not add a second table).
 func snpIGVM(h config.Hypervisor, hostData []byte) (Pieces, error) {
 	s := h.SNP
 	if s.IDBlock != "" {

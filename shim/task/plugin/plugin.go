@@ -26,7 +26,7 @@ func init() {
 			if err != nil {
 				return nil, err
 			}
-			return task.New(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service))
+			return task.New(ic.Context, pp.(shim.Publisher), ss.(shutdown.Service), ic.Properties[plugins.PropertyGRPCAddress])
 		},
 	})
 }

@@ -125,6 +125,197 @@ func (x *AttestResponse) GetClaimsJson() []byte {
 	return nil
 }
 
+// EvidenceRequest carries the verifier's challenge.
+type EvidenceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// nonce (1 to 64 bytes) is the verifier's fresh challenge. The guest
+	// binds it in the host-attestation domain: the evidence's REPORT_DATA
+	// is reportdata.Host(nonce) (guest/api/reportdata), never the nonce
+	// as it is.
+	Nonce         []byte `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EvidenceRequest) Reset() {
+	*x = EvidenceRequest{}
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EvidenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EvidenceRequest) ProtoMessage() {}
+
+func (x *EvidenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EvidenceRequest.ProtoReflect.Descriptor instead.
+func (*EvidenceRequest) Descriptor() ([]byte, []int) {
+	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EvidenceRequest) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+// EvidenceResponse is the guest's evidence as the agent returned it
+// (GetEvidence) and the launch parameters the evidence must match. The
+// launch parameters are the shim's word, the host's: a verifier uses them
+// to pick the expected values, and takes every decision on the evidence's
+// verified fields.
+type EvidenceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox is the pod's sandbox id.
+	Sandbox string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// kind is "snp" (an SNP ATTESTATION_REPORT, the sim TEE's included)
+	// or "tdx" (a TDX quote); provider is where the guest got it.
+	Kind     string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Provider string `protobuf:"bytes,3,opt,name=provider,proto3" json:"provider,omitempty"`
+	Report   []byte `protobuf:"bytes,4,opt,name=report,proto3" json:"report,omitempty"`
+	// cert_table is the SNP extended report's certificate table, if any.
+	CertTable []byte `protobuf:"bytes,5,opt,name=cert_table,json=certTable,proto3" json:"cert_table,omitempty"`
+	// td_report is, for TDX, the guest's TDREPORT for the same report data.
+	TdReport []byte `protobuf:"bytes,6,opt,name=td_report,json=tdReport,proto3" json:"td_report,omitempty"`
+	// tee is the pod's hypervisor.tee ("sim", "snp" or "tdx").
+	Tee string `protobuf:"bytes,7,opt,name=tee,proto3" json:"tee,omitempty"`
+	// vcpus is the vCPU count the VM was launched with (its launch
+	// digest's shape).
+	Vcpus uint32 `protobuf:"varint,8,opt,name=vcpus,proto3" json:"vcpus,omitempty"`
+	// host_data is the expected SNP HOST_DATA (SHA-256 of the pod's init
+	// data) and mrconfigid the expected TDX MRCONFIGID (SHA-384 of it);
+	// both empty when the pod has no init data.
+	HostData   []byte `protobuf:"bytes,9,opt,name=host_data,json=hostData,proto3" json:"host_data,omitempty"`
+	Mrconfigid []byte `protobuf:"bytes,10,opt,name=mrconfigid,proto3" json:"mrconfigid,omitempty"`
+	// manifest is the image manifest the pod VM was launched from
+	// (attestation.manifest).
+	Manifest      string `protobuf:"bytes,11,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EvidenceResponse) Reset() {
+	*x = EvidenceResponse{}
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EvidenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EvidenceResponse) ProtoMessage() {}
+
+func (x *EvidenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EvidenceResponse.ProtoReflect.Descriptor instead.
+func (*EvidenceResponse) Descriptor() ([]byte, []int) {
+	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *EvidenceResponse) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *EvidenceResponse) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *EvidenceResponse) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *EvidenceResponse) GetReport() []byte {
+	if x != nil {
+		return x.Report
+	}
+	return nil
+}
+
+func (x *EvidenceResponse) GetCertTable() []byte {
+	if x != nil {
+		return x.CertTable
+	}
+	return nil
+}
+
+func (x *EvidenceResponse) GetTdReport() []byte {
+	if x != nil {
+		return x.TdReport
+	}
+	return nil
+}
+
+func (x *EvidenceResponse) GetTee() string {
+	if x != nil {
+		return x.Tee
+	}
+	return ""
+}
+
+func (x *EvidenceResponse) GetVcpus() uint32 {
+	if x != nil {
+		return x.Vcpus
+	}
+	return 0
+}
+
+func (x *EvidenceResponse) GetHostData() []byte {
+	if x != nil {
+		return x.HostData
+	}
+	return nil
+}
+
+func (x *EvidenceResponse) GetMrconfigid() []byte {
+	if x != nil {
+		return x.Mrconfigid
+	}
+	return nil
+}
+
+func (x *EvidenceResponse) GetManifest() string {
+	if x != nil {
+		return x.Manifest
+	}
+	return ""
+}
+
 // MigrateRequest moves the pod VM to another node (launcher/migrate).
 type MigrateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -142,7 +333,7 @@ type MigrateRequest struct {
 
 func (x *MigrateRequest) Reset() {
 	*x = MigrateRequest{}
-	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -154,7 +345,7 @@ func (x *MigrateRequest) String() string {
 func (*MigrateRequest) ProtoMessage() {}
 
 func (x *MigrateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[2]
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -167,7 +358,7 @@ func (x *MigrateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateRequest.ProtoReflect.Descriptor instead.
 func (*MigrateRequest) Descriptor() ([]byte, []int) {
-	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *MigrateRequest) GetDestination() string {
@@ -211,7 +402,7 @@ type MigrateResponse struct {
 
 func (x *MigrateResponse) Reset() {
 	*x = MigrateResponse{}
-	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -223,7 +414,7 @@ func (x *MigrateResponse) String() string {
 func (*MigrateResponse) ProtoMessage() {}
 
 func (x *MigrateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[3]
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -236,7 +427,7 @@ func (x *MigrateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateResponse.ProtoReflect.Descriptor instead.
 func (*MigrateResponse) Descriptor() ([]byte, []int) {
-	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *MigrateResponse) GetSandbox() string {
@@ -296,7 +487,7 @@ type MigrationProgressRequest struct {
 
 func (x *MigrationProgressRequest) Reset() {
 	*x = MigrationProgressRequest{}
-	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -308,7 +499,7 @@ func (x *MigrationProgressRequest) String() string {
 func (*MigrationProgressRequest) ProtoMessage() {}
 
 func (x *MigrationProgressRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[4]
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -321,7 +512,7 @@ func (x *MigrationProgressRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationProgressRequest.ProtoReflect.Descriptor instead.
 func (*MigrationProgressRequest) Descriptor() ([]byte, []int) {
-	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 // MigrationProgressResponse is the last query-migrate of the running
@@ -342,7 +533,7 @@ type MigrationProgressResponse struct {
 
 func (x *MigrationProgressResponse) Reset() {
 	*x = MigrationProgressResponse{}
-	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +545,7 @@ func (x *MigrationProgressResponse) String() string {
 func (*MigrationProgressResponse) ProtoMessage() {}
 
 func (x *MigrationProgressResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[5]
+	mi := &file_shim_api_admin_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +558,7 @@ func (x *MigrationProgressResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrationProgressResponse.ProtoReflect.Descriptor instead.
 func (*MigrationProgressResponse) Descriptor() ([]byte, []int) {
-	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_shim_api_admin_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MigrationProgressResponse) GetActive() bool {
@@ -429,7 +620,25 @@ const file_shim_api_admin_v1_admin_proto_rawDesc = "" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1f\n" +
 	"\vclaims_json\x18\x03 \x01(\fR\n" +
-	"claimsJson\"\x80\x01\n" +
+	"claimsJson\"'\n" +
+	"\x0fEvidenceRequest\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\xb1\x02\n" +
+	"\x10EvidenceResponse\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1a\n" +
+	"\bprovider\x18\x03 \x01(\tR\bprovider\x12\x16\n" +
+	"\x06report\x18\x04 \x01(\fR\x06report\x12\x1d\n" +
+	"\n" +
+	"cert_table\x18\x05 \x01(\fR\tcertTable\x12\x1b\n" +
+	"\ttd_report\x18\x06 \x01(\fR\btdReport\x12\x10\n" +
+	"\x03tee\x18\a \x01(\tR\x03tee\x12\x14\n" +
+	"\x05vcpus\x18\b \x01(\rR\x05vcpus\x12\x1b\n" +
+	"\thost_data\x18\t \x01(\fR\bhostData\x12\x1e\n" +
+	"\n" +
+	"mrconfigid\x18\n" +
+	" \x01(\fR\n" +
+	"mrconfigid\x12\x1a\n" +
+	"\bmanifest\x18\v \x01(\tR\bmanifest\"\x80\x01\n" +
 	"\x0eMigrateRequest\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\x12#\n" +
@@ -453,9 +662,10 @@ const file_shim_api_admin_v1_admin_proto_rawDesc = "" +
 	"\tremaining\x18\x04 \x01(\x04R\tremaining\x12\x14\n" +
 	"\x05total\x18\x05 \x01(\x04R\x05total\x12(\n" +
 	"\x10dirty_pages_rate\x18\x06 \x01(\x04R\x0edirtyPagesRate\x12\x12\n" +
-	"\x04mbps\x18\a \x01(\x01R\x04mbps2\x98\x02\n" +
+	"\x04mbps\x18\a \x01(\x01R\x04mbps2\xed\x02\n" +
 	"\x05Admin\x12M\n" +
-	"\x06Attest\x12 .c8s.shim.admin.v1.AttestRequest\x1a!.c8s.shim.admin.v1.AttestResponse\x12P\n" +
+	"\x06Attest\x12 .c8s.shim.admin.v1.AttestRequest\x1a!.c8s.shim.admin.v1.AttestResponse\x12S\n" +
+	"\bEvidence\x12\".c8s.shim.admin.v1.EvidenceRequest\x1a#.c8s.shim.admin.v1.EvidenceResponse\x12P\n" +
 	"\aMigrate\x12!.c8s.shim.admin.v1.MigrateRequest\x1a\".c8s.shim.admin.v1.MigrateResponse\x12n\n" +
 	"\x11MigrationProgress\x12+.c8s.shim.admin.v1.MigrationProgressRequest\x1a,.c8s.shim.admin.v1.MigrationProgressResponseB0Z.github.com/c8s-dev/c8s/shim/api/admin/v1;adminb\x06proto3"
 
@@ -471,24 +681,28 @@ func file_shim_api_admin_v1_admin_proto_rawDescGZIP() []byte {
 	return file_shim_api_admin_v1_admin_proto_rawDescData
 }
 
-var file_shim_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_shim_api_admin_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_shim_api_admin_v1_admin_proto_goTypes = []any{
 	(*AttestRequest)(nil),             // 0: c8s.shim.admin.v1.AttestRequest
 	(*AttestResponse)(nil),            // 1: c8s.shim.admin.v1.AttestResponse
-	(*MigrateRequest)(nil),            // 2: c8s.shim.admin.v1.MigrateRequest
-	(*MigrateResponse)(nil),           // 3: c8s.shim.admin.v1.MigrateResponse
-	(*MigrationProgressRequest)(nil),  // 4: c8s.shim.admin.v1.MigrationProgressRequest
-	(*MigrationProgressResponse)(nil), // 5: c8s.shim.admin.v1.MigrationProgressResponse
+	(*EvidenceRequest)(nil),           // 2: c8s.shim.admin.v1.EvidenceRequest
+	(*EvidenceResponse)(nil),          // 3: c8s.shim.admin.v1.EvidenceResponse
+	(*MigrateRequest)(nil),            // 4: c8s.shim.admin.v1.MigrateRequest
+	(*MigrateResponse)(nil),           // 5: c8s.shim.admin.v1.MigrateResponse
+	(*MigrationProgressRequest)(nil),  // 6: c8s.shim.admin.v1.MigrationProgressRequest
+	(*MigrationProgressResponse)(nil), // 7: c8s.shim.admin.v1.MigrationProgressResponse
 }
 var file_shim_api_admin_v1_admin_proto_depIdxs = []int32{
 	0, // 0: c8s.shim.admin.v1.Admin.Attest:input_type -> c8s.shim.admin.v1.AttestRequest
-	2, // 1: c8s.shim.admin.v1.Admin.Migrate:input_type -> c8s.shim.admin.v1.MigrateRequest
-	4, // 2: c8s.shim.admin.v1.Admin.MigrationProgress:input_type -> c8s.shim.admin.v1.MigrationProgressRequest
-	1, // 3: c8s.shim.admin.v1.Admin.Attest:output_type -> c8s.shim.admin.v1.AttestResponse
-	3, // 4: c8s.shim.admin.v1.Admin.Migrate:output_type -> c8s.shim.admin.v1.MigrateResponse
-	5, // 5: c8s.shim.admin.v1.Admin.MigrationProgress:output_type -> c8s.shim.admin.v1.MigrationProgressResponse
-	3, // [3:6] is the sub-list for method output_type
-	0, // [0:3] is the sub-list for method input_type
+	2, // 1: c8s.shim.admin.v1.Admin.Evidence:input_type -> c8s.shim.admin.v1.EvidenceRequest
+	4, // 2: c8s.shim.admin.v1.Admin.Migrate:input_type -> c8s.shim.admin.v1.MigrateRequest
+	6, // 3: c8s.shim.admin.v1.Admin.MigrationProgress:input_type -> c8s.shim.admin.v1.MigrationProgressRequest
+	1, // 4: c8s.shim.admin.v1.Admin.Attest:output_type -> c8s.shim.admin.v1.AttestResponse
+	3, // 5: c8s.shim.admin.v1.Admin.Evidence:output_type -> c8s.shim.admin.v1.EvidenceResponse
+	5, // 6: c8s.shim.admin.v1.Admin.Migrate:output_type -> c8s.shim.admin.v1.MigrateResponse
+	7, // 7: c8s.shim.admin.v1.Admin.MigrationProgress:output_type -> c8s.shim.admin.v1.MigrationProgressResponse
+	4, // [4:8] is the sub-list for method output_type
+	0, // [0:4] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -505,7 +719,7 @@ func file_shim_api_admin_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shim_api_admin_v1_admin_proto_rawDesc), len(file_shim_api_admin_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

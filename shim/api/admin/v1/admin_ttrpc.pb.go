@@ -9,6 +9,7 @@ import (
 
 type AdminService interface {
 	Attest(context.Context, *AttestRequest) (*AttestResponse, error)
+	Evidence(context.Context, *EvidenceRequest) (*EvidenceResponse, error)
 	Migrate(context.Context, *MigrateRequest) (*MigrateResponse, error)
 	MigrationProgress(context.Context, *MigrationProgressRequest) (*MigrationProgressResponse, error)
 }
@@ -22,6 +23,13 @@ func RegisterAdminService(srv *ttrpc.Server, svc AdminService) {
 					return nil, err
 				}
 				return svc.Attest(ctx, &req)
+			},
+			"Evidence": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
+				var req EvidenceRequest
+				if err := unmarshal(&req); err != nil {
+					return nil, err
+				}
+				return svc.Evidence(ctx, &req)
 			},
 			"Migrate": func(ctx context.Context, unmarshal func(interface{}) error) (interface{}, error) {
 				var req MigrateRequest
@@ -54,6 +62,14 @@ func NewAdminClient(client *ttrpc.Client) AdminService {
 func (c *adminClient) Attest(ctx context.Context, req *AttestRequest) (*AttestResponse, error) {
 	var resp AttestResponse
 	if err := c.client.Call(ctx, "c8s.shim.admin.v1.Admin", "Attest", req, &resp); err != nil {
+		return nil, err
+	}
+	return &resp, nil
+}
+
+func (c *adminClient) Evidence(ctx context.Context, req *EvidenceRequest) (*EvidenceResponse, error) {
+	var resp EvidenceResponse
+	if err := c.client.Call(ctx, "c8s.shim.admin.v1.Admin", "Evidence", req, &resp); err != nil {
 		return nil, err
 	}
 	return &resp, nil

@@ -42,10 +42,14 @@ type Host struct {
 	failures map[string]error
 	built    []string
 	removed  []string
+	// images are containerd's (images.go); conversions counts
+	// ConvertLayer's calls.
+	images      *Images
+	conversions int
 }
 
 // NewHost returns a Host.
-func NewHost() *Host { return &Host{failures: map[string]error{}} }
+func NewHost() *Host { return &Host{failures: map[string]error{}, images: NewImages()} }
 
 // Next returns the Sandbox that the next Start returns, so that a test can
 // set it up (Fail, SetSize, ...) before the service starts it.

@@ -1,0 +1,228 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
+	meshapi "github.com/c8s-dev/c8s/guest/api/mesh"
+	"github.com/c8s-dev/c8s/guest/mesh"
+	"github.com/c8s-dev/c8s/guest/policy"
+	"github.com/c8s-dev/c8s/internal/netnsdo"
+)
+
+// The attested mesh (guest/mesh): a pod whose measured init data has a
+// [mesh] section gets its workload certificate from the owner's mesh CA
+// and its meshed ports wrapped in mutual TLS by the agent's proxy, all in
+// the pod's network namespace, once the host has wired it with the
+// sandbox. Nothing of it is a host request: the init data decides, and
+// the agent talks to the CA itself over the pod network.
+
+// meshFirstWait bounds how long creating a container that sees the mesh
+// files waits for the pod's first certificate request to end.
+var meshFirstWait = 60 * time.Second
+
+// meshState is the pod's mesh: set by SetInitData, started with the
+// pod's network.
+type meshState struct {
+	mu      sync.Mutex
+	cfg     *initdata.Mesh
+	raw     []byte // the init data the CA reads
+	sandbox string // the container whose network namespace it runs in
+	netns   *os.File
+	proxy   *mesh.Proxy
+	renewer *mesh.Renewer
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// meshDir is where the pod's mesh files are kept: beside the secrets
+// (guest: meshapi.Dir, on a tmpfs of its own).
+func (s *Service) meshDir() string {
+	return filepath.Join(filepath.Dir(filepath.Clean(s.cfg.SecretsDir)), filepath.Base(meshapi.Dir))
+}
+
+// setMesh keeps the [mesh] section of the accepted init data.
+func (s *Service) setMesh(doc *initdata.InitData, raw []byte) {
+	if !doc.Mesh.Enabled() {
+		return
+	}
+	s.mesh.mu.Lock()
+	defer s.mesh.mu.Unlock()
+	if s.mesh.cfg == nil {
+		s.mesh.cfg, s.mesh.raw = doc.Mesh, append([]byte(nil), raw...)
+	}
+}
+
+// startMesh starts the pod's mesh in the network namespace of container
+// id (the sandbox, whose init is pid) once the host has wired the pod
+// network req there: the proxy binds the meshed ports and the renewer
+// asks the CA for the certificate. A proxy that cannot bind fails the
+// sandbox: the pod would otherwise run its meshed ports unprotected.
+func (s *Service) startMesh(ctx context.Context, id string, req *agentapi.PodNetwork, pid int) error {
+	m := &s.mesh
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cfg == nil || len(req.GetInterfaces()) == 0 {
+		return nil
+	}
+	if m.proxy != nil {
+		return fmt.Errorf("container %q: the pod's mesh already runs in sandbox %q: %w", id, m.sandbox, errdefs.ErrFailedPrecondition)
+	}
+	var addrs []net.IP
+	for _, ni := range req.GetInterfaces() {
+		for _, a := range ni.GetAddresses() {
+			if ip, _, err := net.ParseCIDR(a); err == nil {
+				addrs = append(addrs, ip)
+			}
+		}
+	}
+	nsf, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/net")
+	if err != nil {
+		return fmt.Errorf("mesh: open the pod's network namespace: %w", err)
+	}
+	nsPath := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), nsf.Fd())
+	dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		err = netnsdo.Do(nsPath, func() error {
+			var d net.Dialer
+			c, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+	listen := func(network, addr string) (l net.Listener, err error) {
+		err = netnsdo.Do(nsPath, func() error {
+			l, err = net.Listen(network, addr)
+			return err
+		})
+		return l, err
+	}
+	cfg := m.cfg
+	caPool, err := cfg.CAPool()
+	if err != nil {
+		nsf.Close()
+		return err
+	}
+	roots, err := cfg.CertPool()
+	if err != nil {
+		nsf.Close()
+		return err
+	}
+	l := log.G(ctx).WithField("identity", cfg.Identity)
+	proxy := &mesh.Proxy{
+		CA: caPool, Inbound: cfg.Inbound, Outbound: cfg.Outbound, Addrs: addrs,
+		Listen: listen, Dial: dial,
+		Log: func(msg string, err error) { log.L.WithError(err).Warn("mesh proxy: " + msg) },
+	}
+	if err := proxy.Start(); err != nil {
+		nsf.Close()
+		return fmt.Errorf("container %q: %w: %w", id, err, errdefs.ErrFailedPrecondition)
+	}
+	dir := s.meshDir()
+	if err := s.cfg.MountSecrets(dir); err != nil {
+		proxy.Close()
+		nsf.Close()
+		return fmt.Errorf("mesh: %w", err)
+	}
+	store := &mesh.Store{Dir: dir}
+	client := &mesh.Client{
+		URL: cfg.URL, Roots: roots, CA: caPool, CAPEM: []byte(cfg.CA), Identity: cfg.Identity,
+		Dial: dial, Evidence: s.kbsEvidence, InitData: m.raw,
+	}
+	renewer := &mesh.Renewer{
+		Request: client.Request,
+		Install: func(c *mesh.Certificate) error {
+			if err := store.Write(c); err != nil {
+				return err
+			}
+			proxy.SetCertificate(c)
+			return nil
+		},
+		Drop: func(why error) {
+			proxy.SetCertificate(nil)
+			if err := store.Remove(); err != nil {
+				log.L.WithError(err).Warn("mesh: remove the lost certificate's files")
+			}
+			log.L.WithError(why).WithField("identity", cfg.Identity).Warn("mesh: the pod lost its workload certificate: the proxy refuses every connection")
+		},
+		Log: func(c *mesh.Certificate, next time.Time, err error) {
+			switch {
+			case err != nil:
+				log.L.WithError(err).WithField("identity", cfg.Identity).WithField("next", next.UTC().Format(time.RFC3339)).Warn("mesh: no workload certificate from the CA")
+			case c != nil:
+				log.L.WithField("identity", c.Identity).WithField("serial", c.TLS.Leaf.SerialNumber.Text(16)).
+					WithField("not_after", c.TLS.Leaf.NotAfter.UTC().Format(time.RFC3339)).WithField("renew_at", next.UTC().Format(time.RFC3339)).Info("mesh: workload certificate issued")
+			}
+		},
+	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m.sandbox, m.netns, m.proxy, m.renewer, m.cancel, m.done = id, nsf, proxy, renewer, cancel, make(chan struct{})
+	go func(done chan struct{}) {
+		defer close(done)
+		renewer.Run(rctx)
+	}(m.done)
+	l.WithField("inbound", len(cfg.Inbound)).WithField("outbound", len(cfg.Outbound)).WithField("addresses", addrs).Info("mesh: proxy started")
+	return nil
+}
+
+// stopMesh stops the mesh when its sandbox, id, is removed: the proxy
+// closes, the files go.
+func (s *Service) stopMesh(id string) {
+	m := &s.mesh
+	m.mu.Lock()
+	if m.proxy == nil || m.sandbox != id {
+		m.mu.Unlock()
+		return
+	}
+	proxy, nsf, cancel, done := m.proxy, m.netns, m.cancel, m.done
+	m.proxy, m.netns, m.renewer, m.sandbox = nil, nil, nil, ""
+	m.mu.Unlock()
+	cancel()
+	<-done
+	proxy.Close()
+	nsf.Close()
+	_ = (&mesh.Store{Dir: s.meshDir()}).Remove()
+}
+
+// meshMounts is the bind mount of the mesh files into a container the
+// init data names (mesh.containers; never the sandbox). It waits, within
+// meshFirstWait, for the pod's first certificate request, so that the
+// workload starts with its certificate when the CA issues one.
+func (s *Service) meshMounts(ctx context.Context, grant *policy.Container) []specs.Mount {
+	m := &s.mesh
+	m.mu.Lock()
+	cfg, renewer := m.cfg, m.renewer
+	m.mu.Unlock()
+	if grant == nil || grant.Identity.Sandbox() || !cfg.MountedInto(grant.Identity.Name) {
+		return nil
+	}
+	if renewer != nil {
+		t := time.NewTimer(meshFirstWait)
+		select {
+		case <-renewer.FirstAttempt():
+		case <-ctx.Done():
+		case <-t.C:
+			log.G(ctx).WithField("container", grant.ID).Warn("mesh: no answer from the mesh CA yet: the container starts without its certificate, which appears in " + meshapi.Dir + " once issued")
+		}
+		t.Stop()
+	}
+	dir := s.meshDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil
+	}
+	return []specs.Mount{{
+		Destination: meshapi.Dir, Type: "bind", Source: dir,
+		Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
+	}}
+}

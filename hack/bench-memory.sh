@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Memory figures of issue 18, from /proc/PID/smaps_rollup and smaps.
+#
+#   hack/bench-memory.sh procs C8S_SHIM_PID RUNC_SHIM_PID QEMU_PID
+#     the c8s shim against containerd-shim-runc-v2 in the same run: RSS,
+#     PSS, and PSS split into anonymous and file-backed pages, with the
+#     ratios (goal: RSS <= 1.2x); then the pod's QEMU split into the guest
+#     RAM mapping, the TCG translation buffer (the rwx mapping), QEMU's
+#     binary and libraries, and the rest (heap, thread arenas, stacks).
+#   hack/bench-memory.sh pods N
+#     N busybox pods running at once on a private containerd: QEMU RSS per pod
+#     (mean, min, max) with the same split, and the shims' mean RSS and PSS
+#     (the shims share their binary's page cache, so PSS < RSS).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# rollup PID: "RSS PSS PSS_ANON PSS_FILE" in KiB.
+rollup() {
+	awk '/^Rss:/{r=$2} /^Pss:/{p=$2} /^Pss_Anon:/{a=$2} /^Pss_File:/{f=$2} END{print r+0, p+0, a+0, f+0}' "/proc/$1/smaps_rollup"
+}
+
+# qemu_split PID: "GUEST_RAM TCG_BUF FILE OTHER" resident KiB. The guest
+# RAM is the largest anonymous (or memfd) mapping, the TCG buffer the rwx
+# one; FILE is every mapping of a file on disk.
+qemu_split() {
+	awk '
+	/^[0-9a-f]+-[0-9a-f]+ /{ if (name != "") done(); perm=$2; path=$6; for (i=7;i<=NF;i++) path=path" "$i; name=$1; next }
+	/^Size:/{ size=$2 } /^Rss:/{ rss=$2 }
+	function done() {
+		if (perm ~ /x/ && perm ~ /w/) tcg += rss
+		else if (path ~ /^\// && path !~ /^\/memfd:/) file += rss
+		else { if (size > big) { other += bigrss; big = size; bigrss = rss } else other += rss }
+		name = ""
+	}
+	END { done(); print bigrss+0, tcg+0, file+0, other+0 }' "/proc/$1/smaps"
+}
+
+procs() {
+	local c8s=$1 runc=$2 qemu=$3
+	read -r cr cp ca cf < <(rollup "$c8s")
+	read -r rr rp ra rf < <(rollup "$runc")
+	echo "containerd-shim-c8s-v2:  RSS ${cr} KiB, PSS ${cp} KiB (anon ${ca}, file ${cf})"
+	echo "containerd-shim-runc-v2: RSS ${rr} KiB, PSS ${rp} KiB (anon ${ra}, file ${rf})"
+	awk -v a="$cr" -v b="$rr" -v c="$cp" -v d="$rp" -v e="$ca" -v f="$ra" -v g="$cf" -v h="$rf" 'BEGIN{
+		printf "ratio c8s-shim/runc-shim RSS = %.3f (goal <= 1.2); PSS = %.3f; anon = %.3f; file = %.3f\n", a/b, c/d, e/f, g/h }'
+	read -r qr qp _ _ < <(rollup "$qemu")
+	read -r ram tcg file other < <(qemu_split "$qemu")
+	echo "QEMU host RSS per pod: ${qr} KiB ($((qr / 1024)) MiB), PSS ${qp} KiB: guest RAM touched $((ram / 1024)) MiB, TCG translation buffer $((tcg / 1024)) MiB, QEMU binary and libraries $((file / 1024)) MiB, heap/arenas/stacks $((other / 1024)) MiB"
+}
+
+pods() {
+	local n=$1
+	source hack/lib/containerd.sh
+	cd_start
+	cd_import_busybox
+	local img=docker.io/c8s/busybox:test cfg=$CD_DIR/c8s.toml i
+	ctr run --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" --rm "$img" warmup true
+	# One after the other: the figure is memory with N pods running (the
+	# start under load is hack/bench-start.sh's); a pod that fails to start
+	# only lowers the running count printed.
+	for i in $(seq "$n"); do
+		ctr run -d --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" "$img" "mem-$i" sleep 600 >/dev/null || true
+	done
+	sleep 5
+	local qs=() ss=()
+	mapfile -t qs < <(pgrep -f "qemu-system.*$CD_DIR/c8s-state")
+	mapfile -t ss < <(pgrep -f "containerd-shim-c8s-v2 .*-address $CD_SOCK")
+	local line
+	for q in "${qs[@]}"; do line="$(rollup "$q") $(qemu_split "$q")"; echo "$line"; done | awk -v n="${#qs[@]}" -v want="$n" '
+		{ r[NR]=$1; p+=$2; ram+=$5; tcg+=$6; file+=$7; other+=$8; s+=$1; if (min==""||$1<min) min=$1; if ($1>max) max=$1 }
+		END { printf "%d pods started, %d running: QEMU RSS per pod mean %d MiB (min %d, max %d), PSS mean %d MiB; guest RAM touched %d MiB, TCG buffer %d MiB, QEMU binary and libraries %d MiB, heap/arenas/stacks %d MiB (means)\n",
+			want, n, s/n/1024, min/1024, max/1024, p/n/1024, ram/n/1024, tcg/n/1024, file/n/1024, other/n/1024 }'
+	for s in "${ss[@]}"; do rollup "$s"; done | awk '{r+=$1; p+=$2; a+=$3; f+=$4} END{ if (NR) printf "the %d c8s shims: RSS mean %d KiB, PSS mean %d KiB (anon %d, file %d)\n", NR, r/NR, p/NR, a/NR, f/NR }'
+	for i in $(seq "$n"); do ctr tasks kill -s KILL "mem-$i" >/dev/null 2>&1 || true; done
+	sleep 2
+	for i in $(seq "$n"); do ctr tasks delete "mem-$i" >/dev/null 2>&1 || true; ctr containers delete "mem-$i" >/dev/null 2>&1 || true; done
+}
+
+case ${1:-} in
+procs) shift; procs "$@" ;;
+pods) shift; pods "${1:-10}" ;;
+*) echo "usage: $0 procs C8S_SHIM RUNC_SHIM QEMU | pods N" >&2; exit 2 ;;
+esac

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Pod start figures for `make bench` (issue 18), every baseline measured in
+# the same run as c8s, the runs of each interleaved so that the shared
+# machine's load drifts over all of them alike:
+#   - headline: `ctr run --rm busybox true` on c8s over a truly bare boot:
+#     QEMU with the same kernel (_output/image/vmlinuz), -machine q35
+#     -accel tcg -m 512M -smp 1, SeaBIOS, and a busybox-static initramfs
+#     whose /init runs `poweroff -f`                    (goal <= 1.35)
+#   - the sealed image booted to c8s's own init, which powers off at once
+#     (c8s_poweroff=1): the former baseline, kept for comparison
+#   - the shim's per-phase trace of each pod (the "pod start trace" debug
+#     line; shim/task/trace.go), medians per phase
+#   - start under load: N pods at once and N bare boots at once, throughput
+#     (pods per minute) and p50/p95 start latency   (goal: ratio >= 0.75)
+# RUNS (default 5) runs of each; N (default 10) at once, LOAD_RUNS
+# (default 2) times each.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-5}
+N=${N:-10}
+LOAD_RUNS=${LOAD_RUNS:-2}
+
+source hack/lib/containerd.sh
+
+now() { date +%s%N; }
+median() { sort -n | awk '{a[NR]=$1} END{if (NR==0) {print "-"; exit} print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# pct P: the P-th percentile (nearest rank) of the numbers on stdin.
+pct() { sort -n | awk -v p="$1" '{a[NR]=$1} END{r=int((p*NR+99)/100); if (r<1) r=1; print a[r]}'; }
+ms_since() { echo $(( ($(now) - $1) / 1000000 )); }
+
+busybox=/bin/busybox
+if ! file -L "$busybox" 2>/dev/null | grep -q 'statically linked'; then
+	echo "bench-start: $busybox is not Debian's busybox-static: run make deps" >&2
+	exit 1
+fi
+kernel=$IMAGE_DIR/vmlinuz
+qemu=$(command -v qemu-system-x86_64)
+bios=/usr/share/seabios/bios-256k.bin
+
+CD_LOG_LEVEL=debug cd_start # debug: the shim logs its start trace
+cd_import_busybox
+img=docker.io/c8s/busybox:test
+cfg=$CD_DIR/c8s.toml
+log=$CD_DIR/containerd.log
+
+# The bare initramfs: busybox-static as /bin/busybox, /init powering off.
+bare=$CD_DIR/bare
+mkdir -p "$bare/root/bin"
+cp "$busybox" "$bare/root/bin/busybox"
+printf '#!/bin/busybox sh\n/bin/busybox poweroff -f\n' >"$bare/root/init"
+chmod 0755 "$bare/root/init"
+(cd "$bare/root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$bare/initrd.cpio"
+
+# bare_boot ID: one bare boot, its ms on stdout. Same console and printk
+# settings as c8s's command line (console=ttyS0 quiet), nothing of c8s.
+bare_boot() {
+	local t0
+	t0=$(now)
+	"$qemu" -name "bare-$1" -nodefaults -no-user-config -nographic -no-reboot \
+		-machine q35 -accel tcg -m 512M -smp 1 -bios "$bios" \
+		-kernel "$kernel" -initrd "$bare/initrd.cpio" -append "console=ttyS0 quiet panic=-1" \
+		-serial "file:$bare/console-$1.log" </dev/null >/dev/null 2>&1 || return 1
+	grep -q 'Power down' "$bare/console-$1.log" || return 1 # it did boot
+	ms_since "$t0"
+}
+
+# The sealed image to c8s's own init: c8s's QEMU command line with
+# c8s_poweroff=1, so that init powers the VM off as soon as it runs.
+sealed_cfg=$CD_DIR/sealed.toml
+sed -e "s|^state_dir = .*|state_dir = \"$CD_DIR/sealed-state\"|" "$cfg" >"$sealed_cfg"
+sed -i "s|^\[hypervisor\]|[hypervisor]\nkernel_params = \"c8s_poweroff=1\"|" "$sealed_cfg"
+mkdir -p "$CD_DIR/sealed-state"
+mapfile -t sealed_argv < <(bin/c8s-launcher args --config "$sealed_cfg" --id sealed 2>/dev/null)
+sealed_boot() {
+	local t0
+	rm -rf "$CD_DIR/sealed-state/sealed"
+	mkdir -p "$CD_DIR/sealed-state/sealed"
+	t0=$(now)
+	"${sealed_argv[@]}" >/dev/null 2>&1 </dev/null
+	ms_since "$t0"
+}
+
+c8s_run() { # ID: one `ctr run --rm IMG true`, its ms on stdout
+	local t0
+	t0=$(now)
+	ctr run --runtime io.containerd.c8s.v2 --runtime-config-path "$cfg" --rm "$img" "$1" true || return 1
+	ms_since "$t0"
+}
+
+# Warm up: the first pod pays for the node's accelerator probe (cached after).
+c8s_run warmup >/dev/null
+bare_boot warmup >/dev/null
+
+echo "== pod start: ctr run --rm $img true on c8s against bare boots ($RUNS runs each, interleaved; load $(cut -d' ' -f1-3 /proc/loadavg))"
+c8s=() bares=() sealed=()
+for i in $(seq "$RUNS"); do
+	c8s+=("$(c8s_run "bench-$i")")
+	bares+=("$(bare_boot "$i")")
+	sealed+=("$(sealed_boot)")
+done
+rm -rf "$CD_DIR/sealed-state"
+c8s_ms=$(printf '%s\n' "${c8s[@]}" | median)
+bare_ms=$(printf '%s\n' "${bares[@]}" | median)
+sealed_ms=$(printf '%s\n' "${sealed[@]}" | median)
+echo "c8s ctr run --rm true: median ${c8s_ms} ms  (runs: ${c8s[*]})"
+echo "bare boot (same kernel, busybox-static initramfs, poweroff -f): median ${bare_ms} ms  (runs: ${bares[*]})"
+echo "sealed image to c8s's first init (c8s_poweroff=1): median ${sealed_ms} ms  (runs: ${sealed[*]})"
+awk -v a="$c8s_ms" -v b="$bare_ms" 'BEGIN{printf "HEADLINE ratio c8s/bare-boot = %.3f (goal <= 1.35)\n", a/b}'
+awk -v a="$c8s_ms" -v b="$sealed_ms" 'BEGIN{printf "ratio c8s/sealed-image-to-first-stage-init = %.3f (former baseline)\n", a/b}'
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# The shim's trace of each timed pod: phase medians, in the order of a
+# pod's life. Host phases are the shim's clock; guest_* are the guest's
+# own (display only, from its console).
+echo "== pod start trace: median per phase over the $RUNS timed pods (ms; shim/task/trace.go)"
+trace_lines() { grep -F "msg=\"pod start trace\"" "$log" | grep -E "container=bench-[0-9]+( |$)"; }
+phases="shim_to_create config rootfs wire vm_start vm_prepare qemu_spawn host_side agent_ready guest_kernel_to_stage1 guest_stage1_to_agent guest_stage1_work guest_agent_exec_to_main guest_agent_to_serving guest_uptime_serving attest attach create create_to_start start run exit_to_delete teardown total"
+if [[ -z $(trace_lines) ]]; then
+	echo "no trace lines in $log (is the shim logging at debug level?)"
+else
+	for p in $phases; do
+		vals=$(trace_lines | grep -o "[ ]${p}_ms=[0-9]*" | cut -d= -f2 || true)
+		[[ -n $vals ]] || continue
+		printf '  %-26s %6s   (runs: %s)\n' "$p" "$(median <<<"$vals")" "$(tr '\n' ' ' <<<"$vals")"
+	done
+	echo "  (vm_start = vm_prepare + qemu_spawn + host_side + the wait for the agent; agent_ready counts from QEMU's spawn)"
+fi
+
+# ---------------------------------------------------------------------------
+# Start under load: N at once. Latency is each one's launch to exit;
+# throughput is N over the wall time until the last one ends.
+leftovers() { # what a batch must not leave: QEMU processes, shims, VM dirs
+	pgrep -f "qemu-system.*$CD_DIR" || true
+	pgrep -f "containerd-shim-c8s-v2.*$CD_DIR" || true
+	find "$CD_DIR/c8s-state" -mindepth 1 -maxdepth 3 -name console.log 2>/dev/null || true
+}
+batch() { # KIND ROUND: N at once; prints "wall_ms lat1 lat2 ..."
+	local kind=$1 round=$2 t0 i dir
+	dir=$CD_DIR/batch-$kind-$round
+	mkdir -p "$dir"
+	t0=$(now)
+	for i in $(seq "$N"); do
+		if [[ $kind == c8s ]]; then
+			(c8s_run "load-$round-$i" >"$dir/$i" 2>"$dir/$i.err" || echo FAIL >"$dir/$i") &
+		else
+			(bare_boot "load-$round-$i" >"$dir/$i" 2>"$dir/$i.err" || echo FAIL >"$dir/$i") &
+		fi
+	done
+	wait
+	local wall
+	wall=$(ms_since "$t0")
+	echo "$wall $(for i in $(seq "$N"); do cat "$dir/$i"; done | tr '\n' ' ')"
+}
+echo "== start under load: $N pods at once against $N bare boots at once ($LOAD_RUNS rounds each, interleaved; load $(cut -d' ' -f1-3 /proc/loadavg))"
+before=$(ls -A "$CD_DIR/c8s-state" | sort | tr '\n' ' ')
+c_lat=() b_lat=() c_tp=() b_tp=() failed=0
+for r in $(seq "$LOAD_RUNS"); do
+	for kind in c8s bare; do
+		read -r wall lats <<<"$(batch "$kind" "$r")"
+		if grep -q FAIL <<<"$lats"; then
+			failed=1
+			echo "round $r: a $kind start FAILED:"
+			{ cat "$CD_DIR/batch-$kind-$r"/*.err; [[ $kind == bare ]] && tail -n 5 "$bare"/console-load-"$r"-*.log; } 2>/dev/null | head -n 20 || true
+		fi
+		tp=$(awk -v n="$N" -v w="$wall" 'BEGIN{printf "%.1f", n*60000/w}')
+		echo "round $r $kind: $N in ${wall} ms = ${tp} per min; latencies ms: $lats"
+		if [[ $kind == c8s ]]; then c_lat+=($lats); c_tp+=("$tp"); else b_lat+=($lats); b_tp+=("$tp"); fi
+	done
+done
+after=$(ls -A "$CD_DIR/c8s-state" | sort | tr '\n' ' ')
+left=$(leftovers)
+c_tpm=$(printf '%s\n' "${c_tp[@]}" | median)
+b_tpm=$(printf '%s\n' "${b_tp[@]}" | median)
+num() { grep -E '^[0-9]+$' || true; }
+echo "c8s:  throughput median ${c_tpm} pods/min; latency p50 $(printf '%s\n' "${c_lat[@]}" | num | pct 50) ms, p95 $(printf '%s\n' "${c_lat[@]}" | num | pct 95) ms"
+echo "bare: throughput median ${b_tpm} boots/min; latency p50 $(printf '%s\n' "${b_lat[@]}" | num | pct 50) ms, p95 $(printf '%s\n' "${b_lat[@]}" | num | pct 95) ms"
+awk -v a="$c_tpm" -v b="$b_tpm" 'BEGIN{printf "ratio c8s/bare throughput, %d at once = %.3f (goal >= 0.75)\n", '"$N"', a/b}'
+if ((failed)); then echo "FAIL: a start under load failed"; fi
+if [[ -n $left || $before != "$after" ]]; then
+	echo "LEAK: left behind: ${left:-none}; state dir before: [$before] after: [$after]"
+else
+	echo "nothing leaked: no QEMU, no shim, state dir as before"
+fi
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -24,6 +24,57 @@ func TrustFor(tee, simSPDir string) (Trust, error) {
 	return Trust{}, fmt.Errorf("attest: no verifier for TEE %q", tee)
 }
 
+// PolicyFromManifest returns what a VM of TEE tee with vcpus vCPUs,
+// launched from image manifest m, must show, but for its init data, the
+// nonce and the node's settings: the launch digest of its shape (snp,
+// sim) or its MRTD (tdx), and its measured boot (BootPolicy). The shim
+// checks a pod with it at start, the node agent's re-attestation while
+// it runs.
+func PolicyFromManifest(m *manifest.Manifest, tee string, vcpus int) (*Policy, error) {
+	p, err := BootPolicy(m, tee)
+	if err != nil || tee == "tdx" {
+		return p, err
+	}
+	expected, err := ExpectedMeasurements(m, tee)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := expected[vcpus]; !ok {
+		return nil, fmt.Errorf("the image manifest has no %s launch digest for %d vCPUs (it has %s): add the shape to the image build or change the pod's vCPUs", tee, vcpus, Shapes(expected))
+	}
+	p.Measurements, p.VCPUs = expected, vcpus
+	return p, nil
+}
+
+// BootPolicy returns the measured boot a VM of TEE tee launched from
+// image manifest m must show (Policy.TDXBoot, Policy.RTMRs): on tdx the
+// MRTD, the CC event log's kernel, command line and initrd and the
+// RTMRs (TDXPolicyFromManifest); in the sim TEE, which models TDX's
+// RTMRs, the boot log's kernel, command line and initrd where the
+// manifest records them (digests.sim.boot: images whose kernel is an
+// EFI-stub PE). On snp the launch digest covers the boot: none.
+func BootPolicy(m *manifest.Manifest, tee string) (*Policy, error) {
+	switch tee {
+	case "tdx":
+		d, err := m.TDX()
+		if err != nil {
+			return nil, err
+		}
+		return TDXPolicyFromManifest(d)
+	case "sim":
+		d, err := m.Sim()
+		if err != nil {
+			return nil, err
+		}
+		boot, err := BootFromManifest(d.Boot, d.Cmdline)
+		if err != nil {
+			return nil, err
+		}
+		return &Policy{TDXBoot: boot}, nil
+	}
+	return &Policy{}, nil
+}
+
 // ExpectedMeasurements returns the launch digests an image manifest
 // accepts for TEE tee, by vCPU count.
 func ExpectedMeasurements(m *manifest.Manifest, tee string) (map[int]Hex, error) {

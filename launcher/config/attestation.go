@@ -32,6 +32,18 @@ type Attestation struct {
 	// MinTCB is the minimum SNP TCB_VERSION (the 64-bit value, compared
 	// component by component with REPORTED_TCB); 0 checks none.
 	MinTCB uint64 `toml:"min_tcb"`
+	// CollateralDir is a directory of offline collateral, as `c8s-launcher
+	// collateral fetch --out DIR` writes it where a network exists (for
+	// example /var/lib/c8s/collateral). When set, the shim verifies a tdx
+	// pod's platform TCB status, quoting enclave identity and PCK
+	// revocation with Intel's files in it, and an snp pod's certificates
+	// against AMD's CRLs in it; a TCB status, QE identity or CRL past its
+	// next update then fails attestation until the directory is
+	// refreshed. A set directory that is missing fails every snp and tdx
+	// pod's attestation, naming this key. Empty checks none of these (the
+	// quote's and report's signatures and the policy still are). The sim
+	// TEE ignores it.
+	CollateralDir string `toml:"collateral_dir"`
 	// AllowDebug accepts VMs launched with debugging enabled. Never in
 	// production: the host can read a debug VM's memory.
 	AllowDebug bool `toml:"allow_debug"`
@@ -58,6 +70,9 @@ func (c *Config) ManifestPath() string {
 func (a Attestation) validate() error {
 	if !contains(AttestModes, a.Mode) {
 		return fmt.Errorf("attestation.mode %q is not valid; use one of: %s", a.Mode, strings.Join(AttestModes, ", "))
+	}
+	if a.CollateralDir != "" && !filepath.IsAbs(a.CollateralDir) {
+		return fmt.Errorf("attestation.collateral_dir %q is not an absolute path: give the directory `c8s-launcher collateral fetch --out DIR` wrote", a.CollateralDir)
 	}
 	for i, d := range a.NodeLaunchDigests {
 		b, err := hex.DecodeString(strings.TrimPrefix(d, "0x"))

@@ -308,3 +308,21 @@ func TestLayerCachePath(t *testing.T) {
 		}
 	}
 }
+
+// attestation.collateral_dir parses, and must be an absolute path.
+func TestAttestationCollateralDir(t *testing.T) {
+	c, err := Parse([]byte("[attestation]\ncollateral_dir = \"/var/lib/c8s/collateral\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Attestation.CollateralDir != "/var/lib/c8s/collateral" {
+		t.Fatalf("collateral_dir = %q", c.Attestation.CollateralDir)
+	}
+	if err := c.Attestation.validate(); err != nil {
+		t.Fatalf("an absolute collateral_dir: %v", err)
+	}
+	c.Attestation.CollateralDir = "collateral"
+	if err := c.Attestation.validate(); err == nil || !strings.Contains(err.Error(), "attestation.collateral_dir") || !strings.Contains(err.Error(), "collateral fetch") {
+		t.Fatalf("a relative collateral_dir: %v", err)
+	}
+}

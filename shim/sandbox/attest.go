@@ -13,6 +13,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/reportdata"
 	"github.com/c8s-dev/c8s/launcher/attest"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/manifest"
 )
 
@@ -53,6 +54,22 @@ func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, err
 		return nil, err
 	}
 	return verified, nil
+}
+
+// nodeTrust returns the node's own trust: the roots of its TEE and, with
+// attestation.collateral_dir, the offline collateral in it (Intel's for
+// tdx, AMD's CRLs for snp; the sim TEE has none).
+func nodeTrust(cfg config.Config) (attest.Trust, error) {
+	t, err := attest.TrustFor(cfg.Hypervisor.TEE, statedir.SimSP(cfg.Runtime.StateDir))
+	if err != nil {
+		return t, err
+	}
+	if dir := cfg.Attestation.CollateralDir; dir != "" && t.Mode != attest.ModeSim {
+		if err := t.LoadCollateral(dir); err != nil {
+			return t, fmt.Errorf("attestation.collateral_dir: %w", err)
+		}
+	}
+	return t, nil
 }
 
 // verifyGuest gets evidence bound to a fresh nonce from the agent ag and
@@ -115,45 +132,18 @@ func verifyGuest(ctx context.Context, cfg config.Config, ag agent.AgentService, 
 }
 
 // expectedPolicy is what the manifest and the pod's init data say a VM of
-// TEE tee with vcpus vCPUs must show (the nonce is added per request).
+// TEE tee with vcpus vCPUs must show (the nonce is added per request): the
+// launch digest, the measured boot (attest.PolicyFromManifest) and the
+// init data's digest.
 func expectedPolicy(m *manifest.Manifest, tee string, vcpus int, initData []byte) (*attest.Policy, error) {
-	p := &attest.Policy{}
+	p, err := attest.PolicyFromManifest(m, tee, vcpus)
+	if err != nil || len(initData) == 0 {
+		return p, err
+	}
 	if tee == "tdx" {
-		d, err := m.TDX()
-		if err != nil {
-			return nil, err
-		}
-		// MRTD, and the measured boot: the CC event log's kernel, command
-		// line and initrd, RTMR1, RTMR2, and an unextended RTMR3.
-		if p, err = attest.TDXPolicyFromManifest(d); err != nil {
-			return nil, err
-		}
-		if len(initData) > 0 {
-			d := initdata.DigestTDX(initData)
-			p.MRConfigID = d[:]
-		}
-		return p, nil
-	}
-	expected, err := attest.ExpectedMeasurements(m, tee)
-	if err != nil {
-		return nil, err
-	}
-	if _, ok := expected[vcpus]; !ok {
-		return nil, fmt.Errorf("the image manifest has no %s launch digest for %d vCPUs (it has %s): add the shape to the image build or change the pod's vCPUs", tee, vcpus, attest.Shapes(expected))
-	}
-	p.Measurements, p.VCPUs = expected, vcpus
-	if tee == "sim" {
-		// The sim TEE models TDX's measured boot; images whose kernel is
-		// an EFI-stub PE record it in the manifest.
-		d, err := m.Sim()
-		if err != nil {
-			return nil, err
-		}
-		if p.TDXBoot, err = attest.BootFromManifest(d.Boot, d.Cmdline); err != nil {
-			return nil, err
-		}
-	}
-	if len(initData) > 0 {
+		d := initdata.DigestTDX(initData)
+		p.MRConfigID = d[:]
+	} else {
 		d := initdata.Digest(initData)
 		p.HostData = d[:]
 	}

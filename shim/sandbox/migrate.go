@@ -303,7 +303,7 @@ func (s *Sandbox) trust(cfg config.Config) ([]attest.Trust, []byte, error) {
 	chip := s.movedChip
 	s.mu.Unlock()
 	if chip == nil {
-		t, err := attest.TrustFor(cfg.Hypervisor.TEE, statedir.SimSP(cfg.Runtime.StateDir))
+		t, err := nodeTrust(cfg)
 		return []attest.Trust{t}, nil, err
 	}
 	trusts, err := poolTrust(cfg)
@@ -314,7 +314,7 @@ func (s *Sandbox) trust(cfg config.Config) ([]attest.Trust, []byte, error) {
 // node's own and, in sim, those of the trust pool's other nodes
 // (statedir.PoolRoots). Hardware TEEs trust their vendor's roots.
 func poolTrust(cfg config.Config) ([]attest.Trust, error) {
-	own, err := attest.TrustFor(cfg.Hypervisor.TEE, statedir.SimSP(cfg.Runtime.StateDir))
+	own, err := nodeTrust(cfg)
 	if err != nil {
 		return nil, err
 	}

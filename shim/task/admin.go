@@ -71,6 +71,8 @@ func (s *service) evidence(ctx context.Context, r *adminapi.EvidenceRequest) (*a
 		Report:    ev.Report,
 		CertTable: ev.CertTable,
 		TdReport:  ev.TdReport,
+		EventLog:  ev.EventLog,
+		SimRtmrs:  ev.SimRtmrs,
 		Tee:       h.TEE,
 		Vcpus:     h.DefaultVCPUs,
 		Manifest:  pod.cfg.ManifestPath(),

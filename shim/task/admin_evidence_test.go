@@ -39,7 +39,8 @@ func TestAdminEvidence(t *testing.T) {
 		t.Fatal(err)
 	}
 	rd := reportdata.Host(nonce)
-	if !bytes.Equal(resp.Report, rd[:]) || resp.Kind != fakesandbox.EvidenceKind || resp.Provider != fakesandbox.EvidenceProvider || string(resp.CertTable) != "certs" {
+	if !bytes.Equal(resp.Report, rd[:]) || resp.Kind != fakesandbox.EvidenceKind || resp.Provider != fakesandbox.EvidenceProvider || string(resp.CertTable) != "certs" ||
+		string(resp.EventLog) != "event log" || string(resp.SimRtmrs) != "rtmrs" {
 		t.Errorf("evidence %+v: not the guest's for the caller's nonce", resp)
 	}
 	if resp.Sandbox != "pod1" || resp.Tee != "sim" || resp.Vcpus != 2 || !strings.HasSuffix(resp.Manifest, "manifest.json") {

@@ -32,6 +32,7 @@ type kbsFlags struct {
 	configPath, policyPath, simDir, tee   string
 	initData, referenceValues             stringList
 	referenceKey, resourcePolicy          string
+	collateralDir                         string
 	anyInitData, allowUnconfined          bool
 	fromNode                              bool
 }
@@ -96,6 +97,7 @@ func (o *kbsFlags) registerVerification(fs *flag.FlagSet) {
 	fs.BoolVar(&o.allowUnconfined, "allow-unconfined-host", false, "development only: also release to pods whose init data lets the host run code of its choosing in them (no [policy] section, or one in audit mode), which could read the secrets back")
 	fs.BoolVar(&o.fromNode, "reference-values-from-node", false, "DEVELOPMENT ONLY, INSECURE: take the launch reference values, min_tcb and allow_debug from the node's own config (--config) and image manifest, which the host controls and can widen; never with --reference-values or --resource-policy")
 	fs.StringVar(&o.configPath, "config", "/etc/c8s/config.toml", "with --reference-values-from-node only: the node's c8s config (TEE, image manifest, state dir)")
+	fs.StringVar(&o.collateralDir, "collateral", "", "snp and tdx: a `DIR` of offline collateral (c8s-launcher collateral fetch): tdx pods' platform TCB status, quoting enclave identity and PCK revocation are checked with Intel's files in it, snp pods' certificates against AMD's CRLs in it")
 	fs.StringVar(&o.simDir, "sim-dir", "", "sim: the node's simulated secure processor state dir (with --reference-values-from-node, default STATE_DIR/node/sim-sp)")
 }
 
@@ -149,6 +151,22 @@ func newKBSBroker(o kbsFlags, stdout io.Writer) (*broker.Broker, string, error) 
 	return b, tee, nil
 }
 
+// trust returns what the broker verifies evidence of TEE tee with: the
+// TEE's roots and, with --collateral, the offline collateral.
+func (o kbsFlags) trust(tee, simDir string) (attest.Trust, error) {
+	trust, err := attest.TrustFor(tee, simDir)
+	if err != nil || o.collateralDir == "" {
+		return trust, err
+	}
+	if trust.Mode == attest.ModeSim {
+		return trust, errors.New("--collateral is hardware collateral (Intel's, AMD's): the sim TEE takes none; drop it or use --tee snp|tdx")
+	}
+	if err := trust.LoadCollateral(o.collateralDir); err != nil {
+		return trust, fmt.Errorf("--collateral: %w", err)
+	}
+	return trust, nil
+}
+
 // ownerReferences sets the verifier and the launch reference values from
 // the owner's flags and files.
 func ownerReferences(b *broker.Broker, o kbsFlags, base *attest.Policy) (string, error) {
@@ -163,7 +181,7 @@ func ownerReferences(b *broker.Broker, o kbsFlags, base *attest.Policy) (string,
 	default:
 		return "", fmt.Errorf("--tee %q: want snp, tdx or sim", o.tee)
 	}
-	trust, err := attest.TrustFor(o.tee, o.simDir)
+	trust, err := o.trust(o.tee, o.simDir)
 	if err != nil {
 		return "", err
 	}
@@ -220,7 +238,10 @@ func nodeReferences(b *broker.Broker, o kbsFlags, base *attest.Policy) (string, 
 			return "", err
 		}
 	}
-	trust, err := attest.TrustFor(tee, simDir)
+	if o.collateralDir == "" && tee != "sim" {
+		o.collateralDir = cfg.Attestation.CollateralDir // as the node's shim
+	}
+	trust, err := o.trust(tee, simDir)
 	if err != nil {
 		return "", err
 	}

@@ -108,19 +108,11 @@ func runVerifyReport(ctx context.Context, args []string, stdout io.Writer) error
 		}
 	}
 	if *collateralDir != "" {
-		switch trust.Mode {
-		case attest.ModeSNP:
-			crls, err := attest.LoadAMDCRLs(*collateralDir)
-			if err != nil {
-				return err
-			}
-			trust.AMDCRLs = append(trust.AMDCRLs, crls...)
-		case attest.ModeTDX:
-			if trust.TDXCollateral, err = attest.LoadTDXCollateral(*collateralDir); err != nil {
-				return err
-			}
-		default:
+		if trust.Mode == attest.ModeSim {
 			return errors.New("--collateral is hardware collateral: use it with --mode tdx or snp")
+		}
+		if err := trust.LoadCollateral(*collateralDir); err != nil {
+			return fmt.Errorf("--collateral: %w", err)
 		}
 	}
 	var eventLog, simRTMRs []byte

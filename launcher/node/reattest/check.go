@@ -43,6 +43,10 @@ const (
 	// ReasonMeasurementMismatch: the launch digest is not one of the
 	// reference values.
 	ReasonMeasurementMismatch = "MeasurementMismatch"
+	// ReasonMeasuredBootMismatch: the event log does not replay to the
+	// RTMRs, or names another kernel, command line or initrd than the
+	// VM's image (tdx, and the sim TEE's modelled RTMRs).
+	ReasonMeasuredBootMismatch = "MeasuredBootMismatch"
 	// ReasonBundleExpired: the owner's bundle in force has expired.
 	ReasonBundleExpired = "BundleExpired"
 	// ReasonChipRevoked, ReasonTCBRevoked, ReasonTCBBelowMinimum: the
@@ -77,6 +81,16 @@ type Identity struct {
 	Measurement attest.Hex
 	// InitData is the SNP HOST_DATA or the TDX MRCONFIGID.
 	InitData attest.Hex
+	// Boot is the measured boot the evidence's event log verified against;
+	// nil when none was checked (snp, a sim image that records none).
+	Boot *Boot
+}
+
+// Boot is a measured boot: the kernel, command line and initrd the event
+// log must name and the RTMRs it must replay to (attest.BootPolicy).
+type Boot struct {
+	TDXBoot *attest.TDXBoot
+	RTMRs   []attest.Hex
 }
 
 // Checker verifies a pod's evidence against the policy in force: the
@@ -142,7 +156,10 @@ type Input struct {
 	// rather than match the node's image manifest, which a node image
 	// upgrade replaces under running pods.
 	Pinned attest.Hex
-	Now    time.Time
+	// PinnedBoot is the measured boot the VM verified with before (nil:
+	// none was checked), used, like Pinned, instead of the manifest's.
+	PinnedBoot *Boot
+	Now        time.Time
 }
 
 // Check verifies the evidence against the reference values (the
@@ -159,12 +176,20 @@ func (c *Checker) Check(in Input) Verdict {
 	if p == nil {
 		return v
 	}
+	boot, v := c.boot(ev, in)
+	if v.Status != "" {
+		return v
+	}
 	rd := reportdata.Host(nonce)
 	p.Nonce = rd[:]
+	if boot != nil {
+		p.TDXBoot, p.RTMRs = boot.TDXBoot, boot.RTMRs
+	}
 	id, err := c.verify(ev, p)
 	if err != nil {
 		return rejection(err)
 	}
+	id.Boot = boot
 	fails := nodeFailures(id, b, c.MinTCB)
 	node := len(fails) > 0
 	fails = append(fails, podFailures(id, b)...)
@@ -195,6 +220,9 @@ func describe(id *Identity, b *Bundle, pinned attest.Hex) string {
 	s := "launch digest " + id.Measurement.String()
 	if id.TEE != "tdx" {
 		s += ", TCB " + tcbString(id.TCB)
+	}
+	if id.Boot != nil {
+		s += ", measured boot (the event log's kernel, command line and initrd)"
 	}
 	return s + ", against " + ref
 }
@@ -262,6 +290,32 @@ func (c *Checker) policy(ev *adminapi.EvidenceResponse, b *Bundle, pinned attest
 	return p, Verdict{}
 }
 
+// boot returns the measured boot ev must show, as the shim checked it at
+// the pod's start: the one the VM verified with before, else the pod's
+// image manifest's (attest.BootPolicy; the bundle's reference values are
+// launch digests only). Nil checks none; a verdict with a status when the
+// node cannot say.
+func (c *Checker) boot(ev *adminapi.EvidenceResponse, in Input) (*Boot, Verdict) {
+	if ev.Tee == "snp" {
+		return nil, Verdict{}
+	}
+	if len(in.Pinned) > 0 {
+		return in.PinnedBoot, Verdict{}
+	}
+	m, err := c.manifest(ev.Manifest)
+	if err != nil {
+		return nil, Verdict{Status: StatusUnknown, Reason: ReasonVerifierError, Message: fmt.Sprintf("the pod's image manifest: %v", err)}
+	}
+	p, err := attest.BootPolicy(m, ev.Tee)
+	if err != nil {
+		return nil, Verdict{Status: StatusUnknown, Reason: ReasonVerifierError, Message: fmt.Sprintf("the measured boot of the pod's image manifest: %v", err)}
+	}
+	if p.TDXBoot == nil && len(p.RTMRs) == 0 {
+		return nil, Verdict{}
+	}
+	return &Boot{TDXBoot: p.TDXBoot, RTMRs: p.RTMRs}, Verdict{}
+}
+
 func (c *Checker) manifest(path string) (*manifest.Manifest, error) {
 	if c.Manifest != nil {
 		return c.Manifest(path)
@@ -300,13 +354,22 @@ func (c *Checker) verify(ev *adminapi.EvidenceResponse, p *attest.Policy) (*Iden
 
 func verifyWith(v *attest.Verifier, ev *adminapi.EvidenceResponse, p *attest.Policy) (*Identity, error) {
 	if ev.Kind == "tdx" {
-		cl, err := v.VerifyTDX(ev.Report, p)
+		// The CC event log is replayed to the quote's RTMRs and its
+		// kernel, command line and initrd checked (p.TDXBoot).
+		cl, err := v.VerifyTDXEvidence(ev.Report, ev.EventLog, p)
 		if err != nil {
 			return nil, err
 		}
 		return &Identity{TEE: ev.Tee, Measurement: cl.MRTD, InitData: cl.MRConfigID}, nil
 	}
-	cl, err := v.VerifySNP(ev.Report, ev.CertTable, p)
+	var cl *attest.SNPClaims
+	var err error
+	if v.Mode() == attest.ModeSim {
+		// The sim TEE's RTMR statement and boot log, as on TDX.
+		cl, err = v.VerifySimEvidence(ev.Report, ev.CertTable, ev.SimRtmrs, ev.EventLog, p)
+	} else {
+		cl, err = v.VerifySNP(ev.Report, ev.CertTable, p)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -323,6 +386,8 @@ func rejection(err error) Verdict {
 			v.Status, v.Reason = StatusUnknown, ReasonVerifierError
 		case ae.Kind == attest.KindMismatch && (ae.Field == "measurement" || ae.Field == "MRTD"):
 			v.Reason = ReasonMeasurementMismatch
+		case strings.HasPrefix(ae.Field, "RTMR") || ae.Field == "CC event log" || ae.Field == "sim RTMRs":
+			v.Reason = ReasonMeasuredBootMismatch
 		}
 	}
 	return v

@@ -51,6 +51,12 @@ type node struct {
 	// measurement is what the pods' VMs were launched with, and
 	// reference what the node's image manifest says.
 	measurement, reference attest.Hex
+	// boot, when set, is the sim launch the pods' VMs booted: their
+	// evidence carries its boot log and RTMR statement. manifestBoot is
+	// the measured boot the node's image manifest predicts.
+	boot            *sim.Launch
+	manifestBoot    *manifest.BootDigests
+	manifestCmdline string
 	// replay, when set, answers every evidence request with evidence for
 	// this old nonce.
 	replay []byte
@@ -145,8 +151,18 @@ func (n *node) Evidence(_ context.Context, sb Sandbox, nonce []byte) (*adminapi.
 	if err != nil {
 		return nil, err
 	}
-	return &adminapi.EvidenceResponse{Sandbox: sb.ID, Kind: "snp", Provider: "sim", Report: r, CertTable: n.sp.CertTable(),
-		Tee: "sim", Vcpus: 1, HostData: hd[:], Manifest: "/node/manifest.json"}, nil
+	ev := &adminapi.EvidenceResponse{Sandbox: sb.ID, Kind: "snp", Provider: "sim", Report: r, CertTable: n.sp.CertTable(),
+		Tee: "sim", Vcpus: 1, HostData: hd[:], Manifest: "/node/manifest.json"}
+	if n.boot != nil {
+		var rtmrs [4][48]byte
+		if ev.EventLog, rtmrs, err = sim.BootLog(*n.boot); err != nil {
+			return nil, err
+		}
+		if ev.SimRtmrs, err = n.sp.RTMRStatement(r, rtmrs); err != nil {
+			return nil, err
+		}
+	}
+	return ev, nil
 }
 
 // Pod and StopSandbox implement Runtime.
@@ -203,10 +219,10 @@ func (n *node) condition(name string) Condition {
 // manifest is the node's image manifest: the reference for 1 vCPU.
 func (n *node) manifest(string) (*manifest.Manifest, error) {
 	n.mu.Lock()
-	ref := n.reference
+	ref, boot, cmdline := n.reference, n.manifestBoot, n.manifestCmdline
 	n.mu.Unlock()
 	var m manifest.Manifest
-	if err := m.SetSim(manifest.SimDigests{ByVCPUs: map[string]string{"1": ref.String()}}); err != nil {
+	if err := m.SetSim(manifest.SimDigests{ByVCPUs: map[string]string{"1": ref.String()}, Boot: boot, Cmdline: cmdline}); err != nil {
 		return nil, err
 	}
 	return &m, nil

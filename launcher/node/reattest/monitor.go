@@ -126,8 +126,10 @@ type podState struct {
 	checked time.Time
 	last    Verdict
 	stopped bool
-	// pinned is the launch digest the VM's evidence verified with.
-	pinned attest.Hex
+	// pinned is the launch digest the VM's evidence verified with, and
+	// pinnedBoot its measured boot (nil: none checked).
+	pinned     attest.Hex
+	pinnedBoot *Boot
 }
 
 // Result is one pod's re-attestation in a pass.
@@ -265,7 +267,7 @@ func (m *Monitor) check(ctx context.Context, sb Sandbox, b *Bundle) Result {
 		st.pod = p
 	}
 	res.Pod = st.pod
-	res.Verdict = m.attest(ctx, sb, b, st.pinned)
+	res.Verdict = m.attest(ctx, sb, b, st.pinned, st.pinnedBoot)
 	now := m.now()
 	prev := st.last
 	m.mu.Lock()
@@ -274,7 +276,7 @@ func (m *Monitor) check(ctx context.Context, sb Sandbox, b *Bundle) Result {
 		// Identity is set once the evidence verified, its launch digest
 		// included.
 		if st.pinned == nil {
-			st.pinned = id.Measurement
+			st.pinned, st.pinnedBoot = id.Measurement, id.Boot
 		}
 		if id.TEE != "tdx" {
 			m.identity = id
@@ -326,7 +328,7 @@ func (m *Monitor) check(ctx context.Context, sb Sandbox, b *Bundle) Result {
 }
 
 // attest gets fresh evidence and checks it.
-func (m *Monitor) attest(ctx context.Context, sb Sandbox, b *Bundle, pinned attest.Hex) Verdict {
+func (m *Monitor) attest(ctx context.Context, sb Sandbox, b *Bundle, pinned attest.Hex, pinnedBoot *Boot) Verdict {
 	newNonce := m.NewNonce
 	if newNonce == nil {
 		newNonce = func() ([]byte, error) { return attest.NewNonce() }
@@ -341,7 +343,7 @@ func (m *Monitor) attest(ctx context.Context, sb Sandbox, b *Bundle, pinned atte
 	if err != nil {
 		return Verdict{Status: StatusUnknown, Reason: ReasonEvidenceUnavailable, Message: fmt.Sprintf("no evidence from the pod VM: %v", err)}
 	}
-	return m.Checker.Check(Input{Evidence: ev, Nonce: nonce, Bundle: b, Pinned: pinned, Now: m.now()})
+	return m.Checker.Check(Input{Evidence: ev, Nonce: nonce, Bundle: b, Pinned: pinned, PinnedBoot: pinnedBoot, Now: m.now()})
 }
 
 func (m *Monitor) onFailure(b *Bundle) string {

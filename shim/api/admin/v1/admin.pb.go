@@ -204,7 +204,14 @@ type EvidenceResponse struct {
 	Mrconfigid []byte `protobuf:"bytes,10,opt,name=mrconfigid,proto3" json:"mrconfigid,omitempty"`
 	// manifest is the image manifest the pod VM was launched from
 	// (attestation.manifest).
-	Manifest      string `protobuf:"bytes,11,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	Manifest string `protobuf:"bytes,11,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// event_log is the guest's measured-boot event log (the TDX CC event
+	// log, or the sim TEE's boot log) and sim_rtmrs, in the sim TEE, its
+	// RTMR statement, as the agent returned them: a verifier replays the
+	// log to the RTMRs and checks the kernel, command line and initrd it
+	// names.
+	EventLog      []byte `protobuf:"bytes,12,opt,name=event_log,json=eventLog,proto3" json:"event_log,omitempty"`
+	SimRtmrs      []byte `protobuf:"bytes,13,opt,name=sim_rtmrs,json=simRtmrs,proto3" json:"sim_rtmrs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -314,6 +321,20 @@ func (x *EvidenceResponse) GetManifest() string {
 		return x.Manifest
 	}
 	return ""
+}
+
+func (x *EvidenceResponse) GetEventLog() []byte {
+	if x != nil {
+		return x.EventLog
+	}
+	return nil
+}
+
+func (x *EvidenceResponse) GetSimRtmrs() []byte {
+	if x != nil {
+		return x.SimRtmrs
+	}
+	return nil
 }
 
 // MigrateRequest moves the pod VM to another node (launcher/migrate).
@@ -622,7 +643,7 @@ const file_shim_api_admin_v1_admin_proto_rawDesc = "" +
 	"\vclaims_json\x18\x03 \x01(\fR\n" +
 	"claimsJson\"'\n" +
 	"\x0fEvidenceRequest\x12\x14\n" +
-	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\xb1\x02\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\xeb\x02\n" +
 	"\x10EvidenceResponse\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1a\n" +
@@ -638,7 +659,9 @@ const file_shim_api_admin_v1_admin_proto_rawDesc = "" +
 	"mrconfigid\x18\n" +
 	" \x01(\fR\n" +
 	"mrconfigid\x12\x1a\n" +
-	"\bmanifest\x18\v \x01(\tR\bmanifest\"\x80\x01\n" +
+	"\bmanifest\x18\v \x01(\tR\bmanifest\x12\x1b\n" +
+	"\tevent_log\x18\f \x01(\fR\beventLog\x12\x1b\n" +
+	"\tsim_rtmrs\x18\r \x01(\fR\bsimRtmrs\"\x80\x01\n" +
 	"\x0eMigrateRequest\x12 \n" +
 	"\vdestination\x18\x01 \x01(\tR\vdestination\x12'\n" +
 	"\x0ftimeout_seconds\x18\x02 \x01(\rR\x0etimeoutSeconds\x12#\n" +

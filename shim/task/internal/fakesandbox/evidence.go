@@ -25,5 +25,6 @@ func (a guestAgent) GetEvidence(_ context.Context, r *agent.GetEvidenceRequest) 
 		return nil, err
 	}
 	rd := reportdata.Host(r.Nonce)
-	return &agent.GetEvidenceResponse{Kind: EvidenceKind, Provider: EvidenceProvider, Report: rd[:], CertTable: []byte("certs")}, nil
+	return &agent.GetEvidenceResponse{Kind: EvidenceKind, Provider: EvidenceProvider, Report: rd[:], CertTable: []byte("certs"),
+		EventLog: []byte("event log"), SimRtmrs: []byte("rtmrs")}, nil
 }

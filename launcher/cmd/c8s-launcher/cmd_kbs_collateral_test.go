@@ -1,0 +1,69 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/c8s-dev/c8s/launcher/attest"
+)
+
+// kbs --collateral (and mesh-ca, which shares the flags) gives the
+// broker's verifier the offline collateral: a genuine TDX quote that
+// verifies without it is refused with it, by the collateral's judgement
+// (the genuine collateral of launcher/attest's test data is past its next
+// update after 2025-07-19, and before it rates the platform below every
+// TCB level; the broker's clock cannot be set from its flags); a missing
+// directory is refused at start, naming the flag.
+func TestKBSCollateralFlag(t *testing.T) {
+	quote, err := os.ReadFile("../../attest/testdata/tdx/dstack/quote.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := attest.ParseTDXQuote(quote)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := q.GetTdQuoteBody()
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.json")
+	if err := os.WriteFile(policy, []byte(`{"mrtd":"`+attest.Hex(body.GetMrTd()).String()+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := &attest.Policy{MRTD: body.GetMrTd(), Nonce: body.GetReportData()}
+	verify := func(collateral string) error {
+		t.Helper()
+		o := kbsFlags{tee: "tdx", policyPath: policy, anyInitData: true, collateralDir: collateral}
+		b, tee, err := newKBSBroker(o, io.Discard)
+		if err != nil {
+			return err
+		}
+		if tee != "tdx" {
+			t.Fatalf("tee %q", tee)
+		}
+		_, err = b.Verifier.VerifyTDX(quote, want)
+		return err
+	}
+	if err := verify(""); err != nil {
+		t.Fatalf("without --collateral: %v", err)
+	}
+	err = verify("../../attest/testdata/tdx/dcap-qvl/collateral-b0c06f")
+	var ae *attest.Error
+	if !errors.As(err, &ae) || ae.Field != "TDX TCB status" && !strings.Contains(ae.Hint, "fetch fresh collateral") {
+		t.Fatalf("with --collateral: %v", err)
+	}
+	t.Log(err)
+	err = verify(filepath.Join(dir, "absent"))
+	if err == nil || !strings.Contains(err.Error(), "--collateral") || !strings.Contains(err.Error(), "collateral fetch") {
+		t.Fatalf("a missing --collateral directory: %v", err)
+	}
+	fs := newFlags("kbs")
+	var o kbsFlags
+	o.registerVerification(fs)
+	if err := fs.Parse([]string{"--collateral", "/var/lib/c8s/collateral"}); err != nil || o.collateralDir != "/var/lib/c8s/collateral" {
+		t.Fatalf("--collateral parsed to %q: %v", o.collateralDir, err)
+	}
+}

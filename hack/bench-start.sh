@@ -51,14 +51,17 @@ printf '#!/bin/busybox sh\n/bin/busybox poweroff -f\n' >"$bare/root/init"
 chmod 0755 "$bare/root/init"
 (cd "$bare/root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$bare/initrd.cpio"
 
-# bare_boot ID: one bare boot, its ms on stdout. Same console and printk
-# settings as c8s's command line (console=ttyS0 quiet), nothing of c8s.
+# bare_boot ID: one bare boot, its ms on stdout. The same base kernel
+# parameters as every c8s pod VM (launcher/vm.BaseKernelParams: console,
+# printk level, panic, timer check), nothing of c8s.
+bare_params=$(bin/c8s-launcher kernel-params)
+[[ -n "$bare_params" ]] || { echo "bench-start: bin/c8s-launcher kernel-params printed nothing" >&2; exit 1; }
 bare_boot() {
 	local t0
 	t0=$(now)
 	"$qemu" -name "bare-$1" -nodefaults -no-user-config -nographic -no-reboot \
 		-machine q35 -accel tcg -m 512M -smp 1 -bios "$bios" \
-		-kernel "$kernel" -initrd "$bare/initrd.cpio" -append "console=ttyS0 quiet panic=-1" \
+		-kernel "$kernel" -initrd "$bare/initrd.cpio" -append "$bare_params" \
 		-serial "file:$bare/console-$1.log" </dev/null >/dev/null 2>&1 || return 1
 	grep -q 'Power down' "$bare/console-$1.log" || return 1 # it did boot
 	ms_since "$t0"

@@ -119,7 +119,7 @@ type bootResult struct {
 // bootTestInit boots kernel and initrd under TCG until the guest powers off.
 // QEMU is killed in Cleanup if it is still running.
 func bootTestInit(tb testing.TB, kernel, initrd string) bootResult {
-	return bootQEMU(tb, "-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1",
+	return bootQEMU(tb, "-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1 no_timer_check", // as launcher/vm.BaseKernelParams
 		"-device", "virtio-serial",
 		"-chardev", "null,id=boottest",
 		"-device", "virtserialport,chardev=boottest,name="+bootPortName,

@@ -30,7 +30,7 @@ func writeImage(t *testing.T) (string, *Manifest) {
 		Kernel:          Kernel{Package: "linux-image-test", Version: "1.0", Release: "6.12.0-test"},
 		Runc:            Package{Package: "runc", Version: "1.1.5"},
 		Packages:        []Package{{Package: "linux-image-test", Version: "1.0"}, {Package: "runc", Version: "1.1.5"}},
-		Cmdline:         "console=ttyS0 quiet panic=-1",
+		Cmdline:         "console=ttyS0 quiet panic=-1 no_timer_check",
 		AgentSHA256:     strings.Repeat("ab", 32),
 		SourceDateEpoch: 1700000000,
 	}

@@ -23,6 +23,7 @@ import (
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/internal/newc"
+	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
@@ -257,7 +258,7 @@ func measureAgent(b *testing.B, dir, kernel, path string, sp *sim.SP, withPolicy
 	svc := &sim.Service{SP: sp, HostData: initdata.Digest(doc)}
 	agentSock, attestSock := filepath.Join(run, "agent.sock"), filepath.Join(run, "attest.sock")
 	qemu := exec.Command("qemu-system-x86_64", "-accel", "tcg", "-m", "512", "-smp", "1",
-		"-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 quiet panic=-1",
+		"-kernel", kernel, "-initrd", initrd, "-append", vm.BaseKernelParams,
 		"-nographic", "-no-reboot", "-nodefaults", "-serial", "file:"+filepath.Join(run, "console.log"),
 		"-object", "rng-random,id=rng0,filename=/dev/urandom", "-device", "virtio-rng-pci,rng=rng0",
 		"-device", "virtio-serial",

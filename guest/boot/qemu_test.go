@@ -54,7 +54,7 @@ func bootVM(t *testing.T, imgDir, dir, params string, memMiB string, extra ...st
 	consoleLog := filepath.Join(dir, "console.log")
 	args := []string{"-accel", "tcg", "-m", memMiB,
 		"-kernel", filepath.Join(imgDir, "vmlinuz"), "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 c8s.log_level=debug " + params,
+		"-append", "console=ttyS0 panic=-1 no_timer_check c8s.log_level=debug " + params, // no_timer_check: as launcher/vm.BaseKernelParams
 		"-nographic", "-no-reboot", "-nodefaults",
 		"-serial", "file:" + consoleLog,
 		"-device", "virtio-serial",

@@ -14,7 +14,7 @@ func TestStartedAs(t *testing.T) {
 	for _, tc := range []struct {
 		cmdline, want, err string
 	}{
-		{"console=ttyS0 quiet panic=-1 c8s.tee=snp\n", "snp", ""},
+		{"console=ttyS0 quiet panic=-1 no_timer_check c8s.tee=snp\n", "snp", ""},
 		{"console=ttyS0 c8s.tee=tdx c8s.log_level=debug\n", "tdx", ""},
 		{"console=ttyS0 panic=-1\n", "", ""},
 		{"console=ttyS0 c8s.tee=none\n", "", `unknown TEE "none"`},

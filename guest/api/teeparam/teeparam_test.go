@@ -7,7 +7,7 @@ import (
 
 func TestFormatParses(t *testing.T) {
 	for _, tee := range Names {
-		got, ok, err := FromCmdline("console=ttyS0 quiet panic=-1 c8s.root=/dev/vda " + Format(tee) + " debug")
+		got, ok, err := FromCmdline("console=ttyS0 quiet panic=-1 no_timer_check c8s.root=/dev/vda " + Format(tee) + " debug")
 		if err != nil || !ok || got != tee {
 			t.Errorf("FromCmdline(... %s ...) = %q, %v, %v; want %q", Format(tee), got, ok, err, tee)
 		}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/c8s-dev/c8s/internal/golden"
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/launcher/vm/accel"
 	"github.com/c8s-dev/c8s/manifest"
 )
@@ -381,13 +382,13 @@ func TestSimLaunchDigest(t *testing.T) {
 	}
 	// A sim VM's command line: the image's common one (here just the
 	// launcher's built-in parameters) and the sim TEE's c8s.tee=sim.
-	expect(first.Facts["sim"], "console=ttyS0 quiet panic=-1 c8s.tee=sim")
+	expect(first.Facts["sim"], vm.BaseKernelParams+" c8s.tee=sim")
 	if r := run(cfg); r.Status != Pass || !strings.Contains(r.Detail, "as manifest.json expects") {
 		t.Fatalf("matching manifest digest: %+v", r)
 	}
 	withParams := cfg
 	withParams.Hypervisor.KernelParams = "debug"
-	if r := run(withParams); r.Status != Fail || !strings.Contains(r.Detail, `kernel command line "console=ttyS0 quiet panic=-1 c8s.tee=sim debug" differs`) {
+	if r := run(withParams); r.Status != Fail || !strings.Contains(r.Detail, `kernel command line "`+vm.BaseKernelParams+` c8s.tee=sim debug" differs`) {
 		t.Fatalf("another command line: %+v", r)
 	}
 	twoVCPUs := cfg

@@ -21,7 +21,6 @@ import (
 	"github.com/c8s-dev/c8s/launcher/node/labels"
 	"github.com/c8s-dev/c8s/packaging"
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
-	"github.com/c8s-dev/c8s/tests/internal/ociimage"
 )
 
 // TestKubernetesSchedulesConfidentialGPUs: the confidential GPU resource
@@ -43,48 +42,14 @@ func TestKubernetesSchedulesConfidentialGPUs(t *testing.T) {
 		t.Fatal(err)
 	}
 	fixture := filepath.Join(root, "launcher", "node", "discovery", "testdata", "gpu-one")
-	e := &env{root: root, imageDir: filepath.Join(root, "_output", "image")}
-	for _, f := range []string{filepath.Join(root, "bin", "containerd-shim-c8s-v2"), filepath.Join(root, "bin", "c8s-launcher"), filepath.Join(e.imageDir, "initrd.img"), fixture} {
-		if _, err := os.Stat(f); err != nil {
-			containerdtest.SkipOrFail(t, "%s is missing: run make build image", f)
-		}
-	}
 	if _, err := os.Stat("/sys/bus/pci/devices/0000:41:00.0"); err == nil {
 		t.Fatal("this host has a PCI device 0000:41:00.0, the fixture GPU's address: the test would pass it to a VM")
 	}
-	dir, err := os.MkdirTemp("", "c8s-k8sgpu-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e.stateDir = filepath.Join(dir, "c8s")
-	dropIn := installHandlers(t, dir, e)
-	e.d = containerdtest.Start(t, containerdtest.Options{
-		PathPrefix: []string{filepath.Join(root, "bin")},
-		CRI:        true,
-		Namespace:  "k8s.io",
-		ExtraConfig: dropIn + fmt.Sprintf(`
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = %q
-`, pauseImage),
-	})
-	for _, img := range []ociimage.Options{{Name: image}, {Name: pauseImage, Cmd: pauseCmd}} {
-		tarball := filepath.Join(e.d.Dir, strings.NewReplacer("/", "_", ":", "_").Replace(img.Name)+".tar")
-		if err := ociimage.WriteFile(tarball, img); err != nil {
-			t.Fatal(err)
-		}
-		e.d.Ctr(t, "images", "import", tarball)
-	}
-
-	c := startCluster(t, dir, e.d.Address)
+	e, c, dir := startK8sNode(t, "c8s-k8sgpu-", fixture)
 	t.Cleanup(func() { os.Remove(filepath.Join(c.pluginDir, "c8s-confidential-gpu.sock")) })
 	ctx := context.Background()
 	nodes := c.cs.CoreV1().Nodes()
 	pods := c.cs.CoreV1().Pods("default")
-	c.wait(t, "the kubelet registers its Node", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		_, err := nodes.Get(ctx, c.node, metav1.GetOptions{})
-		return err == nil, err
-	}, func() string { return "kubelet log:\n" + c.logTail("kubelet", 40) })
 
 	// The sim handler's shim asks this kubelet (its --root-dir) for the
 	// pods' devices.

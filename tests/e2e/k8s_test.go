@@ -2,21 +2,16 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
 	corev1 "k8s.io/api/core/v1"
-	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/c8s-dev/c8s/launcher/node/labels"
 	"github.com/c8s-dev/c8s/packaging"
@@ -204,30 +199,7 @@ func installHandlers(t *testing.T, dir string, e *env) string {
 // createRuntimeClasses creates the packaged RuntimeClasses.
 func createRuntimeClasses(t *testing.T, c *cluster) {
 	t.Helper()
-	text, err := packaging.Render("kubernetes/runtimeclasses.yaml", packaging.Paths{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := yaml.NewDecoder(strings.NewReader(text))
-	for {
-		var doc map[string]any
-		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		b, err := yaml.Marshal(doc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var rc nodev1.RuntimeClass
-		if err := sigsyaml.UnmarshalStrict(b, &rc); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.cs.NodeV1().RuntimeClasses().Create(context.Background(), &rc, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create RuntimeClass %s: %v", rc.Name, err)
-		}
-	}
+	createPackagedRuntimeClasses(t, c, "kubernetes/runtimeclasses.yaml")
 }
 
 // testPod prints its kernel release and sleeps, with host networking and

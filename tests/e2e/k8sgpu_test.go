@@ -86,7 +86,7 @@ func TestKubernetesSchedulesConfidentialGPUs(t *testing.T) {
 			n.Labels, n.Status.Allocatable, c.logTail("c8s-launcher", 20), c.logGrep("kubelet", 30, "plugin", "Plugin", "confidential-gpu"))
 	})
 
-	createPackagedRuntimeClasses(t, c, "kubernetes/runtimeclasses.yaml")
+	createRuntimeClasses(t, c)
 	createPackagedRuntimeClasses(t, c, "kubernetes/runtimeclasses-gpu.yaml")
 	diag := func(name string) func() string {
 		return func() string {

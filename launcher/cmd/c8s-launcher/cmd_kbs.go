@@ -57,6 +57,15 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	b.Resources = broker.Dir(o.dir)
+	return o.serveHTTPS(ctx, b, stdout, func(addr net.Addr) string {
+		return fmt.Sprintf("serving the KBS protocol on https://%s (tee %s, resources in %s)", addr, tee, o.dir)
+	})
+}
+
+// serveHTTPS serves h on --listen over TLS with --cert and --key (a
+// self-signed pair for --hosts is created when both are missing) until
+// ctx ends, and prints banner's line once it listens (kbs, mesh-ca).
+func (o *kbsFlags) serveHTTPS(ctx context.Context, h http.Handler, stdout io.Writer, banner func(net.Addr) string) error {
 	if err := ensureCert(o.certFile, o.keyFile, strings.Split(o.hosts, ","), stdout); err != nil {
 		return err
 	}
@@ -65,9 +74,9 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	srv := &http.Server{
-		Handler:           b,
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
-		// The broker logs its decisions to log.G of each request's
+		// The handlers log their decisions to log.G of each request's
 		// context: this command's, without its cancellation (Close ends
 		// the requests).
 		BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
@@ -76,7 +85,7 @@ func runKBS(ctx context.Context, args []string, stdout io.Writer) error {
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
-	fmt.Fprintf(stdout, "serving the KBS protocol on https://%s (tee %s, resources in %s)\n", l.Addr(), tee, o.dir)
+	fmt.Fprintln(stdout, banner(l.Addr()))
 	if err := srv.ServeTLS(l, o.certFile, o.keyFile); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/c8s-dev/c8s/launcher/broker"
@@ -53,27 +51,9 @@ func runMeshCA(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := ensureCert(o.certFile, o.keyFile, strings.Split(o.hosts, ","), stdout); err != nil {
-		return err
-	}
-	l, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{
-		Handler:           ca,
-		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
-	}
-	go func() {
-		<-ctx.Done()
-		_ = srv.Close()
-	}()
-	fmt.Fprintf(stdout, "serving the mesh CA on https://%s (tee %s, trust domain %s, certificates valid %v)\n", l.Addr(), tee, ca.trustDomain, m.lifetime)
-	if err := srv.ServeTLS(l, o.certFile, o.keyFile); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return o.serveHTTPS(ctx, ca, stdout, func(addr net.Addr) string {
+		return fmt.Sprintf("serving the mesh CA on https://%s (tee %s, trust domain %s, certificates valid %v)", addr, tee, ca.trustDomain, m.lifetime)
+	})
 }
 
 // meshCA is the CA and its trust domain, for the banner.

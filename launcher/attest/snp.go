@@ -82,7 +82,7 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims,
 	if e.upstream {
 		// go-sev-guest's validation, with the same expectations, as a
 		// second opinion where it can read the evidence.
-		min, _ := v.minTCB(p, e.line)
+		min, _ := v.minTCB(p, r, e.line)
 		vmpl := p.vmpl()
 		if err := validate.SnpAttestation(att, &validate.Options{
 			GuestPolicy:               abi.SnpPolicy{Debug: p.AllowDebug, SMT: true},

@@ -1,9 +1,11 @@
 package attest
 
-// Synthetic SNP evidence, for what no public genuine sample shows: a Siena
-// (Genoa-line, CPUID model A0h) report, a revoked chain, a host without a
-// network. Every chain here is go-sev-guest's test-only AMD signer
-// (sevtest), never AMD's; the tests say so in their names.
+// Synthetic SNP evidence, for what no public genuine sample shows: a
+// Siena (Genoa-line, CPUID model A0h) report that go-sev-guest alone
+// refuses (the genuine Siena report is testdata/snp/siena-v5-lunal), a
+// revoked chain, a host without a network. Every chain here is
+// go-sev-guest's test-only AMD signer (sevtest), never AMD's; the tests
+// say so in their names.
 
 import (
 	"context"
@@ -94,7 +96,8 @@ func synthChip() []byte {
 
 // SYNTHETIC: a Siena report (family 19h, model A0h) with a Genoa-line VCEK
 // verifies as Genoa; go-sev-guest v0.15.0 cannot verify it (product line
-// "Unknown"). No genuine Siena report is public (testdata/snp/README.md).
+// "Unknown"). The genuine Siena report (testdata/snp/siena-v5-lunal,
+// TestGenuineSienaTCB) shows the same with AMD's roots.
 func TestSyntheticSienaReport(t *testing.T) {
 	chip := synthChip()
 	s := synthSigner(t, "Genoa", chip)

@@ -3,20 +3,30 @@ package attest
 import (
 	"fmt"
 
+	"github.com/google/go-sev-guest/abi"
 	spb "github.com/google/go-sev-guest/proto/sevsnp"
 
 	"github.com/c8s-dev/c8s/launcher/attest/snpext"
 )
 
 // defaultSNPMinTCB is the minimum REPORTED_TCB of evidence chained to
-// AMD's genuine roots when a policy sets no min_tcb, per product line.
-// The values and their sources (README, "SNP minimum TCB"):
+// AMD's genuine roots when a policy sets no min_tcb, per product line (and
+// for the Genoa line's Zen 4c processors apart, genoaZen4c). The values
+// and their sources (README, "SNP minimum TCB"):
 //   - Milan: bl=3 tee=0 snp=8 ucode=115, the default minimum Edgeless
 //     Systems ships in Contrast and Constellation (the Milan TCB after the
 //     firmware of AMD-SB-3005, 2023);
 //   - Genoa: bl=10 tee=0 snp=23 ucode=84, the lowest Genoa TCB AMD's KDS
 //     certified among the public genuine reports c8s tests with that run
 //     SEV firmware 1.55.40 or later (Azure, January 2025);
+//   - Genoa-line Zen 4c (Siena, Bergamo: CPUID model A0h-AFh): the Genoa
+//     line's SEV firmware levels (bl=10 tee=0 snp=23: the genuine Siena
+//     report's bl=10 snp=27 at firmware 1.55.49 continue Genoa's snp=23 at
+//     1.55.40 and 25 at 1.55.43) and ucode=27, the microcode level of the
+//     only public genuine Siena report (testdata/snp/siena-v5-lunal):
+//     microcode security patch levels are numbered per processor model,
+//     and that report's 27 is far below Genoa's floor of 84 (a version 2
+//     report names no model: Genoa's default applies to it);
 //   - Turin: fmc=0 bl=1 tee=0 snp=2 ucode=71, the TCB of the only public
 //     genuine Turin report (firmware 1.55.61, July 2025).
 //
@@ -27,25 +37,61 @@ import (
 var defaultSNPMinTCB = map[string]snpext.TCB{
 	snpext.Milan: {Line: snpext.Milan, Bootloader: 3, TEE: 0, SNP: 8, Microcode: 115},
 	snpext.Genoa: {Line: snpext.Genoa, Bootloader: 10, TEE: 0, SNP: 23, Microcode: 84},
+	genoaZen4c:   {Line: snpext.Genoa, Bootloader: 10, TEE: 0, SNP: 23, Microcode: 27},
 	snpext.Turin: {Line: snpext.Turin, FMC: 0, Bootloader: 1, TEE: 0, SNP: 2, Microcode: 71},
 }
 
+// genoaZen4c is the defaultSNPMinTCB key of the Genoa line's Zen 4c
+// processors, Siena and Bergamo (CPUID family 19h, models A0h-AFh), whose
+// microcode levels are not Genoa's.
+const genoaZen4c = "Genoa-line Zen 4c (Siena, Bergamo)"
+
 // DefaultSNPMinTCB returns the default minimum TCB of productLine's
 // evidence (chained to AMD's roots, with no min_tcb in the policy), as a
-// TCB_VERSION in that line's layout.
+// TCB_VERSION in that line's layout. For the Genoa line it is Genoa's
+// (CPUID models 10h-1Fh); DefaultSNPMinTCBFor tells Siena and Bergamo
+// apart.
 func DefaultSNPMinTCB(productLine string) (uint64, bool) {
 	t, ok := defaultSNPMinTCB[productLine]
 	return t.Raw(), ok
 }
 
-// minTCB is the minimum the policy requires of a line's REPORTED_TCB and
-// where it comes from.
-func (v *Verifier) minTCB(p *Policy, line string) (snpext.TCB, string) {
+// DefaultSNPMinTCBFor returns the default minimum TCB of evidence from the
+// processor of CPUID family and model (as a version 3 or later report
+// carries them), and the name of the processors it applies to.
+func DefaultSNPMinTCBFor(family, model uint8) (raw uint64, applies string, ok bool) {
+	line, err := snpext.ProductLine(snpext.CPUID{Family: family, Model: model})
+	if err != nil {
+		return 0, "", false
+	}
+	key := snpMinTCBKey(line, family, model)
+	d, ok := defaultSNPMinTCB[key]
+	return d.Raw(), key, ok
+}
+
+// snpMinTCBKey is the defaultSNPMinTCB key of a processor of line and
+// CPUID family and model (0, 0 for a version 2 report, which carries none:
+// its line's key).
+func snpMinTCBKey(line string, family, model uint8) string {
+	if line == snpext.Genoa && family == 0x19 && model >= 0xA0 && model <= 0xAF {
+		return genoaZen4c
+	}
+	return line
+}
+
+// minTCB is the minimum the policy requires of a report's REPORTED_TCB,
+// for a report of line, and where it comes from.
+func (v *Verifier) minTCB(p *Policy, r *spb.Report, line string) (snpext.TCB, string) {
 	if p.MinTCB != 0 || p.MinTCBExplicit {
 		return snpext.DecomposeTCB(p.MinTCB, line), "the policy's min_tcb"
 	}
-	if d, ok := defaultSNPMinTCB[line]; ok && v.usesAMDRoots() {
-		return d, "c8s's default minimum for " + line + " (a policy sets another with min_tcb)"
+	var family, model uint8
+	if r.GetVersion() >= 3 {
+		family, model, _ = abi.FmsFromCpuid1Eax(r.GetCpuid1EaxFms())
+	}
+	key := snpMinTCBKey(line, family, model)
+	if d, ok := defaultSNPMinTCB[key]; ok && v.usesAMDRoots() {
+		return d, "c8s's default minimum for " + key + " (a policy sets another with min_tcb)"
 	}
 	return snpext.TCB{Line: line}, "none"
 }
@@ -88,7 +134,7 @@ func (v *Verifier) checkSNPTCB(r *spb.Report, e *snpEndorsement, p *Policy) erro
 	} else if err := checkFirmwareNotRolledBack(r); err != nil {
 		return err
 	}
-	min, from := v.minTCB(p, line)
+	min, from := v.minTCB(p, r, line)
 	if !reported.AtLeast(min) {
 		return &Error{Kind: KindPolicy, Field: "TCB below minimum", Expected: "at least " + min.String(), Actual: reported.String(),
 			Hint: fmt.Sprintf("%s; the minimum is %s: the node's SEV firmware or microcode needs an update", reported.Below(min), from)}

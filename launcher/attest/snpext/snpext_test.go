@@ -27,7 +27,7 @@ func readCert(t *testing.T, sample, file string) *x509.Certificate {
 }
 
 // On the structure version 0 certificates go-sev-guest v0.15.0 reads
-// (genuine Milan and Genoa VCEKs, a genuine Milan VLEK), ParseExtensions
+// (genuine Milan, Genoa and Siena VCEKs, genuine Milan VLEKs), ParseExtensions
 // reads the same product name, HWID, CSP_ID and TCB.
 func TestExtensionsAgreeWithUpstream(t *testing.T) {
 	for _, tc := range []struct {
@@ -40,6 +40,8 @@ func TestExtensionsAgreeWithUpstream(t *testing.T) {
 		{"genoa-v3-azure", "vcek.der", Genoa, VCEK},
 		{"genoa-v5-oak", "vcek.der", Genoa, VCEK},
 		{"milan-vlek-aws", "vlek.der", Milan, VLEK},
+		{"milan-vlek-v2-aws", "vlek.der", Milan, VLEK},
+		{"siena-v5-lunal", "vcek.der", Genoa, VCEK},
 	} {
 		t.Run(tc.sample, func(t *testing.T) {
 			c := readCert(t, tc.sample, tc.file)

@@ -99,6 +99,17 @@ func (c *Client) ContainerImage(ctx context.Context, id string) (Image, error) {
 	return im, nil
 }
 
+// Image returns the image name of the context's namespace, resolved for
+// Platform.
+func (c *Client) Image(ctx context.Context, name string) (Image, error) {
+	ir, err := c.images.Get(ctx, &imagesapi.GetImageRequest{Name: name})
+	if err != nil {
+		return Image{}, fmt.Errorf("image %s: %w", name, errgrpc.ToNative(err))
+	}
+	t := ir.Image.Target
+	return Resolve(ctx, c, name, ocispec.Descriptor{MediaType: t.MediaType, Digest: digest.Digest(t.Digest), Size: t.Size})
+}
+
 // HasBlob reports whether the content store holds the blob d.
 func (c *Client) HasBlob(ctx context.Context, d digest.Digest) (bool, error) {
 	_, err := c.content.Info(ctx, &contentapi.InfoRequest{Digest: d.String()})

@@ -2,11 +2,13 @@
 // mode needs them: a container's image resolved for the node's platform
 // to its layers (diff ID and compressed blob each), the layer blobs
 // themselves, and the diff IDs of every image the node keeps, for the
-// layer cache's garbage collection.
+// layer cache's garbage collection. ImageFS counts the layer cache in
+// the image file system CRI reports to kubelet (ImageFsInfo).
 //
 // It speaks containerd's gRPC API (containers, images, content,
-// snapshots, namespaces) with the generated clients alone, not
-// containerd's client package, which would weigh on the shim's memory.
+// snapshots, namespaces, leases, introspection, and CRI's ImageFsInfo)
+// with the generated clients alone, not containerd's client package,
+// which would weigh on the shim's memory.
 package ctrdimage
 
 import (

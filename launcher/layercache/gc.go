@@ -72,7 +72,10 @@ type Pruned struct {
 // keep (nil: none) returns false, along with stale references and what
 // interrupted builds left. It takes each layer's lock, so a layer a pod is
 // acquiring is either kept (its reference is recorded) or removed before
-// the pod builds it again.
+// the pod builds it again. Where the cache counts its layers in the
+// image file system (Account), a layer stops being counted before its
+// disk goes, and one that cannot stop is kept (the count holds its
+// disk's blocks: removing only the disk would free nothing).
 func (c *Cache) Prune(ctx context.Context, keep func(digest.Digest) bool) (Pruned, error) {
 	var p Pruned
 	hexes, err := c.names()
@@ -117,6 +120,9 @@ func (c *Cache) pruneOne(ctx context.Context, hex string, keep func(digest.Diges
 	}
 	if live || (complete && keep != nil && keep(diffID)) {
 		return nil
+	}
+	if err := c.unaccount(ctx, hex); err != nil {
+		return err
 	}
 	size := allocated(c.DiskPath(diffID))
 	for _, f := range []string{c.DiskPath(diffID), c.metaPath(hex)} {

@@ -20,6 +20,11 @@
 // its Meta, so a crash never leaves a partial disk under the final name;
 // an entry is complete only when both files exist and agree on the size.
 //
+// With an Accountant (Account; imagefs.go), each complete layer is also
+// counted in the node's image file system, the one kubelet sees through
+// CRI's ImageFsInfo: counted once built, uncounted before Prune removes
+// it, both under its lock.
+//
 // The host does not check a cached disk's bytes: the guest opens every
 // layer through dm-verity with the root hash of its measured policy, so a
 // disk changed on the host fails to read in the guest.
@@ -91,6 +96,9 @@ type Cache struct {
 	alive func(Ref) bool
 	// lockPoll is how often a blocked lock is retried.
 	lockPoll time.Duration
+	// acct counts the layers in the node's image file system (nil: not
+	// counted; imagefs.go).
+	acct Accountant
 }
 
 // Open returns the cache in dir, creating the directory.
@@ -160,6 +168,7 @@ func (c *Cache) Acquire(ctx context.Context, diffID digest.Digest, ref Ref, buil
 	if err != nil {
 		return Entry{}, false, err
 	}
+	c.account(ctx, e)
 	return e, true, nil
 }
 

@@ -125,6 +125,13 @@ func (s *service) podLayers(pod *podState, ns string) (*layers.Pod, error) {
 	if err != nil {
 		return nil, err
 	}
+	if h, ok := s.host.(interface {
+		LayerAccountant(cacheDir string) layercache.Accountant
+	}); ok {
+		if a := h.LayerAccountant(cache.Dir()); a != nil {
+			cache.Account(a)
+		}
+	}
 	ref, err := layercache.PodRef(ns, pod.id, pod.stateDir)
 	if err != nil {
 		return nil, err

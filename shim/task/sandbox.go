@@ -10,6 +10,7 @@ import (
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/ctrdimage"
+	"github.com/c8s-dev/c8s/launcher/layercache"
 	"github.com/c8s-dev/c8s/launcher/migrate"
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/shim/layers"
@@ -109,6 +110,17 @@ func (h hostVMs) OpenImages(context.Context) (Images, error) {
 		return nil, errors.New("containerd's address is not known to the shim")
 	}
 	return ctrdimage.Dial(h.address)
+}
+
+// LayerAccountant counts the layer cache in cacheDir in the image file
+// system of the shim's containerd (CRI ImageFsInfo), so that kubelet
+// sees its bytes (layercache.Accountant; nil when the shim does not know
+// containerd's address). The service uses it where its Host has it.
+func (h hostVMs) LayerAccountant(cacheDir string) layercache.Accountant {
+	if h.address == "" {
+		return nil
+	}
+	return ctrdimage.NewImageFS(h.address, cacheDir)
 }
 
 func (hostVMs) ConvertLayer(ctx context.Context, blob io.Reader, mediaType string, out io.ReadWriteSeeker) (layers.Info, error) {

@@ -22,12 +22,21 @@ func init() {
 
 const layersUsage = `usage: c8s-launcher layers list [--config PATH] [--json]
        c8s-launcher layers prune [--config PATH] [--containerd-address SOCKET] [--all-unused] [--json]
+       c8s-launcher layers sync [--config PATH] [--containerd-address SOCKET] [--json]
+       c8s-launcher layers convert [--config PATH] [--containerd-address SOCKET] [--namespace NS] IMAGE...
 
 list shows each cached layer: its diff ID, size, dm-verity root and the pods
 using it (live; stale ones, of pods that are gone, in parentheses).
 prune removes the layers no running pod uses and, unless --all-unused, no
 image in containerd (any namespace) has; a layer a running pod uses is
-never removed`
+never removed. Each cached layer is counted in containerd's image file
+system (CRI ImageFsInfo, kubelet's imagefs) as a snapshot linking its disk;
+prune stops counting a layer before removing it, then counts those not
+counted yet and drops counts of layers gone, as sync alone does.
+--containerd-address "" leaves containerd alone (prune then needs
+--all-unused).
+convert builds the layer disks of images already in containerd into the
+cache, as a pod's first start would`
 
 func runLayers(ctx context.Context, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
@@ -38,6 +47,10 @@ func runLayers(ctx context.Context, args []string, stdout io.Writer) error {
 		return runLayersList(args[1:], stdout)
 	case "prune":
 		return runLayersPrune(ctx, args[1:], stdout)
+	case "sync":
+		return runLayersSync(ctx, args[1:], stdout)
+	case "convert":
+		return runLayersConvert(ctx, args[1:], stdout)
 	}
 	return fmt.Errorf("layers: unknown command %q\n%s", args[0], layersUsage)
 }
@@ -120,7 +133,7 @@ func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 func runLayersPrune(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := newFlags("layers prune")
 	cfgPath := fs.String("config", "", "c8s configuration (default "+DefaultConfigPath+" if present, else built-in defaults)")
-	ctrdAddr := fs.String("containerd-address", diag.DefaultContainerdAddress, "containerd's gRPC socket, whose images keep their layers")
+	ctrdAddr := fs.String("containerd-address", diag.DefaultContainerdAddress, "containerd's gRPC socket, whose images keep their layers and whose image file system counts them (\"\": none)")
 	allUnused := fs.Bool("all-unused", false, "remove every layer no running pod uses, ignoring containerd's images")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
@@ -129,6 +142,9 @@ func runLayersPrune(ctx context.Context, args []string, stdout io.Writer) error 
 	c, err := openLayerCache(*cfgPath)
 	if err != nil {
 		return err
+	}
+	if *ctrdAddr == "" && !*allUnused {
+		return errors.New(`layers prune: without containerd (--containerd-address ""), its images cannot keep their layers: pass --all-unused`)
 	}
 	var keep func(digest.Digest) bool
 	var skipped []string
@@ -145,10 +161,14 @@ func runLayersPrune(ctx context.Context, args []string, stdout io.Writer) error 
 		keep = func(d digest.Digest) bool { return inUse[d] }
 		skipped = sk
 	}
+	if *ctrdAddr != "" {
+		c.Account(ctrdimage.NewImageFS(*ctrdAddr, c.Dir()))
+	}
 	p, err := c.Prune(ctx, keep)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w (layers that could not stop being counted in containerd's image file system are kept: check --containerd-address)", err)
 	}
+	sy, syncErr := c.SyncAccounts(ctx)
 	removed := make([]digest.Digest, 0, len(p.Layers))
 	for _, e := range p.Layers {
 		removed = append(removed, e.DiffID)
@@ -161,7 +181,8 @@ func runLayersPrune(ctx context.Context, args []string, stdout io.Writer) error 
 			Bytes         int64           `json:"bytes"`
 			StaleRefs     int             `json:"stale_refs"`
 			SkippedImages []string        `json:"skipped_images,omitempty"`
-		}{removed, p.Bytes, p.StaleRefs, skipped})
+			imageFSJSON
+		}{removed, p.Bytes, p.StaleRefs, skipped, newImageFSJSON(sy, syncErr)})
 	}
 	for _, d := range removed {
 		fmt.Fprintf(stdout, "removed %s\n", d)
@@ -170,5 +191,6 @@ func runLayersPrune(ctx context.Context, args []string, stdout io.Writer) error 
 		fmt.Fprintf(stdout, "warning: image not resolved, its layers not kept: %s\n", s)
 	}
 	fmt.Fprintf(stdout, "pruned %d layers, %s; %d stale references\n", len(removed), mib(p.Bytes), p.StaleRefs)
+	printSynced(stdout, sy, syncErr)
 	return nil
 }

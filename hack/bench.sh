@@ -120,6 +120,10 @@ echo "== memory per pod, ${MEM_PODS:-10} pods running"
 # pod's first attestation on the source for comparison. Each size runs with
 # QEMU's migration stream under TLS (stream=tls, the default between nodes)
 # and in plain TCP on loopback (stream=plain, migration.plain_loopback), so
-# TLS's cost is measured in the same run.
+# TLS's cost is measured in the same run. The trace: to-migrate-ms (Run's
+# start to QEMU's migrate: preflight, the destination QEMU's start and the
+# stream's TLS set-up, overlapped), completion-seen-ms (QEMU's completion
+# to c8s seeing it), and warm-channel (the share of runs whose
+# re-attestation used the agent channel dialled during the transfer).
 echo "== live migration: 256 MiB and 1 GiB guests, loopback"
 go test -run '^$' -bench 'BenchmarkMigrate' -benchtime "${MIGRATE_BENCHTIME:-3x}" ./shim/sandbox 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' || true

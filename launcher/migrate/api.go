@@ -42,9 +42,16 @@ type IncomingRequest struct {
 	KernelParams string `json:"kernel_params,omitempty"`
 	// Accel is the source VM's accelerator; the destination uses the same.
 	Accel string `json:"accel"`
-	// Disks are attached at their SCSI targets 0..n-1, in order. Their
-	// paths must be reachable from the destination (shared storage).
+	// Disks are attached at their SCSI targets 0..n-1, in order. The
+	// paths of those that Layers does not name must be reachable from the
+	// destination (shared storage).
 	Disks []vm.Disk `json:"disks,omitempty"`
+	// Layers names the disks that are image layers: the destination
+	// attaches its own copy of each (layers.go).
+	Layers []Layer `json:"layers,omitempty"`
+	// Namespace is the pod's containerd namespace on the source, where
+	// the destination looks for a layer's blob to convert.
+	Namespace string `json:"namespace,omitempty"`
 	// VsockCID is the source's vsock CID (0: virtio-serial agent port).
 	VsockCID uint32 `json:"vsock_cid,omitempty"`
 	// HostData is the VM's HOST_DATA, which migrates with the guest

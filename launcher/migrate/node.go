@@ -8,14 +8,19 @@
 //     trust pool ([node] trust_pool, the c8s.io/trust-pool label), runs the
 //     same TEE with a TCB that meets the pod's policy, can host the shape and
 //     has the same guest image (kernel, initrd, firmware digests).
-//  2. Incoming: the destination's Server checks the disk paths against its
-//     migration.shared_storage_root (storage.go), starts QEMU with the same
-//     machine and `-incoming defer`, loads its TLS identity into it
+//  2. Incoming, sent while the source runs its preflight: the destination's
+//     Server runs the same preflight, gives the VM its disks (image layers
+//     from its own layer cache, found or converted by diff ID and checked
+//     against the source's dm-verity roots, layers.go; other disks below
+//     its migration.shared_storage_root, storage.go), starts QEMU with the
+//     same machine and `-incoming defer`, loads its TLS identity into it
 //     (stream.go), then migrate-incoming on a TCP port. The VM is bound to
-//     the caller (peer.go).
-//  3. Migrate: the source loads its TLS identity into its QEMU, sets its
-//     capabilities and parameters, migrates, and polls query-migrate
-//     (progress to Options.Progress), within Options.Timeout.
+//     the caller (peer.go). A failed source preflight destroys it again.
+//  3. Migrate: Options.Ready lets the caller prepare the re-attestation
+//     (the shim dials the destination VM's agent channel); the source loads
+//     its TLS identity into its QEMU, migrates, and polls query-migrate
+//     (progress to Options.Progress) until QEMU's MIGRATION event or a
+//     poll shows the end, within Options.Timeout.
 //  4. Re-attest: Options.Reattest verifies fresh evidence from the VM on
 //     the destination (the shim does it: fresh nonce, destination chip,
 //     pool root, same measurement and HOST_DATA).
@@ -37,9 +42,11 @@
 // system. Between hosts the API is served with mutual TLS (tls.go, one CA
 // per trust pool); QEMU's migration stream is TLS with the same
 // certificates, plain TCP only on loopback when both nodes allow it, and a
-// VM answers only the caller that moved it. Storage is not migrated: the
-// disks must be on storage both nodes see, below the destination's
-// migration.shared_storage_root.
+// VM answers only the caller that moved it. Storage is not migrated: image
+// layer disks come from the destination's own layer cache, where it holds
+// a reference for the VM until it stops (the source's shim drops its own
+// once the VM runs there); other disks must be on storage both nodes see,
+// below the destination's migration.shared_storage_root.
 package migrate
 
 import (

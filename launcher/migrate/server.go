@@ -10,13 +10,16 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/log"
 
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/layercache"
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
@@ -33,6 +36,10 @@ type Server struct {
 	// MigrationHost is the address QEMU listens on for incoming migrations
 	// (default 127.0.0.1).
 	MigrationHost string
+	// Layers gives incoming VMs their image layer disks (layers.go); nil
+	// means the node's layer cache (runtime.layer_cache_dir) without
+	// conversion: layers it lacks are refused.
+	Layers LayerStore
 
 	mu  sync.Mutex
 	vms map[string]*hostedVM
@@ -45,6 +52,9 @@ type hostedVM struct {
 	// owner is the caller whose Incoming created the VM: only it may use
 	// or delete the VM.
 	owner peer
+	// release drops the VM's references on its layer disks, once it is
+	// stopped.
+	release func(context.Context)
 }
 
 // guest is the VM a hostedVM runs: a *vm.VM (qemuGuest), a fake in tests.
@@ -123,7 +133,11 @@ func (s *Server) Close(ctx context.Context) {
 
 func (h *hostedVM) stop(ctx context.Context) error {
 	h.stopHost()
-	return h.vm.Stop(ctx)
+	err := h.vm.Stop(ctx)
+	if h.release != nil {
+		h.release(ctx)
+	}
+	return err
 }
 
 func (s *Server) local() (NodeInfo, error) { return LocalNode(s.Config, s.Name) }
@@ -157,6 +171,7 @@ func (s *Server) handleIncoming(w http.ResponseWriter, r *http.Request) {
 // incoming starts QEMU for req with `-incoming defer` and makes it listen
 // for a stream from caller (over TLS, see stream.go).
 func (s *Server) incoming(ctx context.Context, req IncomingRequest, caller peer) (_ IncomingResponse, code int, retErr error) {
+	t0 := time.Now()
 	local, err := s.local()
 	if err != nil {
 		return IncomingResponse{}, http.StatusInternalServerError, err
@@ -164,22 +179,7 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest, caller peer)
 	if err := Preflight(req.Source, local, req.Shape, req.MinTCB); err != nil {
 		return IncomingResponse{}, http.StatusConflict, err
 	}
-	disks, err := checkDiskPaths(s.Config.Migration.SharedStorageRoot, req.Disks)
-	if err != nil {
-		return IncomingResponse{}, http.StatusForbidden, err
-	}
 	host := s.migrationHost()
-	identity := statedir.MigrateTLS(s.Config.Runtime.StateDir)
-	useTLS, err := s.StreamTLS()
-	if err != nil {
-		return IncomingResponse{}, http.StatusServiceUnavailable, err
-	}
-	var authz string // the stream's client must be the API's caller
-	if useTLS && caller.cert != nil {
-		if authz, err = x509DN(caller.cert); err != nil {
-			return IncomingResponse{}, http.StatusForbidden, fmt.Errorf("%s: %w", caller, err)
-		}
-	}
 	s.mu.Lock()
 	if s.vms == nil {
 		s.vms = map[string]*hostedVM{}
@@ -197,6 +197,28 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest, caller peer)
 			s.mu.Unlock()
 		}
 	}()
+	stateDir := statedir.Incoming(s.Config.Runtime.StateDir, req.ID)
+	disks, release, code, err := incomingDisks(ctx, req, s.Config.Migration.SharedStorageRoot, s.layerStore, stateDir)
+	if err != nil {
+		return IncomingResponse{}, code, err
+	}
+	released := false
+	defer func() {
+		if retErr != nil && !released {
+			release(context.WithoutCancel(ctx))
+		}
+	}()
+	identity := statedir.MigrateTLS(s.Config.Runtime.StateDir)
+	useTLS, err := s.StreamTLS()
+	if err != nil {
+		return IncomingResponse{}, http.StatusServiceUnavailable, err
+	}
+	var authz string // the stream's client must be the API's caller
+	if useTLS && caller.cert != nil {
+		if authz, err = x509DN(caller.cert); err != nil {
+			return IncomingResponse{}, http.StatusForbidden, fmt.Errorf("%s: %w", caller, err)
+		}
+	}
 
 	h := s.Config.Hypervisor
 	h.DefaultVCPUs, h.DefaultMemoryMiB, h.KernelParams = req.Shape.VCPUs, req.Shape.MemoryMiB, req.KernelParams
@@ -211,31 +233,51 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest, caller peer)
 	spec := vm.Spec{
 		Root:       root,
 		ID:         req.ID,
-		StateDir:   statedir.Incoming(s.Config.Runtime.StateDir, req.ID),
+		StateDir:   stateDir,
 		Hypervisor: h,
 		Accel:      req.Accel,
 		Disks:      disks,
 		VsockCID:   req.VsockCID,
 		Incoming:   true,
 	}
-	var simHost *sim.Host
-	if h.TEE == "sim" {
-		if simHost, err = s.simHost(spec, req.HostData); err != nil {
-			return IncomingResponse{}, http.StatusInternalServerError, err
-		}
+	// The sim TEE's launch measurement (hashing the guest image) is made
+	// while QEMU starts.
+	type simResult struct {
+		host *sim.Host
+		err  error
 	}
+	simc := make(chan simResult, 1)
+	if h.TEE == "sim" {
+		go func() {
+			host, err := s.simHost(spec, req.HostData)
+			simc <- simResult{host, err}
+		}()
+	} else {
+		simc <- simResult{}
+	}
+	tQEMU := time.Now()
 	v, err := vm.Start(context.WithoutCancel(ctx), spec)
+	qemuStart := time.Since(tQEMU)
+	sr := <-simc
 	if err != nil {
 		return IncomingResponse{}, http.StatusInternalServerError, fmt.Errorf("start the destination QEMU: %w", err)
 	}
 	hostCtx, stopHost := context.WithCancel(context.WithoutCancel(ctx))
-	hv := &hostedVM{vm: qemuGuest{v}, stopHost: stopHost, owner: caller}
+	hv := &hostedVM{vm: qemuGuest{v}, stopHost: stopHost, owner: caller, release: release}
+	released = true // by hv.stop from here on
+	// The layer cache sees the VM's references live while its QEMU runs.
+	if err := os.WriteFile(filepath.Join(v.StateDir(), qemuPidFile), []byte(strconv.Itoa(v.Pid())), 0o600); err != nil {
+		log.G(ctx).WithError(err).WithField("vm", req.ID).Warn("recording the destination QEMU's pid")
+	}
 	defer func() {
 		if retErr != nil {
 			hv.stop(context.WithoutCancel(ctx))
 		}
 	}()
-	if simHost != nil {
+	if sr.err != nil {
+		return IncomingResponse{}, http.StatusInternalServerError, sr.err
+	}
+	if simHost := sr.host; simHost != nil {
 		if err := simHost.Attach(log.WithLogger(hostCtx, log.G(hostCtx).WithField("vm", req.ID)), v); err != nil {
 			return IncomingResponse{}, http.StatusInternalServerError, err
 		}
@@ -273,11 +315,30 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest, caller peer)
 			log.G(hostCtx).WithError(err).WithField("vm", req.ID).Error("VM exited")
 		}
 	}()
-	log.G(ctx).WithFields(log.Fields{"vm": req.ID, "uri": uri, "pid": v.Pid(), "tls": useTLS, "from": caller.String()}).Info("waiting for an incoming migration")
+	log.G(ctx).WithFields(log.Fields{
+		"vm": req.ID, "uri": uri, "pid": v.Pid(), "tls": useTLS, "from": caller.String(),
+		"qemu_start": qemuStart.Round(time.Millisecond), "took": time.Since(t0).Round(time.Millisecond),
+	}).Info("waiting for an incoming migration")
 	return IncomingResponse{
 		ID: req.ID, URI: uri, TLS: useTLS, Pid: v.Pid(), StateDir: v.StateDir(),
 		AgentSocket: filepath.Join(v.StateDir(), vm.AgentSocketName), Node: local,
 	}, http.StatusOK, nil
+}
+
+// qemuPidFile, in a VM's state dir, holds its QEMU's pid (as the shim
+// writes it; launcher/layercache reads it).
+const qemuPidFile = "qemu.pid"
+
+// layerStore is s.Layers, or the node's layer cache without conversion.
+func (s *Server) layerStore() (LayerStore, error) {
+	if s.Layers != nil {
+		return s.Layers, nil
+	}
+	c, err := layercache.Open(s.Config.LayerCachePath())
+	if err != nil {
+		return nil, err
+	}
+	return &CacheLayers{Cache: c, Dir: c.Dir()}, nil
 }
 
 func (s *Server) migrationHost() string {

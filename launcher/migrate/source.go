@@ -39,6 +39,11 @@ type Source struct {
 	HostData []byte
 	// MinTCB is the pod's minimum TCB.
 	MinTCB uint64
+	// Layers are the VM's disks that are image layers of the node's
+	// layer cache (layers.go), and Namespace the pod's containerd
+	// namespace.
+	Layers    []Layer
+	Namespace string
 }
 
 // Options tune Run.
@@ -53,6 +58,10 @@ type Options struct {
 	Parameters vm.MigrationParameters
 	// Progress, when set, is called with each query-migrate answer.
 	Progress func(vm.MigrationInfo)
+	// Ready, when set, is called once the destination listens, before the
+	// transfer starts; it must not block (the shim dials the destination
+	// VM's agent channel meanwhile, so that Reattest finds it open).
+	Ready func(ctx context.Context, in IncomingResponse)
 	// Reattest verifies the VM on the destination after the transfer (the
 	// caller dials in.AgentSocket). An error rolls the migration back.
 	Reattest func(ctx context.Context, in IncomingResponse) error
@@ -78,12 +87,20 @@ type Result struct {
 	Total time.Duration
 	// Reattest is the re-attestation's share of Total.
 	Reattest time.Duration
+	// The trace, from Run's start: the source's preflight done, the
+	// destination listening (its QEMU started, concurrently with the
+	// preflight), the migration started, and QEMU's completion seen.
+	Preflight, Listening, Started, Transferred time.Duration
 }
 
 // Run migrates src to the destination behind dst; see the package
 // documentation. On success the source QEMU is paused in postmigrate and
 // the caller must stop it; on failure it runs again and the destination
 // VM is gone.
+//
+// The destination starts its QEMU while the source runs its preflight
+// (the destination runs its own before starting anything): a preflight
+// that fails destroys the destination VM again.
 func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, error) {
 	t0 := time.Now()
 	if opts.Timeout == 0 {
@@ -110,37 +127,50 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	if err != nil {
 		return nil, err
 	}
-	dnode, err := dst.Node(ctx)
-	if err != nil {
-		return nil, err
-	}
 	shape := Shape{VCPUs: spec.Hypervisor.DefaultVCPUs, MemoryMiB: spec.Hypervisor.DefaultMemoryMiB}
-	if err := Preflight(src.Node, dnode, shape, src.MinTCB); err != nil {
-		return nil, err
+	type incoming struct {
+		in  IncomingResponse
+		err error
+		at  time.Duration
 	}
+	inc := make(chan incoming, 1)
+	go func() {
+		in, err := dst.Incoming(ctx, IncomingRequest{
+			ID: spec.ID, Source: src.Node, Shape: shape, MinTCB: src.MinTCB,
+			KernelParams: spec.Hypervisor.KernelParams, Accel: spec.Accel,
+			Disks: spec.Disks, Layers: src.Layers, Namespace: src.Namespace, VsockCID: spec.VsockCID, HostData: src.HostData,
+		})
+		inc <- incoming{in, err, time.Since(t0)}
+	}()
+	dnode, perr := sourcePreflight(ctx, q, src, dst, shape, opts)
 	tPreflight := time.Since(t0)
-	in, err := dst.Incoming(ctx, IncomingRequest{
-		ID: spec.ID, Source: src.Node, Shape: shape, MinTCB: src.MinTCB,
-		KernelParams: spec.Hypervisor.KernelParams, Accel: spec.Accel,
-		Disks: spec.Disks, VsockCID: spec.VsockCID, HostData: src.HostData,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("migration of %s to node %s: %w", spec.ID, dnode.Name, err)
+	got := <-inc
+	in, tIncoming := got.in, got.at
+	if perr != nil {
+		if got.err == nil {
+			if err := dst.Delete(context.WithoutCancel(ctx), spec.ID); err != nil {
+				log.G(ctx).WithError(err).WithField("vm", spec.ID).Warn("destroying the destination VM after a failed preflight")
+			}
+		}
+		return nil, perr
 	}
-	tIncoming := time.Since(t0) - tPreflight
+	if got.err != nil {
+		return nil, fmt.Errorf("migration of %s to node %s: %w", spec.ID, dnode.Name, got.err)
+	}
 	r := &rollback{src: src.VM, dst: dst, id: spec.ID, node: dnode.Name}
+	if opts.Ready != nil {
+		opts.Ready(ctx, in)
+	}
 	if err := prepareStream(ctx, q, src.VM.StateDir(), dst, in, dnode.Name, opts); err != nil {
 		return nil, r.do(ctx, err)
 	}
+	tStart := time.Since(t0)
 	info, err := transfer(ctx, q, in, opts)
 	if err != nil {
 		return nil, r.do(ctx, err)
 	}
-	log.G(ctx).WithFields(log.Fields{
-		"vm": spec.ID, "to": dnode.Name, "qemu_total_ms": info.TotalTime, "downtime_ms": info.Downtime,
-		"preflight": tPreflight.Round(time.Millisecond), "incoming": tIncoming.Round(time.Millisecond), "tls": in.TLS && !opts.plainStream,
-	}).Info("migration transferred; re-attesting on the destination")
-	res := &Result{Incoming: in, Info: info}
+	tTransferred := time.Since(t0)
+	res := &Result{Incoming: in, Info: info, Preflight: tPreflight, Listening: tIncoming, Started: tStart, Transferred: tTransferred}
 	if opts.Reattest != nil {
 		t1 := time.Now()
 		if err := opts.Reattest(ctx, in); err != nil {
@@ -149,7 +179,30 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 		res.Reattest = time.Since(t1)
 	}
 	res.Total = time.Since(t0)
+	log.G(ctx).WithFields(log.Fields{
+		"vm": spec.ID, "to": dnode.Name, "qemu_total_ms": res.Info.TotalTime, "downtime_ms": res.Info.Downtime,
+		"preflight": tPreflight.Round(time.Millisecond), "incoming": tIncoming.Round(time.Millisecond),
+		"migrate_at": tStart.Round(time.Millisecond), "completed_at": tTransferred.Round(time.Millisecond), "tls": in.TLS && !opts.plainStream,
+		"reattest": res.Reattest.Round(time.Millisecond), "total": res.Total.Round(time.Millisecond),
+	}).Info("migration transferred and re-attested on the destination")
 	return res, nil
+}
+
+// sourcePreflight is the source's side of the preflight once the
+// destination is asked to listen: the destination passes Preflight, and
+// the migration's capabilities and parameters are set.
+func sourcePreflight(ctx context.Context, q *vm.QMP, src Source, dst *Client, shape Shape, opts Options) (NodeInfo, error) {
+	dnode, err := dst.Node(ctx)
+	if err != nil {
+		return NodeInfo{}, err
+	}
+	if err := Preflight(src.Node, dnode, shape, src.MinTCB); err != nil {
+		return dnode, err
+	}
+	if err := q.SetMigrationCapabilities(ctx, Capabilities); err != nil {
+		return dnode, err
+	}
+	return dnode, q.SetMigrationParameters(ctx, opts.Parameters)
 }
 
 // prepareStream sets the source QEMU up for the stream the destination
@@ -195,20 +248,18 @@ func queryCapabilities(ctx context.Context, q *vm.QMP) ([]string, error) {
 	return names, nil
 }
 
-// transfer runs the migration to in.URI until QEMU reports it completed.
+// transfer runs the migration to in.URI until QEMU reports it completed:
+// its MIGRATION event ends the wait at once; query-migrate is polled for
+// progress.
 func transfer(ctx context.Context, q *vm.QMP, in IncomingResponse, opts Options) (vm.MigrationInfo, error) {
-	if err := q.SetMigrationCapabilities(ctx, Capabilities); err != nil {
-		return vm.MigrationInfo{}, err
-	}
-	if err := q.SetMigrationParameters(ctx, opts.Parameters); err != nil {
-		return vm.MigrationInfo{}, err
-	}
 	uri := in.URI
 	if opts.rewriteURI != nil {
 		uri = opts.rewriteURI(uri)
 	}
 	tctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
+	events, unsubscribe := q.Subscribe("MIGRATION")
+	defer unsubscribe()
 	if err := q.Migrate(tctx, uri); err != nil {
 		return vm.MigrationInfo{}, err
 	}
@@ -222,6 +273,8 @@ func transfer(ctx context.Context, q *vm.QMP, in IncomingResponse, opts Options)
 			}
 			switch info.Status {
 			case vm.MigrationCompleted:
+				// The source is in postmigrate, and the figures final,
+				// a moment after "completed".
 				return completedInfo(tctx, q, info), nil
 			case vm.MigrationFailed:
 				return info, fmt.Errorf("QEMU reports the migration failed: %s", orUnknown(info.ErrorDesc))
@@ -232,6 +285,8 @@ func transfer(ctx context.Context, q *vm.QMP, in IncomingResponse, opts Options)
 		select {
 		case <-tick.C:
 			continue
+		case <-events:
+			continue
 		case <-tctx.Done():
 		}
 		if ctx.Err() != nil {
@@ -241,12 +296,19 @@ func transfer(ctx context.Context, q *vm.QMP, in IncomingResponse, opts Options)
 	}
 }
 
-// completedInfo returns the final figures: QEMU marks a migration
-// completed a moment before it computes total-time and downtime, so a
-// query in between reads zeros; ask again briefly.
+// completedInfo returns the final figures once the source has settled:
+// QEMU marks a migration completed a moment before it computes total-time
+// and downtime, and only then puts the source in postmigrate (which the
+// rollback's cont resumes from), so a query in between reads zeros or
+// finish-migrate; ask again briefly.
 func completedInfo(ctx context.Context, q *vm.QMP, info vm.MigrationInfo) vm.MigrationInfo {
-	for i := 0; i < 50 && info.TotalTime == 0; i++ {
-		time.Sleep(10 * time.Millisecond)
+	for i := 0; i < 100; i++ {
+		if info.TotalTime != 0 {
+			if state, err := q.RunState(ctx); err != nil || state != "finish-migrate" {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
 		again, err := q.QueryMigrate(ctx)
 		if err != nil || again.Status != vm.MigrationCompleted {
 			break

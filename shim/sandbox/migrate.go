@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -123,6 +122,11 @@ func (s *Sandbox) MigrationProgress() (vm.MigrationInfo, bool) {
 type MigrateOptions struct {
 	Timeout      time.Duration
 	MaxBandwidth uint64
+	// Layers are the VM's image layer disks (launcher/migrate Layer),
+	// which the destination attaches from its own layer cache, and
+	// Namespace the pod's containerd namespace.
+	Layers    []migrate.Layer
+	Namespace string
 }
 
 // Migrated is a successful migration.
@@ -137,6 +141,11 @@ type Migrated struct {
 	// TCG mostly the guest running cold code on the new QEMU); Verify is
 	// the rest: fresh evidence from the VM and its verification.
 	AgentConnect, Verify time.Duration
+	// WarmChannel says the agent channel dialled during the transfer
+	// answered (reattest.go): AgentConnect is then only the wait for its
+	// dial, and Verify includes the first answer, FirstAnswer.
+	WarmChannel bool
+	FirstAnswer time.Duration
 }
 
 // Migrate live-migrates the pod VM to the node whose `c8s-launcher serve`
@@ -189,8 +198,13 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 		verified       *Verified
 		lastLog        time.Time
 		tConn, tVerify time.Duration
+		warm           *warmAgent
+		warmUsed       bool
+		firstAnswer    time.Duration
 	)
-	res, err := migrate.Run(ctx, migrate.Source{VM: src, Node: node, HostData: hostData[:], MinTCB: cfg.Attestation.MinTCB}, dst, migrate.Options{
+	res, err := migrate.Run(ctx, migrate.Source{
+		VM: src, Node: node, HostData: hostData[:], MinTCB: cfg.Attestation.MinTCB, Layers: o.Layers, Namespace: o.Namespace,
+	}, dst, migrate.Options{
 		Timeout:    o.Timeout,
 		Parameters: vm.MigrationParameters{MaxBandwidth: o.MaxBandwidth},
 		Progress: func(info vm.MigrationInfo) {
@@ -207,40 +221,22 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 				}).Info("migration progress")
 			}
 		},
+		// The agent channel through the destination is dialled while QEMU
+		// transfers the VM (reattest.go).
+		Ready: func(ctx context.Context, in migrate.IncomingResponse) { warm = dialWarm(ctx, dst, in.ID) },
 		Reattest: func(ctx context.Context, in migrate.IncomingResponse) error {
-			t0 := time.Now()
-			r := migrate.NewRemote(dst, in, nil)
-			c, _, err := dialAgent(ctx, r, DefaultAgentTimeout)
-			r.Close()
+			r, err := s.reattest(ctx, cfg, dst, in, warm, trusts)
 			if err != nil {
 				return err
 			}
-			tConn = time.Since(t0)
-			if cfg.Attestation.Mode == config.AttestOff {
-				log.G(ctx).WithField("sandbox", s.ID).Warn("attestation is off (attestation.mode): the pod VM is not re-attested on the destination")
-				newConn, verified = c, &Verified{Provider: "none"}
-				return nil
-			}
-			defer func() {
-				tVerify = time.Since(t0) - tConn
-				log.G(ctx).WithFields(log.Fields{"sandbox": s.ID, "connect": tConn.Round(time.Millisecond), "verify": tVerify.Round(time.Millisecond)}).Info("re-attestation on the destination")
-			}()
-			var chip []byte
-			if in.Node.ChipID != "" {
-				if chip, err = hex.DecodeString(in.Node.ChipID); err != nil {
-					c.client.Close()
-					return fmt.Errorf("the destination's chip id %q: %w", in.Node.ChipID, err)
-				}
-			}
-			v, err := verifyGuest(ctx, cfg, c.agent, s.initData, trusts, chip)
-			if err != nil {
-				c.client.Close()
-				return err
-			}
-			newConn, verified = c, v
+			newConn, verified, tConn, tVerify, warmUsed, firstAnswer = r.conn, r.verified, r.connect, r.verify, r.warm, r.answer
+			log.G(ctx).WithFields(log.Fields{
+				"sandbox": s.ID, "connect": tConn.Round(time.Millisecond), "verify": tVerify.Round(time.Millisecond), "warm_channel": r.warm, "first_answer": r.answer.Round(time.Millisecond),
+			}).Info("re-attestation on the destination")
 			return nil
 		},
 	})
+	warm.close() // unless re-attestation took it
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +253,7 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 		"sandbox": s.ID, "to": res.Incoming.Node.Name, "qemu_total_ms": res.Info.TotalTime, "downtime_ms": res.Info.Downtime,
 		"total": res.Total.Round(time.Millisecond), "reattest": res.Reattest.Round(time.Millisecond),
 	}).Info("pod VM migrated and re-attested on the destination")
-	return &Migrated{Node: res.Incoming.Node.Name, Verified: verified, Result: res, AgentConnect: tConn, Verify: tVerify}, nil
+	return &Migrated{Node: res.Incoming.Node.Name, Verified: verified, Result: res, AgentConnect: tConn, Verify: tVerify, WarmChannel: warmUsed, FirstAnswer: firstAnswer}, nil
 }
 
 // cutOver makes the destination VM and its connection current, then

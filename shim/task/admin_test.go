@@ -3,6 +3,7 @@ package task
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +75,7 @@ func TestAdminMigrate(t *testing.T) {
 	if resp.Sandbox != "pod1" || resp.Node != "node2" || resp.QemuTotalMs != 900 || resp.DowntimeMs != 40 || resp.TotalMs != 2000 || resp.ReattestMs != 300 || !strings.Contains(string(resp.ClaimsJson), `"vcpus":2`) {
 		t.Errorf("Migrate %+v", resp)
 	}
-	if m := sb.Calls("Migrate"); len(m) != 1 || m[0].Req != (sandbox.MigrateOptions{Timeout: time.Minute, MaxBandwidth: 1 << 20}) {
+	if m := sb.Calls("Migrate"); len(m) != 1 || !reflect.DeepEqual(m[0].Req, sandbox.MigrateOptions{Timeout: time.Minute, MaxBandwidth: 1 << 20}) {
 		t.Errorf("Migrate reached the VM as %+v", m)
 	}
 	p, err := a.MigrationProgress(h.ctx, &adminapi.MigrationProgressRequest{})

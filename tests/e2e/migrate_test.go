@@ -50,8 +50,12 @@ func (s *syncBuffer) String() string {
 // and containerd keeps managing the task (ps, exec, kill, wait, delete)
 // after the move. Node C, a second `serve` of the same pool whose shared
 // storage does not hold A's disks, refuses the pod before any QEMU starts;
-// C's certificate cannot reach the VM A moved to B. Two QEMUs: the pod VM
-// and its incoming copy.
+// C's certificate cannot reach the VM A moved to B. The pod runs from
+// image layers, each node with its own layer cache: C, which lacks them,
+// and B, while its disk of a layer has another dm-verity root, refuse the
+// pod; B then converts the layers itself and holds them for the moved VM
+// while A drops its references. Two QEMUs: the pod VM and its incoming
+// copy.
 func TestMigratePod(t *testing.T) {
 	e := setup(t)
 	c, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -65,10 +69,16 @@ initrd = %q
 tee = "sim"
 accel = "auto"
 `, filepath.Join(e.imageDir, "vmlinuz"), filepath.Join(e.imageDir, "initrd.img"))
-	cfgA := e.writeConfig(t, "node-a.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\n\n[node]\ntrust_pool = %q\n", e.stateDir, pool))
-	// A's state dir stands for the storage A and B share: the pod's disks
-	// (container layers and its writable disk) are there.
+	// The pod runs from its image's layers (runtime.rootfs = "layers"):
+	// each node has its own layer cache, none of it on shared storage. B
+	// finds or converts the layers itself, from its containerd (the same
+	// daemon here, standing for B's own pull of the image).
+	layersA := filepath.Join(e.d.Dir, "layers-a")
+	cfgA := e.writeConfig(t, "node-a.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\nlayer_cache_dir = %q\n\n[node]\ntrust_pool = %q\n", e.stateDir, layersA, pool))
+	// A's state dir stands for the storage A and B share (disks that are
+	// not image layers would be there).
 	bDir := filepath.Join(e.d.Dir, "nb")
+	layersB := filepath.Join(bDir, "cache", "layers")
 	cfgB := e.writeConfig(t, "node-b.toml", common+fmt.Sprintf("\n[runtime]\nstate_dir = %q\n\n[node]\ntrust_pool = %q\n\n[migration]\nshared_storage_root = %q\n", bDir, pool, e.stateDir))
 	cDir, cShared := filepath.Join(e.d.Dir, "nc"), filepath.Join(e.d.Dir, "shared-c")
 	if err := os.MkdirAll(cShared, 0o700); err != nil {
@@ -89,7 +99,7 @@ accel = "auto"
 
 	// Nodes B and C accept migrations; B also with mutual TLS.
 	sock, sockC := filepath.Join(e.d.Dir, "b.sock"), filepath.Join(e.d.Dir, "c.sock")
-	serveOut := startServe(t, bin, cfgB, sock, "node-b", "--listen-tls", "127.0.0.1:0")
+	serveOut := startServe(t, bin, cfgB, sock, "node-b", "--listen-tls", "127.0.0.1:0", "--containerd", e.d.Address)
 	startServe(t, bin, cfgC, sockC, "node-c")
 	m := regexp.MustCompile(`with mutual TLS on (127\.0\.0\.1:\d+)`).FindStringSubmatch(serveOut.String())
 	if m == nil || !strings.Contains(serveOut.String(), "migration stream: TLS with the node's identity") {
@@ -147,15 +157,54 @@ accel = "auto"
 		t.Fatalf("QEMU processes of node A before the migration: %v", sourceQEMU)
 	}
 
-	// C's shared storage does not hold the pod's disks: C refuses the
-	// pod, naming the disk and its root, before it starts a QEMU.
+	// The pod's layers, as A's cache holds them for it.
+	podLayers := nodeLayers(t, layersA)
+	if len(podLayers) == 0 {
+		t.Fatalf("node A's layer cache %s holds no layer: the pod does not run in layer mode", layersA)
+	}
+	for hex, l := range podLayers {
+		if l.refs != 1 {
+			t.Fatalf("layer %s has %d references on node A before the move, want the pod's", hex, l.refs)
+		}
+	}
+
+	// C has neither the layers nor a containerd to convert them from: C
+	// refuses the pod, naming a layer, before it starts a QEMU.
 	out, err := exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
 		"--to", sockC, pod).CombinedOutput()
-	if err == nil || !regexp.MustCompile(`disk "[^"]+" at \S+ refused: it resolves to \S+, outside the shared storage root \(migration.shared_storage_root is `+regexp.QuoteMeta(cShared)+`\)`).Match(out) {
-		t.Fatalf("c8s-launcher migrate to a node whose shared storage lacks the pod's disks: %v\n%s", err, out)
+	if err == nil || !regexp.MustCompile(`layer sha256:[0-9a-f]{64} \(disk "layer-[0-9a-f]+"\) is not in this node's layer cache \S+ and cannot be built here: .*--containerd`).Match(out) {
+		t.Fatalf("c8s-launcher migrate to a node that lacks the pod's layers: %v\n%s", err, out)
 	}
-	if now := e.qemus(t); len(now) != 1 || now[0] != sourceQEMU[0] {
+	if now := e.qemus(t); len(now) != 1 || now[0] != sourceQEMU[0] || len(qemusWith(cDir)) != 0 {
 		t.Fatalf("QEMU processes after node C's refusal: %v, want the source %v alone", now, sourceQEMU)
+	}
+
+	// B holds a disk of one of the layers with another dm-verity root (as
+	// a node converting differently would): B refuses the pod, naming the
+	// layer, before it starts a QEMU, and keeps no reference for it.
+	var oddHex string
+	for hex := range podLayers {
+		oddHex = hex
+		break
+	}
+	plantLayer(t, layersA, layersB, oddHex, strings.Repeat("0", 64))
+	out, err = exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace,
+		"--to", toB, pod).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "layer sha256:"+oddHex) || !strings.Contains(string(out), "dm-verity root "+strings.Repeat("0", 64)) {
+		t.Fatalf("c8s-launcher migrate to a node whose disk of a layer has another root: %v\n%s", err, out)
+	}
+	if now := e.qemus(t); len(now) != 1 || now[0] != sourceQEMU[0] || len(qemusWith(bDir)) != 0 {
+		t.Fatalf("QEMU processes after node B's refusal: %v, want the source %v alone", now, sourceQEMU)
+	}
+	for hex, l := range nodeLayers(t, layersB) {
+		if l.refs != 0 {
+			t.Fatalf("node B keeps %d references on layer %s after refusing the pod", l.refs, hex)
+		}
+	}
+	for _, suffix := range []string{".disk", ".json"} {
+		if err := os.Remove(filepath.Join(layersB, oddHex+suffix)); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	// B's root is not trusted by A yet: re-attestation on B fails after
@@ -166,7 +215,7 @@ accel = "auto"
 		!strings.Contains(string(out), "rolled back") {
 		t.Fatalf("c8s-launcher migrate to a node whose root A does not trust: %v\n%s", err, out)
 	}
-	if now := e.qemus(t); len(now) != 1 || now[0] != sourceQEMU[0] {
+	if now := e.qemus(t); len(now) != 1 || now[0] != sourceQEMU[0] || len(qemusWith(bDir)) != 0 {
 		t.Fatalf("QEMU processes after the rollback: %v, want the source %v alone", now, sourceQEMU)
 	}
 	rolledBack := count()
@@ -206,9 +255,26 @@ accel = "auto"
 		t.Fatalf("migrated to %q with chip %s; want node-b with chip %x", res.Node, res.Claims.ChipID, chipB)
 	}
 	t.Logf("migrated: QEMU total %d ms, downtime %d ms, c8s end to end %d ms, re-attestation %d ms", res.QEMUTotalMS, res.DowntimeMS, res.TotalMS, res.ReattestMS)
-	// One QEMU is left, B's (it mentions A's state dir for the shared disk).
-	if left := e.qemus(t); len(left) != 1 || left[0] == sourceQEMU[0] || !cmdlineHas(left[0], bDir) {
-		t.Fatalf("QEMU processes after the cut-over: %v (the source was %d); want only node B's", left, sourceQEMU[0])
+	// One QEMU is left, B's, on B's own copies of the layers.
+	if left, onB := e.qemus(t), qemusWith(bDir); len(left) != 0 || len(onB) != 1 || !cmdlineHas(onB[0], layersB) || cmdlineHas(onB[0], layersA) {
+		t.Fatalf("QEMU processes after the cut-over: node A %v (the source was %d), node B %v; want only node B's, on B's layer disks", left, sourceQEMU[0], onB)
+	}
+	// B converted each layer into the disk A has, and holds the moved
+	// VM's reference on it; A dropped the pod's references (its layers
+	// may be pruned there now).
+	inB := nodeLayers(t, layersB)
+	for hex, l := range podLayers {
+		if b, ok := inB[hex]; !ok || b.root != l.root || b.size != l.size || b.refs != 1 {
+			t.Fatalf("layer %s on node B: %+v, want node A's root %s and size %d with one reference", hex, b, l.root, l.size)
+		}
+	}
+	if !strings.Contains(serveOut.String(), "layer disk of an incoming VM built") {
+		t.Fatalf("node B's log shows no layer conversion:\n%s", serveOut.String())
+	}
+	for hex, l := range nodeLayers(t, layersA) {
+		if l.refs != 0 {
+			t.Fatalf("node A keeps %d references on layer %s after the hand-off", l.refs, hex)
+		}
 	}
 
 	// The stream went under TLS, bound to A's certificate.
@@ -276,6 +342,7 @@ accel = "auto"
 		return len(ms)
 	}
 	waitUntil(t, "node B to stop the pod VM", func() bool { return bVMs() == 0 })
+	noLayerRefs(t, layersA, layersB)
 	e.assertNothingLeft(t)
 
 	// A moved pod whose shim dies: containerd's `shim delete` on A stops
@@ -301,7 +368,92 @@ accel = "auto"
 	waitUntil(t, "containerd to drop the dead shim's task", func() bool { return !strings.Contains(e.d.Ctr(t, "task", "ls"), orphan) })
 	e.d.Ctr(t, "container", "delete", orphan)
 	waitUntil(t, "node B to stop the dead shim's moved VM", func() bool { return bVMs() == 0 })
+	noLayerRefs(t, layersA, layersB)
 	e.assertNothingLeft(t)
+}
+
+// nodeLayer is a layer of a node's layer cache (launcher/layercache's
+// layout): its dm-verity root, disk size and references.
+type nodeLayer struct {
+	root string
+	size int64
+	refs int
+}
+
+func nodeLayers(t *testing.T, dir string) map[string]nodeLayer {
+	t.Helper()
+	metas, _ := filepath.Glob(filepath.Join(dir, "*.json"))
+	out := map[string]nodeLayer{}
+	for _, m := range metas {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta struct {
+			RootHash string `json:"root_hash"`
+			Size     int64  `json:"size"`
+		}
+		if err := json.Unmarshal(b, &meta); err != nil {
+			t.Fatalf("%s: %v", m, err)
+		}
+		hex := strings.TrimSuffix(filepath.Base(m), ".json")
+		refs, _ := os.ReadDir(filepath.Join(dir, "refs", hex))
+		out[hex] = nodeLayer{root: meta.RootHash, size: meta.Size, refs: len(refs)}
+	}
+	return out
+}
+
+// plantLayer puts node A's disk of layer hex into node B's cache with its
+// root hash replaced by root.
+func plantLayer(t *testing.T, from, to, hex, root string) {
+	t.Helper()
+	disk, err := os.ReadFile(filepath.Join(from, hex+".disk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta, err := os.ReadFile(filepath.Join(from, hex+".json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(meta, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["root_hash"] = root
+	meta, _ = json.Marshal(m)
+	if err := os.MkdirAll(to, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(to, hex+".disk"), disk, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(to, hex+".json"), meta, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noLayerRefs fails if a layer cache still has a reference a few seconds
+// on (a node drops its VM's references once its QEMU has stopped).
+func noLayerRefs(t *testing.T, dirs ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, dir := range dirs {
+		for time.Now().Before(deadline) {
+			n := 0
+			for _, l := range nodeLayers(t, dir) {
+				n += l.refs
+			}
+			if n == 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		for hex, l := range nodeLayers(t, dir) {
+			if l.refs != 0 {
+				t.Errorf("layer %s in %s keeps %d references after its pods ended", hex, dir, l.refs)
+			}
+		}
+	}
 }
 
 // startServe runs `c8s-launcher serve` for a node until the test ends and
@@ -332,6 +484,20 @@ func startServe(t *testing.T, bin, cfg, sock, name string, extra ...string) *syn
 		return err == nil && strings.Contains(out.String(), "migration stream:") && (len(extra) == 0 || strings.Contains(out.String(), "with mutual TLS on"))
 	})
 	return out
+}
+
+// qemusWith returns the QEMU processes whose command line mentions s.
+func qemusWith(s string) []int {
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, _ := os.ReadFile(p)
+		if cmd := string(b); strings.Contains(cmd, "qemu-system") && strings.Contains(cmd, s) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func cmdlineHas(pid int, s string) bool {

@@ -1,0 +1,174 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/containerd/log"
+
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/migrate"
+)
+
+// Re-attestation after a migration (issue 18: < 100 ms). The agent
+// channel through the destination is dialled while QEMU transfers the VM
+// (warmAgent), so that the destination's virtio-serial port has its host
+// when the guest resumes there: the guest sees no disconnection, and the
+// first request on the new connection starts a new one in the guest
+// (guest/channel: its stream id does not increase). That first request
+// is GetEvidence with a fresh nonce, which answers the channel check and
+// brings the evidence in one round trip; the evidence is verified exactly
+// as before (verifyGuest). Should the warm channel not answer, the
+// channel is dialled again after the move, as it was before.
+
+// warmAnswerTimeout bounds the first answer on the warm channel before
+// the channel is dialled again.
+const warmAnswerTimeout = 5 * time.Second
+
+// warmAgent is the destination VM's agent channel, dialled during the
+// transfer.
+type warmAgent struct {
+	done  chan struct{}
+	conn  net.Conn
+	err   error
+	taken bool
+}
+
+// dialWarm dials the agent channel of the VM id behind dst in the
+// background.
+func dialWarm(ctx context.Context, dst *migrate.Client, id string) *warmAgent {
+	w := &warmAgent{done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.conn, w.err = dst.DialAgent(ctx, id)
+	}()
+	return w
+}
+
+// take waits for the dial and hands its connection over (nil when it
+// failed or ctx ended first).
+func (w *warmAgent) take(ctx context.Context) net.Conn {
+	if w == nil {
+		return nil
+	}
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		return nil
+	}
+	if w.err != nil {
+		log.G(ctx).WithError(w.err).Debug("the agent channel dialled during the transfer failed")
+		return nil
+	}
+	w.taken = true
+	return w.conn
+}
+
+// close closes a connection nobody took, once its dial has ended.
+func (w *warmAgent) close() {
+	if w == nil {
+		return
+	}
+	go func() {
+		<-w.done
+		if !w.taken && w.conn != nil {
+			w.conn.Close()
+		}
+	}()
+}
+
+// firstCall records whether the agent's answer to GetEvidence failed: the
+// channel did not work, as opposed to evidence that does not verify.
+type firstCall struct {
+	agent.AgentService
+	err  error
+	took time.Duration
+}
+
+func (f *firstCall) GetEvidence(ctx context.Context, r *agent.GetEvidenceRequest) (*agent.GetEvidenceResponse, error) {
+	t0 := time.Now()
+	resp, err := f.AgentService.GetEvidence(ctx, r)
+	f.err, f.took = err, time.Since(t0)
+	return resp, err
+}
+
+// reattested is a re-attestation on the destination.
+type reattested struct {
+	conn     *agentConn
+	verified *Verified
+	// connect is the time until the agent channel answered (the warm
+	// channel's first answer is its evidence: connect is then the wait
+	// for its dial), verify the rest; answer is the part of verify the
+	// warm channel's first answer (the evidence) took.
+	connect, verify, answer time.Duration
+	warm                    bool
+}
+
+// reattest opens the agent channel of the VM now running behind dst
+// (warm's, else dialled anew) and verifies fresh evidence from it against
+// trusts with the destination's chip pinned. On error nothing is left
+// open.
+func (s *Sandbox) reattest(ctx context.Context, cfg config.Config, dst *migrate.Client, in migrate.IncomingResponse, warm *warmAgent, trusts []attest.Trust) (*reattested, error) {
+	t0 := time.Now()
+	var chip []byte
+	if in.Node.ChipID != "" {
+		var err error
+		if chip, err = hex.DecodeString(in.Node.ChipID); err != nil {
+			return nil, fmt.Errorf("the destination's chip id %q: %w", in.Node.ChipID, err)
+		}
+	}
+	off := cfg.Attestation.Mode == config.AttestOff
+	if off {
+		log.G(ctx).WithField("sandbox", s.ID).Warn("attestation is off (attestation.mode): the pod VM is not re-attested on the destination")
+	}
+	if conn := warm.take(ctx); conn != nil {
+		r := &reattested{conn: newAgentConn(conn), connect: time.Since(t0), warm: true}
+		wctx, cancel := context.WithTimeout(ctx, warmAnswerTimeout)
+		var (
+			err       error
+			channelOK bool
+		)
+		if off {
+			_, err = r.conn.agent.GetInfo(wctx, &agent.GetInfoRequest{})
+			channelOK, r.verified = err == nil, &Verified{Provider: "none"}
+		} else {
+			first := &firstCall{AgentService: r.conn.agent}
+			r.verified, err = verifyGuest(wctx, cfg, first, s.initData, trusts, chip)
+			channelOK, r.answer = first.err == nil, first.took
+		}
+		cancel()
+		r.verify = time.Since(t0) - r.connect
+		if channelOK {
+			if err != nil {
+				r.conn.client.Close()
+				return nil, err
+			}
+			return r, nil
+		}
+		r.conn.client.Close()
+		log.G(ctx).WithError(err).WithField("sandbox", s.ID).Warn("the agent channel dialled during the transfer did not answer; dialling it again")
+		t0 = time.Now()
+	}
+	remote := migrate.NewRemote(dst, in, nil)
+	c, _, err := dialAgent(ctx, remote, DefaultAgentTimeout)
+	remote.Close()
+	if err != nil {
+		return nil, err
+	}
+	r := &reattested{conn: c, connect: time.Since(t0)}
+	if off {
+		r.verified = &Verified{Provider: "none"}
+		return r, nil
+	}
+	if r.verified, err = verifyGuest(ctx, cfg, c.agent, s.initData, trusts, chip); err != nil {
+		c.client.Close()
+		return nil, err
+	}
+	r.verify = time.Since(t0) - r.connect
+	return r, nil
+}

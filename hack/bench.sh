@@ -19,6 +19,8 @@
 #     (goal <= 1.1) (hack/bench-layers.sh)
 #   - layer disks: first conversion time per GiB of layers
 #     (hack/bench-layer.sh)
+#   - guest pull: seconds per GiB against the same image's start from the
+#     node's layer disks, cold and warm (hack/bench-pull.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -38,6 +40,8 @@ hack/bench-layers.sh || true
 hack/bench-layer.sh || true
 
 hack/bench-mesh.sh || true
+
+hack/bench-pull.sh || true
 
 [[ -x hack/bench-measure.sh ]] && { echo "== c8s-measure against the reference tool"; hack/bench-measure.sh || true; }
 

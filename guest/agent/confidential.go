@@ -113,6 +113,9 @@ func (s *Service) mountRoot(ctx context.Context, c *container, r *agentapi.Rootf
 	if len(r.GetLayers()) > 0 {
 		return s.layeredRoot(ctx, c, r, spec)
 	}
+	if emptyRoot(r) {
+		return s.pulledRoot(ctx, c, spec) // pull.go
+	}
 	if err := checkRootfs(c.id, r); err != nil {
 		return err
 	}

@@ -261,6 +261,11 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	c.mu.Lock()
 	c.ns = ns
 	c.mu.Unlock()
+	if c.sandboxID == "" || c.sandboxID == c.id {
+		// The pod network is up: pull the images the policy names, in
+		// its namespace (pull.go).
+		go s.startPulls(ctx, c)
+	}
 	p := newProcess(c.id, "", rp, stdio, grant.OutputAllowed())
 	go s.killLeftovers(c, p)
 	if len(c.heldLayers()) > 0 {

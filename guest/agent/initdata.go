@@ -73,6 +73,7 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 	if err := s.fetchSecrets(ctx, doc, r.InitData, tee); err != nil {
 		return nil, err
 	}
+	s.setPullBroker(doc, r.InitData, tee) // pull.go: pull_auth credentials
 	s.mu.Lock()
 	s.policy, s.policySet = doc.Agent, true
 	s.eval = policy.New(doc.Policy, logDenial)

@@ -140,6 +140,11 @@ type layerRequest struct {
 // refused before anything of them is used.
 func rootOf(id string, r *agentapi.Rootfs) (policy.Root, []layerRequest, error) {
 	if len(r.GetLayers()) == 0 {
+		if emptyRoot(r) {
+			// No root offered: the guest pulls the image its rule names
+			// (pull.go), or the policy refuses.
+			return policy.Root{Empty: true}, nil, nil
+		}
 		if r.GetSource() == nil {
 			return policy.Root{}, nil, fmt.Errorf("container %q: the rootfs names neither a disk nor layers: %w", id, errdefs.ErrInvalidArgument)
 		}

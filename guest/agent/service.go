@@ -114,6 +114,12 @@ type Config struct {
 	// modules). Nil loads nothing.
 	LayerDevices LayerDevices
 	LoadVerity   func()
+	// ImagesDir is where images the guest pulls are kept (pull.go;
+	// default: "images" beside StateDir, /run/c8s/images in the guest);
+	// PullWait bounds a CreateContainer's wait for its image's pull
+	// (default DefaultPullWait).
+	ImagesDir string
+	PullWait  time.Duration
 }
 
 // Service implements agentapi.AgentService and agentapi.IOService.
@@ -154,6 +160,8 @@ type Service struct {
 	layers layerStore
 	// mesh is the pod's attested mesh (mesh.go).
 	mesh meshState
+	// pulls are the images the guest pulls (pull.go).
+	pulls pullStore
 }
 
 var (

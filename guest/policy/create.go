@@ -93,7 +93,9 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 	k.mounts(rule, r.Spec.Mounts, r.MountKinds)
 	k.belowShared(rule, r.Spec.Mounts, r.MountKinds, r.SecretPaths)
 	k.sysctls(rule, r.Spec.Linux)
-	k.layers(rule, r.Root)
+	if !k.pullRoot(rule, r.Root) {
+		k.layers(rule, r.Root)
+	}
 	k.dns(e.p.NetworkOf(), r.Spec.Mounts, r.MountKinds, r.Files)   // network.go
 	e.emptyDirPod(k, c.Identity, ann, r.Spec.Mounts, r.MountKinds) // volumes.go
 	if c.Identity.Sandbox() {

@@ -17,6 +17,9 @@ type Root struct {
 	// (Rootfs.layers): each its diff ID, and the dm-verity root (Verity)
 	// and data blocks the host says its disk has.
 	Layers []policyapi.Layer
+	// Empty is set when the host offered neither a disk nor layers: the
+	// guest pulls the image the rule names, or refuses (pull.go).
+	Empty bool
 }
 
 // PinnedLayers returns the layers the container's rule pins, bottom

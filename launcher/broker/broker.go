@@ -14,7 +14,10 @@
 // (Broker.InitData, the ResourcePolicy's workloads, or the HOST_DATA /
 // MRCONFIGID of its Policy), and releases secrets only to init data under
 // which the host cannot run code of its choosing in the pod: an enforced
-// [policy] section (initdata.InitData.HostCanRunCode).
+// [policy] section whose rules bind every container to the owner's image
+// (initdata.InitData.HostCanRunCode), unless the owner accepts the
+// node's root file systems (AllowHostRootfsPods, a workload's
+// allow_host_rootfs).
 //
 // A resource goes to an attested session only if two checks pass: the
 // pod's own measured init data names it in [[kbs.secrets]] (NamedSecret),
@@ -117,6 +120,17 @@ type Broker struct {
 	// audit mode; initdata.InitData.HostCanRunCode), which could read the
 	// secrets back. For development only.
 	AllowUnconfinedHost bool
+	// AllowHostRootfsPods also releases resources to pods whose enforced
+	// [policy] has rules that do not bind their container's file system
+	// to the owner's image (no pinned layers: the node supplies the root,
+	// and its binaries run under the owner's argv;
+	// initdata.InitData.HostRootfsRules), for every pinned document. The
+	// owner's informed choice: it trusts the node with those images'
+	// files. A workload's allow_host_rootfs (ResourcePolicy) is the
+	// narrower form, for its own documents only. Every other way the
+	// host could run code (no [policy], audit mode, the rule shapes
+	// HostCanRunCode names) is still refused.
+	AllowHostRootfsPods bool
 	// Resources are released to attested sessions.
 	Resources Resources
 	// GPUVerifier verifies the GPU evidence pods send as additional

@@ -86,8 +86,9 @@ func (l *logBuffer) String() string {
 }
 
 // podInitData is init data under an enforced [policy]: the host creates
-// only container app, as its rule says, and execs nothing. fixture.doc
-// adds the [kbs] section naming the fixture's broker and the resources.
+// only container app, as its rule says, from the image layer it pins, and
+// execs nothing. fixture.doc adds the [kbs] section naming the fixture's
+// broker and the resources.
 const podInitData = `version = "0.1"
 [policy]
 [policy.containers.app]
@@ -96,7 +97,16 @@ args = ["/app"]
 working_dir = "/"
 uid = 1000
 gid = 1000
+` + appLayers
+
+// appLayers pins the app's image: its one layer, by diff ID and dm-verity
+// root.
+const appLayers = `layers = [{ digest = "sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef", verity = "9c3a0f6e4bd1c2a3e4f5061728394a5b6c7d8e9f00112233445566778899aabb", blocks = 1187 }]
 `
+
+// hostRootfsInitData is podInitData without the layers: the host supplies
+// the app's root file system, so /app is whatever it puts there.
+var hostRootfsInitData = strings.Replace(podInitData, appLayers, "", 1)
 
 // dbPassword is the resource the fixture's pod asks for.
 const dbPassword = "default/key/db-password"

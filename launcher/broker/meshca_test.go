@@ -260,6 +260,23 @@ func TestMeshCAUnconfinedRefused(t *testing.T) {
 	f.refusedWith(t, http.StatusUnauthorized, "enforced [policy]")
 }
 
+// A pod whose rule pins no layers runs the host's binaries under the
+// owner's argv, and the host could use the certificate's key: no
+// identity, unless the owner's workload accepts the node's root file
+// systems (allow_host_rootfs).
+func TestMeshCAHostRootfsRefused(t *testing.T) {
+	f := newMeshFixture(t)
+	doc := strings.Replace(f.meshDoc(meshID), appLayers, "", 1)
+	f.launch(doc)
+	policy := strings.Replace(meshPolicy, "$INIT", hex.EncodeToString(digestOf(doc)), 1)
+	f.setPolicy(t, policy)
+	f.refusedWith(t, http.StatusUnauthorized, `rule "app" does not pin its image's layers`)
+	f.setPolicy(t, strings.Replace(policy, "[workloads.app]\n", "[workloads.app]\nallow_host_rootfs = true\n", 1))
+	if _, err := f.client().Request(context.Background()); err != nil {
+		t.Fatalf("the workload accepts the node's root file systems: %v", err)
+	}
+}
+
 func digestOf(doc string) []byte {
 	d := initdata.Digest([]byte(doc))
 	return d[:]

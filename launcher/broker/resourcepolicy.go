@@ -40,6 +40,11 @@ import (
 //	min_tcb = { bl = 3, tee = 0, snp = 20, ucode = 200 }  # SNP REPORTED_TCB, per component
 //	min_tee_tcb_svn = "0300…"           # TDX TEE_TCB_SVN (32 hex digits), per byte
 //	allow_debug = false                 # default: a debug guest is refused
+//	allow_host_rootfs = false           # true: the broker accepts this workload's
+//	                                    # init data (init_data, init_data_files)
+//	                                    # though rules of its [policy] pin no layers,
+//	                                    # so the node supplies those containers'
+//	                                    # files (the owner trusts it with them)
 //	gpu = { count = 1 }                 # verified GPU evidence required (gpu.go)
 //	[[workloads.db-app.tdx]]            # TDX launch identities, any of
 //	mrtd = "…"                          # 96 hex digits
@@ -81,6 +86,10 @@ type Workload struct {
 	MinTCB        *TCB          `toml:"min_tcb" json:"min_tcb"`
 	MinTeeTCBSVN  attest.Hex    `toml:"min_tee_tcb_svn" json:"min_tee_tcb_svn"`
 	AllowDebug    bool          `toml:"allow_debug" json:"allow_debug"`
+	// AllowHostRootfs accepts the workload's init data documents though
+	// rules of their [policy] bind no image (Broker.AllowHostRootfsPods,
+	// for these documents only). Requires init_data or init_data_files.
+	AllowHostRootfs bool `toml:"allow_host_rootfs" json:"allow_host_rootfs"`
 	// GPU, when set, requires verified GPU evidence (gpu.go).
 	GPU *GPURequirement `toml:"gpu" json:"gpu"`
 
@@ -270,6 +279,9 @@ func (w *Workload) validate(dir string) error {
 	if len(w.MinTeeTCBSVN) != 0 && len(w.MinTeeTCBSVN) != tcbSVNSize {
 		return fmt.Errorf("min_tee_tcb_svn is %d bytes, want 16", len(w.MinTeeTCBSVN))
 	}
+	if w.AllowHostRootfs && len(w.digests) == 0 {
+		return fmt.Errorf("allow_host_rootfs names the init data documents whose containers may run the node's root file systems: give init_data or init_data_files")
+	}
 	if len(w.digests) == 0 && len(w.Measurements) == 0 && len(w.TDX) == 0 {
 		return fmt.Errorf("pins neither init data nor a launch measurement, so any attested pod would be it: give init_data, init_data_files, measurements or tdx")
 	}
@@ -320,6 +332,22 @@ func (p *ResourcePolicy) InitDataDigests() []attest.Hex {
 		out = append(out, p.Workloads[name].digests...)
 	}
 	return out
+}
+
+// AllowsHostRootfs reports whether a workload with allow_host_rootfs pins
+// init data document doc (by its SNP or TDX digest). False for a nil
+// policy.
+func (p *ResourcePolicy) AllowsHostRootfs(doc []byte) bool {
+	if p == nil {
+		return false
+	}
+	snp, tdx := initdata.Digest(doc), initdata.DigestTDX(doc)
+	for _, w := range p.Workloads {
+		if w.AllowHostRootfs && (containsHex(w.digests, snp[:]) || containsHex(w.digests, tdx[:])) {
+			return true
+		}
+	}
+	return false
 }
 
 // Denial is a resource request the policy, or the pod's own measured

@@ -252,11 +252,14 @@ func (b *Broker) expectInitData(field, policyKey string, sum []byte, pins []atte
 
 // checkInitData reads the init data sent with the evidence (nil if none)
 // and refuses one under which the host could run code of its choosing in
-// the pod and read the secrets back (InitData.HostCanRunCode), unless
-// AllowUnconfinedHost; without AllowUnconfinedHost it refuses none too
-// (the broker could not see the pod's [policy]). It returns the document
-// as sent and parsed. A session without a document is never released a
-// resource (NamedSecret).
+// the pod and read the secrets back (InitData.HostCanRunCode: no enforced
+// [policy], or a rule that leaves what runs to the host, such as one
+// without pinned layers), unless AllowUnconfinedHost; rules without layers
+// pass where the owner accepts them (AllowHostRootfsPods, a workload's
+// allow_host_rootfs for its documents). Without a document it refuses
+// unless AllowUnconfinedHost (the broker could not see the pod's
+// [policy]). It returns the document as sent and parsed. A session
+// without a document is never released a resource (NamedSecret).
 func (b *Broker) checkInitData(d *kbsapi.InitData) ([]byte, *initdata.InitData, error) {
 	if d == nil {
 		if b.AllowUnconfinedHost {
@@ -275,12 +278,24 @@ func (b *Broker) checkInitData(d *kbsapi.InitData) ([]byte, *initdata.InitData, 
 	if b.AllowUnconfinedHost {
 		return body, doc, nil
 	}
-	if unconfined, reason := doc.HostCanRunCode(); unconfined {
-		fix := "add a [policy] section (c8s-measure policy can generate one)"
-		if doc.PolicyGoverns() {
-			fix = "set policy.audit = false once the policy is complete (c8s-measure policy can generate one)"
-		}
-		return nil, nil, fmt.Errorf("secrets go only to a pod whose measured init data has an enforced [policy]: %s; %s", reason, fix)
+	accept := b.AllowHostRootfsPods || b.ResourcePolicy.AllowsHostRootfs(body)
+	if unconfined, reason := doc.HostCanRunCodeWith(initdata.HostCodeOptions{AcceptHostRootfs: accept}); unconfined {
+		return nil, nil, fmt.Errorf("secrets go only to a pod whose measured init data has an enforced [policy] under which the host cannot run code of its choosing: %s; %s", reason, HostCodeFix(doc, accept))
 	}
 	return body, doc, nil
+}
+
+// HostCodeFix says how the owner makes doc one the broker releases to,
+// after HostCanRunCodeWith's reason; hostRootfsAccepted is the owner's
+// opt-out it was judged with.
+func HostCodeFix(doc *initdata.InitData, hostRootfsAccepted bool) string {
+	switch {
+	case !doc.PolicyGoverns():
+		return "add a [policy] section (c8s-measure policy can generate one)"
+	case doc.Policy.Audit:
+		return "set policy.audit = false once the policy is complete (c8s-measure policy can generate one)"
+	case !hostRootfsAccepted && len(doc.HostRootfsRules()) > 0:
+		return "or, if the owner trusts the node with these images' files, set allow_host_rootfs = true on the pod's workload in the resource policy (the broker's --allow-host-rootfs-pods for every pod)"
+	}
+	return "pin exactly what the rules named leave to the host, or drop it"
 }

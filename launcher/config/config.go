@@ -20,6 +20,7 @@
 //	state_dir = "/run/c8s"
 //	rootfs = "layers"            # layers | copy (see Runtime.Rootfs)
 //	layer_cache_dir = "/var/lib/c8s/layers"
+//	guest_pull = "auto"          # auto | always | never (see Runtime.GuestPull)
 //
 // The optional [node] table (see Node) says what the node agent reports to
 // Kubernetes: sim slots, trust pool and taint.
@@ -225,7 +226,23 @@ type Runtime struct {
 	Rootfs string `toml:"rootfs"`
 	// LayerCacheDir holds the node's layer disks (see LayerCachePath).
 	LayerCacheDir string `toml:"layer_cache_dir"`
+	// GuestPull says when a container whose policy rule names an image
+	// for the guest to pull (policy pull = "…@sha256:…") gets no layer
+	// disks, so that the guest pulls and verifies the image itself:
+	// GuestPullAuto (the default) where the rule pins no layers (the
+	// guest would refuse the node's disks) or the node's layer cache
+	// lacks one of them (converting them would cost more than the pull);
+	// GuestPullAlways for every such container; GuestPullNever for none
+	// (its rule must then pin layers the node offers).
+	GuestPull string `toml:"guest_pull"`
 }
+
+// Values of runtime.guest_pull ("" is GuestPullAuto).
+const (
+	GuestPullAuto   = "auto"
+	GuestPullAlways = "always"
+	GuestPullNever  = "never"
+)
 
 // Values of runtime.rootfs.
 const (
@@ -406,6 +423,11 @@ func (c *Config) Validate() error {
 	}
 	if c.Runtime.Rootfs != RootfsLayers && c.Runtime.Rootfs != RootfsCopy {
 		errs = append(errs, fmt.Errorf("runtime.rootfs %q is not valid: use %q (image layers, verified in the guest) or %q (a copy of containerd's snapshot)", c.Runtime.Rootfs, RootfsLayers, RootfsCopy))
+	}
+	switch c.Runtime.GuestPull {
+	case "", GuestPullAuto, GuestPullAlways, GuestPullNever:
+	default:
+		errs = append(errs, fmt.Errorf("runtime.guest_pull %q is not valid: use %q, %q or %q", c.Runtime.GuestPull, GuestPullAuto, GuestPullAlways, GuestPullNever))
 	}
 	if c.Runtime.LayerCacheDir != "" && !filepath.IsAbs(c.Runtime.LayerCacheDir) {
 		errs = append(errs, fmt.Errorf("runtime.layer_cache_dir %q must be an absolute path", c.Runtime.LayerCacheDir))

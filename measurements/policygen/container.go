@@ -179,6 +179,9 @@ func (g *gen) container(c *corev1.Container, where string) (*rule, error) {
 		g.warn("container %s: no image config (--image %s=LAYOUT): its env is taken to be only containerd's default PATH, and its STOPSIGNAL SIGTERM; an image that sets other variables is refused at CreateContainer", c.Name, c.Image)
 	}
 	g.pinLayers(r, "container "+c.Name, c.Image, img)
+	if err := g.pull(r, c.Name, c.Image); err != nil {
+		return nil, err
+	}
 	var missing []error
 	env, lookup, err := g.env(c, img)
 	if err != nil {

@@ -42,7 +42,11 @@
 //   - layers: the image's layers (diff ID, dm-verity root, data blocks of
 //     their layer disks, measurements/layer) when its layout was given, so
 //     that the guest builds the root only from them; without them the
-//     root is not pinned, with a warning.
+//     root is not pinned, with a warning;
+//   - pull: the container's image reference, for the containers
+//     Options.Pull names (digest-pinned images only), so that the guest
+//     pulls and verifies the image itself where the node offers no layer
+//     disks (pull.go).
 //
 // The image's entrypoint, cmd, env, working dir and user come from an OCI
 // image layout (LoadImage) given per image; without one the pod spec must
@@ -110,6 +114,18 @@ type Options struct {
 	Secrets []Secret
 	// PortForward lists the pod ports the host may port-forward to.
 	PortForward []uint32
+	// Pull lets the guest pull, by container name, the container's image
+	// itself when the node offers no layer disks (policy pull, pull.go).
+	Pull map[string]Pull
+}
+
+// Pull is how the guest pulls one container's image.
+type Pull struct {
+	// Auth is the key broker resource of the registry's credentials
+	// (policy pull_auth), or "".
+	Auth string
+	// PlainHTTP talks plain HTTP to the registry (test registries).
+	PlainHTTP bool
 }
 
 // Secret mounts a broker resource into a container.

@@ -126,6 +126,9 @@ func (g *gen) checkNames(names map[string]bool) error {
 	for _, s := range g.o.Secrets {
 		check("--secret", s.Container)
 	}
+	for _, n := range sortedKeys(g.o.Pull) {
+		check("--pull", n)
+	}
 	if len(bad) > 0 {
 		all := make([]string, 0, len(names))
 		for n := range names {
@@ -341,6 +344,15 @@ func (r *rule) write(b *bytes.Buffer, table string) {
 	r.list(b, "secrets", len(c.Secrets), func(i int) string {
 		return "{ resource = " + str(c.Secrets[i].Resource) + ", path = " + str(c.Secrets[i].Path) + " }"
 	}, nil)
+	if c.Pull != "" {
+		r.scalar(b, "pull", str(c.Pull))
+		if c.PullAuth != "" {
+			r.scalar(b, "pull_auth", str(c.PullAuth))
+		}
+		if c.PullPlainHTTP {
+			r.scalar(b, "pull_plain_http", "true")
+		}
+	}
 	// The layers are tables of their own: they end the rule.
 	for i, l := range c.Layers {
 		b.WriteString("\n[[" + table + ".layers]]")

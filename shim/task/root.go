@@ -56,11 +56,17 @@ type containerRoot struct {
 	disks   []vm.Disk
 	// disk is the copy's disk otherwise.
 	disk vm.Disk
+	// pulled: no disk at all, the guest pulls the image its policy
+	// names (guestpull.go).
+	pulled bool
 }
 
 // bootDisks are the disks to attach when the container's Create boots
 // the VM.
 func (r *containerRoot) bootDisks() []vm.Disk {
+	if r.pulled {
+		return nil
+	}
 	if r.layered {
 		return r.disks
 	}
@@ -71,6 +77,9 @@ func (r *containerRoot) bootDisks() []vm.Disk {
 // acquired (built where the cache lacks them), or its copy built.
 func (s *service) prepareRoot(ctx context.Context, pod *podState, ns string, r *taskAPI.CreateTaskRequest) (*containerRoot, error) {
 	t0 := time.Now()
+	if root := s.guestPullRoot(ctx, pod, r); root != nil {
+		return root, nil
+	}
 	if pod.cfg.Runtime.Rootfs != config.RootfsCopy {
 		disks, err := s.prepareLayers(ctx, pod, ns, r.ID)
 		if err == nil {
@@ -147,6 +156,9 @@ func (s *service) convertLayer(ctx context.Context, blob io.Reader, mediaType st
 // attachRoot attaches the container's root to the running VM (a no-op for
 // disks it booted with) and returns it as the agent's Rootfs.
 func (s *service) attachRoot(ctx context.Context, pod *podState, sb Sandbox, id string, root *containerRoot) (*agent.Rootfs, error) {
+	if root.pulled {
+		return &agent.Rootfs{}, nil // no root: the guest pulls (guestpull.go)
+	}
 	if root.layered {
 		ls, err := pod.layers.Attach(ctx, sb, id)
 		if err != nil {
@@ -168,6 +180,9 @@ func (s *service) attachRoot(ctx context.Context, pod *podState, sb Sandbox, id 
 // this container used from m (nil when the VM is gone or going) and
 // drops its layers or removes its copy.
 func (s *service) releaseRoot(ctx context.Context, pod *podState, m Machine, id string, root *containerRoot) {
+	if root.pulled {
+		return
+	}
 	if root.layered {
 		pod.layers.Release(ctx, m, id)
 		return

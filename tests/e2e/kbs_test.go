@@ -131,10 +131,12 @@ var kbsImage = policy.AnnotationImageName + "=" + image
 
 // kbsPolicy is the [policy] of the kbs pods: a rule per container id that
 // may run (ctr run IMAGE ID ARGS...), pinning what ctr writes (the
-// image's PATH, its working directory "/", root, a tmpfs on /run), with
-// the broker's secret and its output for the test to read. Without an
-// enforced [policy] the broker releases nothing: the host could create a
-// container of its own, which would get the secret.
+// image's PATH, its working directory "/", root, a tmpfs on /run) and the
+// test image's layer, with the broker's secret and its output for the
+// test to read. Without an enforced [policy] the broker releases nothing:
+// the host could create a container of its own, which would get the
+// secret; without the layer the host would supply the root file system,
+// and its own /bin/sh would run under the rule's argv.
 func kbsPolicy(entry string) string {
 	rule := func(id string, args []string) string {
 		return fmt.Sprintf(`
@@ -148,7 +150,7 @@ gid = 0
 logs = true
 mounts = [{ destination = "/run", kind = "tmpfs" }]
 secrets = [{ resource = %q }]
-`, id, image, tomlStrings(args...), tomlStrings(imagePath), entry)
+%s`, id, image, tomlStrings(args...), tomlStrings(imagePath), entry, testImageLayers())
 	}
 	return "\n[policy]\n" + rule("kbs1", kbsReadArgs) + rule("kbs2", kbsCatArgs) + rule("kbs4", kbsSleepArgs) + rule("kbs5", kbsCatArgs) + rule("kbs7", kbsCatArgs)
 }
@@ -241,7 +243,19 @@ path = "/run/secrets/db-password"
 // being unpinned, and one that also asks for another team's resource):
 // the owner's broker knows its pods' documents.
 func pinPods(b *broker, kb *kbs.Broker) {
-	kb.InitData = [][]byte{podInitDoc(b.addr, b.certPEM), podCoCoInitDoc(b.addr, b.certPEM), noPolicyInitDoc(b.addr, b.certPEM), greedyInitDoc(b)}
+	kb.InitData = [][]byte{podInitDoc(b.addr, b.certPEM), podCoCoInitDoc(b.addr, b.certPEM), noPolicyInitDoc(b.addr, b.certPEM), greedyInitDoc(b), hostRootfsInitDoc(b)}
+}
+
+// hostRootfsInitDoc is podInitDoc whose rules pin no layers: enforced,
+// but the host supplies the containers' root file systems, so its own
+// /bin/sh would run under the owner's argv. Pinned, so that the broker
+// refuses it for that.
+func hostRootfsInitDoc(b *broker) []byte {
+	doc := strings.ReplaceAll(string(podInitDoc(b.addr, b.certPEM)), testImageLayers(), "")
+	if d, err := initdata.Parse([]byte(doc)); err != nil || len(d.HostRootfsRules()) == 0 {
+		panic(fmt.Sprint(d, err))
+	}
+	return []byte(doc)
 }
 
 // greedyInitDoc is a kbs pod's init data that also names another team's
@@ -388,6 +402,29 @@ func TestKBSSecrets(t *testing.T) {
 			t.Fatalf("the broker's log does not show the refusal:\n%s", b.Log())
 		}
 		e.d.CtrCommand(ctx(t), "container", "delete", "kbs6").Run()
+		e.assertNothingLeft(t)
+	})
+
+	t.Run("HostRootfsRefusedByTheBroker", func(t *testing.T) {
+		// An enforced [policy] whose rule pins no layers: the host
+		// attaches the root file system, so the broker refuses the pod
+		// though its evidence verifies, naming the rule, and the pod does
+		// not start.
+		before := strings.Count(b.Log(), "kbs: released")
+		doc := base64.StdEncoding.EncodeToString(hostRootfsInitDoc(b))
+		stdout, stderr, code := result(t, e.run(ctx(t), e.config, append([]string{"--rm", "--annotation", kbsImage, "--annotation", initdata.Annotation + "=" + doc, image, "kbs2"}, kbsCatArgs...)...))
+		if code == 0 || strings.Contains(stdout, kbsSecret) {
+			t.Fatalf("a pod whose rule pins no layers started (exit %d, stdout %q)", code, stdout)
+		}
+		for _, want := range []string{"key broker", "401", `"kbs2"`, "do not pin their images' layers", "[[policy.containers.kbs2.layers]]", "the host supplies their root file systems", "allow_host_rootfs"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("ctr's error does not say %q:\n%s", want, stderr)
+			}
+		}
+		if after := strings.Count(b.Log(), "kbs: released"); after != before {
+			t.Fatalf("the broker released a secret to a pod whose rule pins no layers:\n%s", b.Log())
+		}
+		e.d.CtrCommand(ctx(t), "container", "delete", "kbs2").Run()
 		e.assertNothingLeft(t)
 	})
 

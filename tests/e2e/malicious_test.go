@@ -336,7 +336,11 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 	var doc []byte
 	b := startBroker(t, h.stateDir, h.imageDir, func(b *broker, kb *kbs.Broker) {
 		doc = policyInitData(b, layeredRuleDoc(ls.base, ls.app))
-		kb.InitData = [][]byte{doc}
+		// The harness builds the sandbox's, app's and reader's roots on
+		// the host (their rules pin no layers), to attack them: the
+		// owner's opt-out, so that the broker judges this pod on its
+		// policy, which is what these attacks test.
+		kb.InitData, kb.AllowHostRootfsPods = [][]byte{doc}, true
 	})
 	// The host offers the pod a share: a host directory with a file, on
 	// virtio-fs.

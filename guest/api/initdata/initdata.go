@@ -43,8 +43,8 @@
 // signals; which containers get which secrets. Without one, init data
 // restricts devices (and, by allow_exec, exec) only: the host can still
 // create containers of its own, which get the pod's secrets, so c8s's key
-// broker releases secrets only to a pod with an enforced [policy]
-// (HostCanRunCode).
+// broker releases secrets only to a pod with an enforced [policy] whose
+// rules bind their containers to the owner's images (HostCanRunCode).
 //
 // Empty init data means the default policy (everything allowed but the
 // pod VM's own devices) and an all-zero HOST_DATA. Both sides of the host-guest API use this package,

@@ -34,23 +34,48 @@ func (d *InitData) PolicyGoverns() bool { return d.Policy != nil }
 
 // HostCanRunCode reports whether the host can run code of its choosing in
 // the pod under this document, and so read back whatever the pod holds,
-// such as the secrets a key broker releases to it; reason says why, for a
-// broker's refusal. True without a [policy] section, whatever
-// agent_policy.allow_exec says: CreateContainer is then unrestricted and
-// the pod's secrets are mounted into every container, so the host creates
-// one that prints them and reads its stdout. True with a [policy] in audit
-// mode, which only logs what it would refuse. False under an enforced
-// [policy]: the host creates only the containers, and execs only the argv
-// lists, the owner wrote, so what runs is the owner's choice (a rule as
-// loose as image = "re:.*" is that choice too).
+// such as the secrets a key broker releases to it or the key of a mesh
+// certificate; reason says why, naming the rules, for a relying party's
+// refusal.
+//
+// True without a [policy] section, whatever agent_policy.allow_exec says:
+// CreateContainer is then unrestricted and the pod's secrets are mounted
+// into every container, so the host creates one that prints them and
+// reads its stdout. True with a [policy] in audit mode, which only logs
+// what it would refuse. Under an enforced [policy] the host creates only
+// the containers, and execs only the argv lists, the owner wrote; it is
+// still true where a rule leaves what those run to the host: a rule that
+// does not bind its container's file system to the owner's image
+// (HostRootfsRules: the host supplies the root, and its /bin/sh runs under
+// the owner's argv), and the other shapes hostcode.go lists (a host share
+// over the program or the system's code, a loader or shell-startup
+// variable of the host's, a script that is a pattern, a shell reading the
+// host's stdin). A rule as loose as image = "re:.*" with its layers pinned
+// runs the owner's files, and is the owner's choice.
 func (d *InitData) HostCanRunCode() (bool, string) {
+	return d.HostCanRunCodeWith(HostCodeOptions{})
+}
+
+// HostCanRunCodeWith is HostCanRunCode without what o says the owner
+// accepts.
+func (d *InitData) HostCanRunCodeWith(o HostCodeOptions) (bool, string) {
 	switch {
 	case d.Policy == nil:
 		return true, "the init data has no [policy] section, so CreateContainer is unrestricted and every container gets the pod's secrets: the host can create a container that prints them and read its output, whatever agent_policy.allow_exec says"
 	case d.Policy.Audit:
 		return true, "the init data's [policy] is in audit mode (policy.audit = true): the agent only logs what it would refuse, so the host can create or exec what it likes and read the secrets back"
 	}
-	return false, "the init data's [policy] is enforced: the host may create and exec only what the owner's rules allow"
+	var reasons []string
+	if keys := d.HostRootfsRules(); len(keys) > 0 && !o.AcceptHostRootfs {
+		reasons = append(reasons, hostRootfsReason(keys))
+	}
+	for _, r := range rules(d.Policy) {
+		reasons = append(reasons, ruleHostCode(r)...)
+	}
+	if len(reasons) > 0 {
+		return true, strings.Join(reasons, "; ")
+	}
+	return false, "the init data's [policy] is enforced and binds every container to the owner's image: the host may create and exec only what the owner's rules allow"
 }
 
 // knownKeysAt lists the keys the TOML document of v may have in the table

@@ -224,6 +224,15 @@ type Container struct {
 	// dm-verity with the root written here, and refuses a host-built root
 	// disk. Absent: the root is not pinned (what the host attaches).
 	Layers []Layer `toml:"layers"`
+	// Pull (exact) is the image the guest pulls itself when the host
+	// offers no layer disks: REGISTRY/REPOSITORY@sha256:<digest>, never
+	// a tag. PullAuth is the key broker resource (kbs:///REPO/TYPE/TAG)
+	// with the registry's credentials; PullPlainHTTP talks plain HTTP to
+	// the registry (never with PullAuth). See pull.go. Absent: the guest
+	// pulls nothing.
+	Pull          string `toml:"pull"`
+	PullAuth      string `toml:"pull_auth"`
+	PullPlainHTTP bool   `toml:"pull_plain_http"`
 }
 
 // Mount allows one mount of a container.
@@ -497,7 +506,7 @@ func (c *Container) validate(key string, secrets []string) error {
 	if len(c.Args) == 0 {
 		bad("args", "required: the container's process.args")
 	}
-	errs = append(errs, validateLayers(key, c.Layers), validateProcess(key, c))
+	errs = append(errs, validateLayers(key, c.Layers), validateProcess(key, c), validatePull(key, c))
 	checkPatterns := func(field string, ps []Pattern) {
 		for i, p := range ps {
 			if err := p.Validate(); err != nil {

@@ -34,6 +34,7 @@ type kbsFlags struct {
 	referenceKey, resourcePolicy          string
 	collateralDir                         string
 	anyInitData, allowUnconfined          bool
+	allowHostRootfs                       bool
 	fromNode                              bool
 }
 
@@ -104,6 +105,7 @@ func (o *kbsFlags) registerVerification(fs *flag.FlagSet) {
 	fs.Var(&o.initData, "init-data", "init data `FILE` of a pod the broker serves (repeatable): only evidence whose HOST_DATA or MRCONFIGID is the digest of one of these documents, sent with that document, is accepted")
 	fs.BoolVar(&o.anyInitData, "any-init-data", false, "development only: accept whatever init data a pod sends (the host launches the pod, so it could write a [policy] of its own)")
 	fs.BoolVar(&o.allowUnconfined, "allow-unconfined-host", false, "development only: also release to pods whose init data lets the host run code of its choosing in them (no [policy] section, or one in audit mode), which could read the secrets back")
+	fs.BoolVar(&o.allowHostRootfs, "allow-host-rootfs-pods", false, "also release to pods whose enforced [policy] has rules that pin no image layers, so that the node supplies those containers' files and its binaries run under the owner's argv: only if the owner trusts the node with them (a workload's allow_host_rootfs in --resource-policy is the narrower form)")
 	fs.BoolVar(&o.fromNode, "reference-values-from-node", false, "DEVELOPMENT ONLY, INSECURE: take the launch reference values, min_tcb and allow_debug from the node's own config (--config) and image manifest, which the host controls and can widen; never with --reference-values or --resource-policy")
 	fs.StringVar(&o.configPath, "config", "/etc/c8s/config.toml", "with --reference-values-from-node only: the node's c8s config (TEE, image manifest, state dir)")
 	fs.StringVar(&o.collateralDir, "collateral", "", "snp and tdx: a `DIR` of offline collateral (c8s-launcher collateral fetch): tdx pods' platform TCB status, quoting enclave identity and PCK revocation are checked with Intel's files in it, snp pods' certificates against AMD's CRLs in it")
@@ -123,7 +125,7 @@ func newKBSBroker(o kbsFlags, stdout io.Writer) (*broker.Broker, string, error) 
 	if owner && o.fromNode {
 		return nil, "", errors.New("--reference-values-from-node cannot be combined with --reference-values or --resource-policy: the owner's files are the only reference values, and the node's manifest is not consulted")
 	}
-	b := &broker.Broker{AnyInitData: o.anyInitData, AllowUnconfinedHost: o.allowUnconfined}
+	b := &broker.Broker{AnyInitData: o.anyInitData, AllowUnconfinedHost: o.allowUnconfined, AllowHostRootfsPods: o.allowHostRootfs}
 	var err error
 	if o.resourcePolicy != "" {
 		if b.ResourcePolicy, err = broker.LoadResourcePolicy(o.resourcePolicy); err != nil {
@@ -142,7 +144,8 @@ func newKBSBroker(o kbsFlags, stdout io.Writer) (*broker.Broker, string, error) 
 	if !pinned && !o.anyInitData {
 		return nil, "", errNoPins // before anything else: the pins name the pods served
 	}
-	if b.InitData, err = loadInitData(o.initData, o.allowUnconfined); err != nil {
+	acceptHostRootfs := func(doc []byte) bool { return o.allowHostRootfs || b.ResourcePolicy.AllowsHostRootfs(doc) }
+	if b.InitData, err = loadInitData(o.initData, o.allowUnconfined, acceptHostRootfs); err != nil {
 		return nil, "", err
 	}
 	if !owner && !o.fromNode && base == nil {
@@ -288,8 +291,10 @@ func (l *stringList) Set(s string) error {
 // loadInitData reads the init data documents to pin, refusing one that
 // does not parse or, unless allowUnconfined, one under which the host
 // could run code of its choosing (the broker would refuse every pod
-// launched with it).
-func loadInitData(files []string, allowUnconfined bool) ([][]byte, error) {
+// launched with it); acceptHostRootfs says whether the owner accepts a
+// document's rules that pin no layers (--allow-host-rootfs-pods, a
+// workload's allow_host_rootfs).
+func loadInitData(files []string, allowUnconfined bool, acceptHostRootfs func([]byte) bool) ([][]byte, error) {
 	var docs [][]byte
 	for _, f := range files {
 		b, err := os.ReadFile(f)
@@ -300,12 +305,9 @@ func loadInitData(files []string, allowUnconfined bool) ([][]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--init-data %s: %w", f, err)
 		}
-		if unconfined, reason := d.HostCanRunCode(); unconfined && !allowUnconfined {
-			fix := "add a [policy] section (c8s-measure policy can generate one)"
-			if d.PolicyGoverns() {
-				fix = "set policy.audit = false"
-			}
-			return nil, fmt.Errorf("--init-data %s: the broker would release nothing to pods launched with it: %s; %s", f, reason, fix)
+		accept := acceptHostRootfs(b)
+		if unconfined, reason := d.HostCanRunCodeWith(initdata.HostCodeOptions{AcceptHostRootfs: accept}); unconfined && !allowUnconfined {
+			return nil, fmt.Errorf("--init-data %s: the broker would release nothing to pods launched with it: %s; %s", f, reason, broker.HostCodeFix(d, accept))
 		}
 		docs = append(docs, b)
 	}

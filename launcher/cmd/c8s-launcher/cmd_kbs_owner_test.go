@@ -90,7 +90,7 @@ args = ["/app"]
 working_dir = "/"
 uid = 1000
 gid = 1000
-`, e.url, certPEM))
+%s`, e.url, certPEM, appLayers))
 	nodeManifest := e.write(t, "node-manifest.json", string(manifestFor(t, e.measurement[:])))
 	e.nodeConfig = e.write(t, "node.toml", fmt.Sprintf("[hypervisor]\ntee = \"sim\"\n[attestation]\nmanifest = %q\n[runtime]\nstate_dir = %q\n", nodeManifest, e.dir))
 	return e

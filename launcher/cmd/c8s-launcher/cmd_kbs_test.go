@@ -64,14 +64,22 @@ func TestKBSRequiresPinnedInitData(t *testing.T) {
 	// Past the pins, to the missing config (read only under the
 	// development flag): each flag passes the check.
 	base = append(base, "--reference-values-from-node")
-	enforced := write("pod.toml", "version = \"0.1\"\n[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\n")
+	hostRootfs := write("host-rootfs.toml", "version = \"0.1\"\n[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\n")
+	if err = runKBS(t.Context(), append(slices.Clone(base), "--init-data", hostRootfs), io.Discard); err == nil || !strings.Contains(err.Error(), `rule "app" does not pin its image's layers`) || !strings.Contains(err.Error(), "--allow-host-rootfs-pods") {
+		t.Fatalf("a document whose rule pins no layers: err = %v", err)
+	}
+	enforced := write("pod.toml", "version = \"0.1\"\n[policy]\n[policy.containers.app]\nimage = \"x\"\nargs = [\"y\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\n"+appLayers)
 	for _, extra := range [][]string{
 		{"--init-data", enforced, "--init-data", enforced},
 		{"--any-init-data"},
 		{"--init-data", noPolicy, "--allow-unconfined-host"},
+		{"--init-data", hostRootfs, "--allow-host-rootfs-pods"},
 	} {
 		if err := runKBS(t.Context(), append(slices.Clone(base), extra...), io.Discard); err == nil || !strings.Contains(err.Error(), "missing.toml") {
 			t.Errorf("%v: err = %v, want the pins accepted (and the missing config refused)", extra, err)
 		}
 	}
 }
+
+// appLayers pins a rule's image: one layer, by diff ID and dm-verity root.
+const appLayers = "layers = [{ digest = \"sha256:5f70bf18a086007016e948b04aed3b82103a36bea41755b6cddfaf10ace3c6ef\", verity = \"9c3a0f6e4bd1c2a3e4f5061728394a5b6c7d8e9f00112233445566778899aabb\", blocks = 1187 }]\n"

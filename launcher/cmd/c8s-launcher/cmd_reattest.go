@@ -90,13 +90,17 @@ func (f *reattestFlags) monitor(cfg config.Config, root string, client *node.Kub
 		return nil, nil, err
 	}
 	stateRoot := filepath.Join(root, cfg.Runtime.StateDir)
+	collateralDir := cfg.Attestation.CollateralDir // the shim's: its TCB status, QE identity, CRLs
+	if collateralDir != "" {
+		collateralDir = filepath.Join(root, collateralDir)
+	}
 	m := &reattest.Monitor{
 		Sandboxes: node.StateSandboxes{StateRoot: stateRoot, ProcRoot: filepath.Join(root, "proc")},
 		Shims:     node.ShimEvidence{ContainerdAddress: f.containerd},
 		Runtime:   cri,
 		Reporter:  client,
 		Checker: &reattest.Checker{
-			Trusts:     reattest.NodeTrusts(stateRoot),
+			Trusts:     reattest.NodeTrusts(stateRoot, collateralDir),
 			Manifest:   func(p string) (*manifest.Manifest, error) { return manifest.Load(filepath.Join(root, p)) },
 			MinTCB:     cfg.Attestation.MinTCB,
 			AllowDebug: cfg.Attestation.AllowDebug,

@@ -124,6 +124,12 @@ func (c *Checker) verifier(t attest.Trust) (*attest.Verifier, error) {
 	if t.FetchCertificates {
 		h.Write([]byte{1})
 	}
+	// The collateral: NodeTrusts gives the same while its files are.
+	fmt.Fprintf(h, "\x00%p\x00", t.TDXCollateral)
+	for _, crl := range t.AMDCRLs {
+		fmt.Fprintf(h, "%d\x00", len(crl))
+		h.Write(crl)
+	}
 	var k [sha256.Size]byte
 	h.Sum(k[:0])
 	c.mu.Lock()
@@ -388,6 +394,14 @@ func rejection(err error) Verdict {
 			v.Reason = ReasonMeasurementMismatch
 		case strings.HasPrefix(ae.Field, "RTMR") || ae.Field == "CC event log" || ae.Field == "sim RTMRs":
 			v.Reason = ReasonMeasuredBootMismatch
+		// The platform, judged by the vendor's collateral
+		// (attestation.collateral_dir): the node's failure.
+		case ae.Kind == attest.KindRevoked && strings.Contains(ae.Field, "TCB status"):
+			v.Reason, v.Node = ReasonTCBRevoked, true
+		case ae.Kind == attest.KindRevoked:
+			v.Reason, v.Node = ReasonChipRevoked, true
+		case ae.Kind == attest.KindPolicy && strings.Contains(ae.Field, "TCB status"):
+			v.Reason, v.Node = ReasonTCBBelowMinimum, true
 		}
 	}
 	return v

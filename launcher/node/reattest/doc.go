@@ -5,8 +5,10 @@
 // Interval, and at once for a new pod or after a new bundle, asks each
 // pod's shim for fresh evidence bound to a new nonce (the shim's Admin API
 // Evidence). A Checker verifies it with launcher/attest against the
-// reference values in force, then judges the verified fields against the
-// minimum TCB and the revocations. The verdict becomes the pod's
+// reference values in force and, as the shim at start, the node's offline
+// collateral (attestation.collateral_dir, NodeTrusts: Intel's TCB info,
+// QE identity and CRLs, AMD's CRLs), then judges the verified fields
+// against the minimum TCB and the revocations. The verdict becomes the pod's
 // c8s.io/Attested condition (True, False with the reason, or Unknown when
 // there was no evidence to judge) and, on a change, an event; where the
 // policy says on_failure = "stop", the pod's sandbox is stopped through

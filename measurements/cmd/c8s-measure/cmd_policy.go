@@ -54,7 +54,10 @@ func runPolicy(args []string, stdout, stderr io.Writer) error {
 	audit := fs.Bool("audit", false, "write policy.audit = true: denials are logged, not enforced (bring-up; the owner's broker sees it)")
 	kbsURL := fs.String("kbs-url", "", "the key broker's `URL` (https://HOST[:PORT])")
 	kbsCert := fs.String("kbs-cert", "", "`PEM` file of the broker's TLS certificate")
-	var images, execs, execStdin, secrets, ports listFlag
+	var images, execs, execStdin, secrets, ports, pulls, pullAuths listFlag
+	fs.Var(&pulls, "pull", "`CONTAINER` whose image (pinned by digest) the guest may pull and verify itself where the node offers no layer disks (repeatable)")
+	fs.Var(&pullAuths, "pull-auth", "`CONTAINER=RESOURCE`: the broker resource (kbs:///REPO/TYPE/TAG) with the registry credentials of CONTAINER's pull (repeatable)")
+	pullHTTP := fs.Bool("pull-plain-http", false, "the guest pulls over plain HTTP (test registries; digests are still verified, the network sees which image; never with --pull-auth)")
 	fs.Var(&images, "image", "`REF=LAYOUT`: the OCI image layout (a directory, or a tar of one) of the image the pod names REF, or of container REF; gives entrypoint, cmd, env, working dir and user (repeatable)")
 	fs.Var(&execs, "allow-exec", "`CONTAINER=ARGV`: let the host also exec ARGV in CONTAINER (words, or a JSON array; re: elements are patterns) (repeatable)")
 	fs.Var(&execStdin, "exec-stdin", "`CONTAINER` whose execs may have stdin or a terminal (kubectl exec -it) (repeatable)")
@@ -112,6 +115,21 @@ func runPolicy(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--secret %q: want CONTAINER:RESOURCE:PATH", s)
 		}
 		o.Secrets = append(o.Secrets, policygen.Secret{Container: s[:i], Resource: s[i+1 : j], Path: s[j+1:]})
+	}
+	for _, n := range pulls {
+		if o.Pull == nil {
+			o.Pull = map[string]policygen.Pull{}
+		}
+		o.Pull[n] = policygen.Pull{PlainHTTP: *pullHTTP}
+	}
+	for _, a := range pullAuths {
+		n, res, ok := strings.Cut(a, "=")
+		p, pulled := o.Pull[n]
+		if !ok || !pulled {
+			return fmt.Errorf("--pull-auth %q: want CONTAINER=RESOURCE for a CONTAINER given to --pull", a)
+		}
+		p.Auth = res
+		o.Pull[n] = p
 	}
 	for _, p := range ports {
 		n, err := strconv.ParseUint(p, 10, 16)

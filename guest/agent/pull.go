@@ -1,0 +1,383 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/containerd/log"
+	"github.com/google/go-containerregistry/pkg/authn"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/api/initdata"
+	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
+	"github.com/c8s-dev/c8s/guest/kbs"
+	"github.com/c8s-dev/c8s/guest/policy"
+	"github.com/c8s-dev/c8s/guest/pull"
+)
+
+// Guest pull (guest/pull): a container whose rule names a digest-pinned
+// image (policy pull = "…@sha256:…") and for which the host offers no
+// root (neither a disk nor layers) gets the image the guest pulls itself,
+// through the pod's network, verifying every digest as it streams. The
+// reference is the policy's; the host only chose not to offer disks.
+//
+//   - Where: a tmpfs of its own at ImagesDir (guest memory, encrypted by
+//     SNP and TDX, like the containers' writable layers), mounted
+//     nodev,nosuid on the first pull, one directory per manifest digest
+//     (guest/pull), which every container of that image in the pod
+//     stacks under its own writable tmpfs layer (stackRoot). A pulled
+//     image stays for the pod VM's life: a restarted container starts
+//     without pulling again.
+//   - When: as soon as the pod network is up (the sandbox container is
+//     created and its network configured: startPulls), for every rule of
+//     the policy that names an image, so that the pull overlaps the
+//     kubelet's next steps; else at the container's create.
+//   - How long: CreateContainer waits up to PullWait for the pull, then
+//     fails Unavailable with its progress ("pulling …: 312 of 900 MiB"),
+//     which the kubelet retries while the pull goes on. A pull that fails
+//     leaves nothing (the image's partial directory is removed); its
+//     error is returned to the create that finds it, and the next create
+//     pulls again.
+//   - Credentials: from the pod's key broker (pull_auth), through the
+//     same attested KBS handshake as [kbs] secrets; never from the host,
+//     never over plain HTTP.
+//   - Network: the pull's sockets are opened in the sandbox container's
+//     network namespace (the pod's). The registry is named by address:
+//     names are resolved by the guest's resolver, not the pod's DNS.
+
+// DefaultPullWait is Config.PullWait unless set: how long a
+// CreateContainer waits for its image's pull before it reports progress.
+const DefaultPullWait = 60 * time.Second
+
+// pullProgressEvery is how often a running pull is logged.
+const pullProgressEvery = 10 * time.Second
+
+// pullJob is one image being pulled, or pulled.
+type pullJob struct {
+	img   policy.PullImage
+	done  chan struct{}
+	dir   string // the unpacked image, once done without error
+	err   error
+	bytes atomic.Int64
+	total atomic.Int64
+	start time.Time
+}
+
+func (j *pullJob) progress() string {
+	return pull.Progress{Done: j.bytes.Load(), Total: j.total.Load()}.String()
+}
+
+// pullStore holds the pod's pulls, by reference.
+type pullStore struct {
+	mu      sync.Mutex
+	jobs    map[string]*pullJob
+	mounted bool
+	// broker fetches pull_auth credentials (SetInitData: setPullBroker).
+	broker *kbs.Client
+}
+
+// setPullBroker keeps the pod's key broker for pull_auth credentials.
+func (s *Service) setPullBroker(doc *initdata.InitData, raw []byte, tee string) {
+	k := doc.KBS
+	if k.URL == "" || (tee != kbsapi.TeeSNP && tee != kbsapi.TeeTDX) {
+		return
+	}
+	roots, err := k.CertPool()
+	if err != nil {
+		return
+	}
+	s.pulls.mu.Lock()
+	s.pulls.broker = &kbs.Client{URL: k.URL, Roots: roots, Dial: s.cfg.KBSDial, Tee: tee, InitData: raw, Evidence: s.kbsEvidence}
+	s.pulls.mu.Unlock()
+}
+
+func (s *Service) imagesDir() string {
+	if s.cfg.ImagesDir != "" {
+		return s.cfg.ImagesDir
+	}
+	return filepath.Join(filepath.Dir(filepath.Clean(s.cfg.StateDir)), "images")
+}
+
+func (s *Service) pullWait() time.Duration {
+	if s.cfg.PullWait > 0 {
+		return s.cfg.PullWait
+	}
+	return DefaultPullWait
+}
+
+// startPulls starts the pulls of every image the pod's policy has the
+// guest pull, in the network namespace of sandbox container c, whose
+// network the host has just configured.
+func (s *Service) startPulls(ctx context.Context, c *container) {
+	imgs := s.evaluator().PullImages()
+	if len(imgs) == 0 {
+		return
+	}
+	for _, img := range imgs {
+		s.pullFor(ctx, img, c)
+	}
+}
+
+// sandboxOf returns the sandbox container c joins (c itself if it is one),
+// or nil.
+func (s *Service) sandboxOf(c *container) *container {
+	id := c.sandboxID
+	if id == "" {
+		id = c.id
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.containers[id]
+}
+
+// netnsOf returns a copy of the network namespace sandbox sc holds, or
+// nil (the VM's own namespace).
+func netnsOf(sc *container) *os.File {
+	if sc == nil {
+		return nil
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	f := sc.ns[specs.NetworkNamespace]
+	if f == nil {
+		return nil
+	}
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	return os.NewFile(uintptr(fd), f.Name())
+}
+
+// pullFor returns the pull of img, starting it in sandbox sc's network
+// if there is none yet. A failed pull is returned once and forgotten.
+func (s *Service) pullFor(ctx context.Context, img policy.PullImage, sc *container) *pullJob {
+	key := img.Ref.String()
+	st := &s.pulls
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if j := st.jobs[key]; j != nil {
+		return j
+	}
+	if st.jobs == nil {
+		st.jobs = map[string]*pullJob{}
+	}
+	j := &pullJob{img: img, done: make(chan struct{}), start: time.Now()}
+	st.jobs[key] = j
+	netns := netnsOf(sc)
+	ctx = log.WithLogger(context.WithoutCancel(ctx), log.G(ctx).WithField("image", key))
+	go s.runPull(ctx, j, netns)
+	return j
+}
+
+func (s *Service) runPull(ctx context.Context, j *pullJob, netns *os.File) {
+	defer close(j.done)
+	if netns != nil {
+		defer netns.Close()
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		t := time.NewTicker(pullProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				log.G(ctx).WithField("progress", j.progress()).Info("pulling the image")
+			}
+		}
+	}()
+	log.G(ctx).WithField("plain_http", j.img.PlainHTTP).WithField("auth", j.img.Auth != "").Info("pulling the image in the guest")
+	dir, err := s.pullImage(ctx, j, netns)
+	if err != nil {
+		j.err = err
+		log.G(ctx).WithError(err).WithField("progress", j.progress()).Error("guest pull failed")
+		return
+	}
+	j.dir = dir
+	log.G(ctx).WithField("took", time.Since(j.start).Round(time.Millisecond)).WithField("bytes", j.total.Load()).Info("image pulled and verified")
+}
+
+func (s *Service) pullImage(ctx context.Context, j *pullJob, netns *os.File) (string, error) {
+	tr := netnsTransport(netns)
+	// No connection outlives the pull in the pod's namespace.
+	defer tr.CloseIdleConnections()
+	o := pull.Options{
+		PlainHTTP: j.img.PlainHTTP,
+		Transport: tr,
+		Progress: func(p pull.Progress) {
+			j.bytes.Store(p.Done)
+			j.total.Store(p.Total)
+		},
+	}
+	if j.img.Auth != "" {
+		auth, err := s.pullCredentials(ctx, j.img)
+		if err != nil {
+			return "", err
+		}
+		o.Auth = auth
+	}
+	dir := s.imagesDir()
+	if err := s.mountImages(dir); err != nil {
+		return "", err
+	}
+	img, err := pull.Pull(ctx, j.img.Ref, dir, o)
+	if err != nil {
+		return "", err
+	}
+	return img.Dir, nil
+}
+
+// pullCredentials fetches the registry's credentials from the pod's key
+// broker.
+func (s *Service) pullCredentials(ctx context.Context, img policy.PullImage) (*authn.AuthConfig, error) {
+	s.pulls.mu.Lock()
+	b := s.pulls.broker
+	s.pulls.mu.Unlock()
+	if b == nil {
+		return nil, fmt.Errorf("pull %s: pull_auth %q: the pod's init data names no key broker (kbs.url) the guest attests to: %w", img.Ref, img.Auth, errdefs.ErrFailedPrecondition)
+	}
+	path, err := initdata.Secret{Resource: img.Auth}.ResourcePath()
+	if err != nil {
+		return nil, err
+	}
+	vals, err := b.FetchRetry(ctx, []string{path}, secretRetry)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: registry credentials %s from the key broker: %w: %w", img.Ref, img.Auth, err, errdefs.ErrPermissionDenied)
+	}
+	defer clear(vals[0])
+	return pull.ParseCredentials(vals[0], img.Ref.Registry)
+}
+
+// mountImages mounts the tmpfs pulled images are kept in, once: in guest
+// memory, nodev and nosuid (as layer disks are mounted). Outside a TEE
+// guest (tests) it is a directory.
+func (s *Service) mountImages(dir string) error {
+	s.pulls.mu.Lock()
+	defer s.pulls.mu.Unlock()
+	if s.pulls.mounted {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if s.confidentialWrites() {
+		size := s.cfg.ScratchSize
+		if size == "" {
+			size = DefaultScratchSize
+		}
+		if err := unix.Mount("c8s-images", dir, "tmpfs", unix.MS_NODEV|unix.MS_NOSUID, "mode=0700,size="+size); err != nil {
+			return fmt.Errorf("mount the tmpfs of pulled images on %s (size=%s): %w", dir, size, err)
+		}
+	}
+	s.pulls.mounted = true
+	return nil
+}
+
+// netnsTransport is an HTTP transport whose connections are opened in the
+// network namespace netns (nil: the agent's own).
+func netnsTransport(netns *os.File) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil // the host sets no proxy of ours
+	if netns != nil {
+		t.DialContext = netnsDialer(netns)
+	}
+	return t
+}
+
+// netnsDialer dials from a thread that entered netns: the socket is
+// created there. The thread is never given back to the scheduler (the
+// goroutine ends locked), so no other goroutine runs in the pod's
+// namespace.
+func netnsDialer(netns *os.File) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type result struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan result, 1)
+		go func() {
+			runtime.LockOSThread()
+			if err := unix.Setns(int(netns.Fd()), unix.CLONE_NEWNET); err != nil {
+				ch <- result{nil, fmt.Errorf("enter the pod's network namespace: %w", err)}
+				return
+			}
+			var d net.Dialer
+			c, err := d.DialContext(ctx, network, addr)
+			ch <- result{c, err}
+		}()
+		r := <-ch
+		return r.c, r.err
+	}
+}
+
+// pulledRoot mounts container c's root from the image its rule has the
+// guest pull: waits for the pull (waitPull), then stacks the container's
+// writable layer over the image.
+func (s *Service) pulledRoot(ctx context.Context, c *container, spec *specs.Spec) error {
+	img, ok := c.policy().PullImage()
+	if !ok {
+		return fmt.Errorf("container %q: the host offered no root (neither a disk nor layers), and no policy rule names an image for the guest to pull: %w", c.id, errdefs.ErrInvalidArgument)
+	}
+	dir, err := s.waitPull(ctx, c.id, img, s.sandboxOf(c))
+	if err != nil {
+		return err
+	}
+	return s.stackRoot(ctx, c, []string{dir}, spec, nil)
+}
+
+// waitPull waits up to PullWait for the pull of img (started in sandbox
+// sc's network if it is not yet) and returns the image's directory. A
+// pull still running is reported Unavailable with its progress, for the
+// kubelet to retry; a failed one with its error (DataLoss for content
+// that does not verify), once: the next call pulls again.
+func (s *Service) waitPull(ctx context.Context, id string, img policy.PullImage, sc *container) (string, error) {
+	j := s.pullFor(ctx, img, sc)
+	t := time.NewTimer(s.pullWait())
+	defer t.Stop()
+	select {
+	case <-j.done:
+	case <-t.C:
+		return "", fmt.Errorf("container %q: pulling %s: %s (after %s; the pull goes on, retry): %w", id, img.Ref, j.progress(), time.Since(j.start).Round(time.Second), errdefs.ErrUnavailable)
+	case <-ctx.Done():
+		return "", fmt.Errorf("container %q: pulling %s: %s: %w", id, img.Ref, j.progress(), ctx.Err())
+	}
+	if j.err == nil {
+		return j.dir, nil
+	}
+	s.pulls.mu.Lock()
+	if s.pulls.jobs[img.Ref.String()] == j {
+		delete(s.pulls.jobs, img.Ref.String())
+	}
+	s.pulls.mu.Unlock()
+	var de *pull.DigestError
+	switch {
+	case errors.As(j.err, &de):
+		return "", fmt.Errorf("container %q: %w: %w", id, j.err, errdefs.ErrDataLoss)
+	case errdefs.IsFailedPrecondition(j.err), errdefs.IsPermissionDenied(j.err):
+		return "", fmt.Errorf("container %q: %w", id, j.err) // the broker's answer, or its absence
+	}
+	// The registry or the network: another pull may succeed.
+	return "", fmt.Errorf("container %q: %w: %w", id, j.err, errdefs.ErrUnavailable)
+}
+
+// emptyRoot reports whether the host offered no root at all: no disk, no
+// layers, no file system type or options. The guest then pulls the image
+// the container's rule names (pulledRoot), or the policy refuses.
+func emptyRoot(r *agentapi.Rootfs) bool {
+	return r.GetSource() == nil && len(r.GetLayers()) == 0 && r.GetFstype() == "" && len(r.GetOptions()) == 0
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
+	"github.com/google/nftables"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
@@ -24,10 +25,12 @@ import (
 
 // The attested mesh (guest/mesh): a pod whose measured init data has a
 // [mesh] section gets its workload certificate from the owner's mesh CA
-// and its meshed ports wrapped in mutual TLS by the agent's proxy, all in
-// the pod's network namespace, once the host has wired it with the
-// sandbox. Nothing of it is a host request: the init data decides, and
-// the agent talks to the CA itself over the pod network.
+// and its meshed ports wrapped in mutual TLS by the agent's transparent
+// proxy, all in the pod's network namespace, once the host has wired it
+// with the sandbox: the agent redirects the meshed TCP there (nftables)
+// before any container of the pod runs. Nothing of it is a host request:
+// the init data decides, and the agent talks to the CA itself over the
+// pod network.
 
 // meshFirstWait bounds how long creating a container that sees the mesh
 // files waits for the pod's first certificate request to end.
@@ -45,6 +48,19 @@ type meshState struct {
 	renewer *mesh.Renewer
 	cancel  context.CancelFunc
 	done    chan struct{}
+	// netfilter is closed once the netfilter modules are loaded (started
+	// by setMesh, in the background, while the host prepares the pod).
+	netfilter chan struct{}
+}
+
+// meshNetfilterWait bounds how long the sandbox's creation waits for the
+// netfilter modules.
+var meshNetfilterWait = 2 * time.Minute
+
+// meshTables opens the nftables netlink connection in the pod's network
+// namespace nsFd (a variable for tests).
+var meshTables = func(nsFd int) (mesh.NFTables, error) {
+	return nftables.New(nftables.WithNetNSFd(nsFd))
 }
 
 // meshDir is where the pod's mesh files are kept: beside the secrets
@@ -62,6 +78,14 @@ func (s *Service) setMesh(doc *initdata.InitData, raw []byte) {
 	defer s.mesh.mu.Unlock()
 	if s.mesh.cfg == nil {
 		s.mesh.cfg, s.mesh.raw = doc.Mesh, append([]byte(nil), raw...)
+		// Only a mesh pod pays for the netfilter modules.
+		s.mesh.netfilter = make(chan struct{})
+		go func(done chan struct{}) {
+			defer close(done)
+			if s.cfg.LoadNetfilter != nil {
+				s.cfg.LoadNetfilter()
+			}
+		}(s.mesh.netfilter)
 	}
 }
 
@@ -80,23 +104,26 @@ func (s *Service) startMesh(ctx context.Context, id string, req *agentapi.PodNet
 	if m.proxy != nil {
 		return fmt.Errorf("container %q: the pod's mesh already runs in sandbox %q: %w", id, m.sandbox, errdefs.ErrFailedPrecondition)
 	}
-	var addrs []net.IP
-	for _, ni := range req.GetInterfaces() {
-		for _, a := range ni.GetAddresses() {
-			if ip, _, err := net.ParseCIDR(a); err == nil {
-				addrs = append(addrs, ip)
-			}
+	if m.netfilter != nil {
+		t := time.NewTimer(meshNetfilterWait)
+		select {
+		case <-m.netfilter:
+		case <-t.C:
+			t.Stop()
+			return fmt.Errorf("container %q: mesh: the netfilter modules did not load within %v: %w", id, meshNetfilterWait, errdefs.ErrUnavailable)
 		}
+		t.Stop()
 	}
 	nsf, err := os.Open("/proc/" + strconv.Itoa(pid) + "/ns/net")
 	if err != nil {
 		return fmt.Errorf("mesh: open the pod's network namespace: %w", err)
 	}
 	nsPath := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), nsf.Fd())
+	// The agent's connections in the pod carry the mesh's mark, which the
+	// outbound redirect passes.
 	dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 		err = netnsdo.Do(nsPath, func() error {
-			var d net.Dialer
-			c, err = d.DialContext(ctx, network, addr)
+			c, err = mesh.DialMarked(ctx, network, addr)
 			return err
 		})
 		return c, err
@@ -121,11 +148,28 @@ func (s *Service) startMesh(ctx context.Context, id string, req *agentapi.PodNet
 	}
 	l := log.G(ctx).WithField("identity", cfg.Identity)
 	proxy := &mesh.Proxy{
-		CA: caPool, Inbound: cfg.Inbound, Outbound: cfg.Outbound, Addrs: addrs,
+		CA: caPool, Inbound: cfg.Inbound, Outbound: cfg.Outbound,
 		Listen: listen, Dial: dial,
 		Log: func(msg string, err error) { log.L.WithError(err).Warn("mesh proxy: " + msg) },
 	}
-	if err := proxy.Start(); err != nil {
+	listeners, err := proxy.Start()
+	if err != nil {
+		nsf.Close()
+		return fmt.Errorf("container %q: %w: %w", id, err, errdefs.ErrFailedPrecondition)
+	}
+	// The redirects, before any container of the pod runs: a pod whose
+	// meshed ports cannot be intercepted does not start (it would serve
+	// and send them in plaintext).
+	redirect, err := proxy.Redirect(listeners)
+	if err == nil {
+		redirect.Refuse = cfg.RefusesUnmeshed()
+		var nft mesh.NFTables
+		if nft, err = meshTables(int(nsf.Fd())); err == nil {
+			err = redirect.Install(nft)
+		}
+	}
+	if err != nil {
+		proxy.Close()
 		nsf.Close()
 		return fmt.Errorf("container %q: %w: %w", id, err, errdefs.ErrFailedPrecondition)
 	}
@@ -172,7 +216,7 @@ func (s *Service) startMesh(ctx context.Context, id string, req *agentapi.PodNet
 		defer close(done)
 		renewer.Run(rctx)
 	}(m.done)
-	l.WithField("inbound", len(cfg.Inbound)).WithField("outbound", len(cfg.Outbound)).WithField("addresses", addrs).Info("mesh: proxy started")
+	l.WithField("inbound", len(cfg.Inbound)).WithField("outbound", len(cfg.Outbound)).WithField("listeners", listeners).WithField("refuse_unmeshed", cfg.RefusesUnmeshed()).Info("mesh: transparent proxy started, redirects installed")
 	return nil
 }
 

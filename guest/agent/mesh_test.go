@@ -8,14 +8,23 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
+	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/containerd/errdefs"
+	"github.com/google/nftables"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	meshapi "github.com/c8s-dev/c8s/guest/api/mesh"
+	"github.com/c8s-dev/c8s/guest/mesh"
 	"github.com/c8s-dev/c8s/guest/policy"
 )
 
@@ -68,5 +77,88 @@ func TestMeshMountsNamedContainersOnly(t *testing.T) {
 	}
 	if filepath.Base(s.meshDir()) != "mesh" || filepath.Dir(s.meshDir()) != filepath.Dir(s.cfg.SecretsDir) {
 		t.Fatalf("mesh dir %s is not beside the secrets", s.meshDir())
+	}
+}
+
+// fakeTables records the agent's nftables batch.
+type fakeTables struct {
+	rules   int
+	chains  []string
+	flushed bool
+	err     error
+}
+
+func (f *fakeTables) AddTable(t *nftables.Table) *nftables.Table { return t }
+func (f *fakeTables) DelTable(*nftables.Table)                   {}
+func (f *fakeTables) AddChain(c *nftables.Chain) *nftables.Chain {
+	f.chains = append(f.chains, c.Name)
+	return c
+}
+func (f *fakeTables) AddRule(r *nftables.Rule) *nftables.Rule    { f.rules++; return r }
+func (f *fakeTables) Flush() error                               { f.flushed = true; return f.err }
+
+// A mesh pod loads the netfilter modules (a pod without a mesh does not),
+// and its sandbox starts only with the redirects in place: a pod whose
+// meshed ports cannot be intercepted would serve and send them in
+// plaintext. unmeshed = "refuse" adds the filter chains.
+func TestStartMeshInstallsRedirects(t *testing.T) {
+	cert := testCertPEM(t)
+	raw := []byte(fmt.Sprintf("version = \"0.1\"\n[mesh]\nurl = \"https://127.0.0.1:1\"\ncert = '''\n%s'''\nca = '''\n%s'''\nidentity = \"spiffe://c8s.test/ns/default/sa/app\"\ncontainers = [\"app\"]\nunmeshed = \"refuse\"\n"+
+		"[[mesh.inbound]]\nport = 8080\nallow = [\"spiffe://c8s.test/ns/default/sa/web\"]\n[[mesh.outbound]]\nport = 5432\nidentity = \"spiffe://c8s.test/ns/default/sa/db\"\n", cert, cert))
+	doc, err := initdata.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := initdata.Parse([]byte("version = \"0.1\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var loads atomic.Int32
+	newService := func() *Service {
+		return &Service{cfg: Config{
+			SecretsDir:    filepath.Join(t.TempDir(), "secrets"),
+			MountSecrets:  func(dir string) error { return os.MkdirAll(dir, 0o755) },
+			LoadNetfilter: func() { loads.Add(1) },
+		}}
+	}
+	pn := &agentapi.PodNetwork{Interfaces: []*agentapi.NetInterface{{Name: "eth0"}}}
+	ctx := context.Background()
+
+	s := newService()
+	s.setMesh(plain, []byte("version = \"0.1\"\n"))
+	if err := s.startMesh(ctx, "sb", pn, os.Getpid()); err != nil || s.mesh.proxy != nil {
+		t.Fatalf("no mesh: %v", err)
+	}
+	if loads.Load() != 0 {
+		t.Fatal("a pod without a mesh loaded the netfilter modules")
+	}
+
+	orig := meshTables
+	t.Cleanup(func() { meshTables = orig })
+	for _, fail := range []bool{true, false} {
+		f := &fakeTables{}
+		if fail {
+			f.err = errors.New("EPERM")
+		}
+		meshTables = func(int) (mesh.NFTables, error) { return f, nil }
+		s := newService()
+		s.setMesh(doc, raw)
+		err := s.startMesh(ctx, "sb", pn, os.Getpid())
+		if fail {
+			if err == nil || !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "EPERM") || s.mesh.proxy != nil {
+				t.Fatalf("redirects refused: startMesh = %v, proxy %v", err, s.mesh.proxy)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !f.flushed || f.rules == 0 || strings.Join(f.chains, " ") != "inbound outbound refuse-in refuse-out" {
+			t.Fatalf("redirects: flushed %v, %d rules, chains %v", f.flushed, f.rules, f.chains)
+		}
+		s.stopMesh("sb")
+	}
+	if loads.Load() != 2 {
+		t.Fatalf("netfilter loaded %d times for two mesh pods", loads.Load())
 	}
 }

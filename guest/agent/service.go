@@ -71,6 +71,10 @@ type Config struct {
 	// LoadNetDriver loads the virtio-net driver before the pod's NICs are
 	// configured (guest: the deferred modules). Nil loads nothing.
 	LoadNetDriver func()
+	// LoadNetfilter loads the netfilter modules the mesh's redirects need
+	// (nf_tables, NAT, redirect), only for a pod whose init data has a
+	// [mesh] section (guest: the deferred modules). Nil loads nothing.
+	LoadNetfilter func()
 	// SharedDir is where the pod's virtio-fs share is mounted (guest:
 	// SharedDir); MountShared mounts it there (nil: mount -t virtiofs).
 	SharedDir   string

@@ -174,6 +174,11 @@ func Main() {
 				return initsys.Deferred(p, "/drivers/net/", "/net/core/failover", "/net/bridge/", "/net/802/", "/net/llc/")
 			})
 		}
+		cfg.LoadNetfilter = func() {
+			initsys.LoadModules(initsys.ModulesList, func(p string) bool {
+				return initsys.Deferred(p, "/net/netfilter/", "/net/ipv4/netfilter/", "/net/ipv6/netfilter/", "/lib/libcrc32c")
+			})
+		}
 	}
 	svc, err := agent.New(cfg)
 	if err != nil {

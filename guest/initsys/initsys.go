@@ -120,7 +120,8 @@ func wantedControllers(available []string) []string {
 // virtio-serial port), device-mapper with its libraries, erofs, overlayfs,
 // virtio-blk (the sealed image's first stage loads those it needs; the
 // agent loads overlayfs for a container's writable layer), and the
-// network drivers and the bridge (loaded when a pod needs them). Under emulation every module costs boot time. Each entry is a
+// network drivers and the bridge (loaded when a pod needs them), and
+// netfilter (loaded for a pod of the attested mesh). Under emulation every module costs boot time. Each entry is a
 // path fragment of the module file.
 var DeferredModules = []string{
 	"/drivers/virt/coco/", "/fs/configfs/", // attestation
@@ -128,6 +129,7 @@ var DeferredModules = []string{
 	"/drivers/md/", "/lib/reed_solomon/", "/lib/libcrc32c", "/fs/erofs/", "/fs/overlayfs/", // verity, erofs, overlay
 	"/drivers/block/virtio_blk",                                                     // root disks are on virtio-scsi
 	"/drivers/net/", "/net/core/failover", "/net/bridge/", "/net/802/", "/net/llc/", // pod networking, bridges in containers
+	"/net/netfilter/", "/net/ipv4/netfilter/", "/net/ipv6/netfilter/", // the mesh's redirects (nftables)
 }
 
 // LoadModules loads, in order, the modules of the list file for which want

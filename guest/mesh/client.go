@@ -4,12 +4,17 @@
 // its key on a tmpfs where the pod's named containers read them (Store),
 // renews it through a fresh attestation at two thirds of its life and
 // drops it when the CA refuses (Renewer), and wraps the pod's meshed
-// ports in mutual TLS 1.3 with it (Proxy).
+// ports in mutual TLS 1.3 with it (Proxy), transparently: the agent
+// redirects the meshed TCP of the pod's network namespace to the proxy
+// (Redirect: nftables NAT, programmed through netlink), which recovers
+// each connection's original destination (OriginalDst). The workload
+// listens and dials as it would without a mesh.
 //
 // Everything here follows the pod's measured init data ([mesh],
 // guest/api/initdata Mesh): the CA's address and TLS certificate, the
 // mesh CA peers chain to, the identity asked for, the ports and the
-// peers. The host relays none of it and chooses none of it.
+// peers. The host relays none of it and chooses none of it, and has no
+// netlink access to the guest to change the redirects.
 package mesh
 
 import (

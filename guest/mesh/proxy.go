@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -21,35 +23,40 @@ import (
 // HandshakeTimeout bounds a TLS handshake of the proxy.
 const HandshakeTimeout = 15 * time.Second
 
-// Proxy is the pod's L4 mesh proxy. The guest kernel has no netfilter
-// modules, so nothing is redirected: ports are split by address.
+// Proxy is the pod's transparent L4 mesh proxy. The agent redirects the
+// pod's meshed TCP to its listeners (Redirect, nftables in the pod's
+// network namespace); the proxy recovers each connection's original
+// destination (SO_ORIGINAL_DST) and:
 //
-//   - Inbound: for each meshed port P the proxy listens on the pod's
-//     addresses (Addrs), port P, terminates mutual TLS 1.3 (a client
-//     certificate is required; it must chain to the mesh CA and carry an
-//     identity the port allows) and forwards plaintext to 127.0.0.1:P,
-//     where the workload listens. A workload that binds P on every
-//     address fails (the proxy holds POD_IP:P), rather than serving
-//     plaintext beside the proxy.
-//   - Outbound: for each declared upstream the proxy listens on
-//     127.0.0.1:PORT; a connection there is carried to the upstream in
-//     mutual TLS 1.3, and the upstream must present a certificate from
-//     the mesh CA with the identity the init data names.
+//   - Inbound (a peer's connection to a meshed pod port P): terminates
+//     mutual TLS 1.3 (a client certificate is required; it must chain to
+//     the mesh CA and carry an identity P allows) and forwards plaintext
+//     to the workload on 127.0.0.1:P.
+//   - Outbound (the workload's connection to a meshed destination
+//     PEER:P): opens its own connection to PEER:P, marked so that the
+//     redirect passes it, which the peer's redirect hands to the peer's
+//     proxy; the peer must present a certificate from the mesh CA with
+//     the identity the outbound entry names.
 //
 // Without a certificate (none yet, or lost) the proxy refuses every
-// connection, and dropping the certificate closes those open.
+// connection, and dropping the certificate closes those open. A
+// plaintext client of a meshed port reaches the inbound listener and
+// fails its TLS handshake; nothing reaches the workload's port from
+// outside the pod.
 type Proxy struct {
 	// CA is the mesh CA peers' certificates must chain to.
 	CA *x509.CertPool
 	// Inbound and Outbound are the init data's [mesh] ports.
 	Inbound  []initdata.MeshInbound
 	Outbound []initdata.MeshOutbound
-	// Addrs are the pod's addresses, where inbound ports listen.
-	Addrs []net.IP
 	// Listen and Dial open sockets in the pod's network namespace (nil:
-	// the caller's).
+	// the caller's). Dial must mark its sockets with Mark (DialMarked),
+	// or the proxy's outbound connections are redirected to itself.
 	Listen func(network, addr string) (net.Listener, error)
 	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	// OriginalDst is a connection's destination before the redirect
+	// (nil: OriginalDst, from the kernel).
+	OriginalDst func(net.Conn) (netip.AddrPort, error)
 	// Log is told of refused connections (nil: nothing).
 	Log func(msg string, err error)
 
@@ -92,42 +99,52 @@ func (p *Proxy) dial(ctx context.Context, network, addr string) (net.Conn, error
 	if p.Dial != nil {
 		return p.Dial(ctx, network, addr)
 	}
-	var d net.Dialer
-	return d.DialContext(ctx, network, addr)
+	return DialMarked(ctx, network, addr)
 }
 
-// Start binds every meshed port and serves them until Close. A port that
-// cannot be bound fails Start, with the ports bound so far closed.
-func (p *Proxy) Start() error {
+func (p *Proxy) originalDst(c net.Conn) (netip.AddrPort, error) {
+	if p.OriginalDst != nil {
+		return p.OriginalDst(c)
+	}
+	return OriginalDst(c)
+}
+
+// Start binds the proxy's listeners, on ports the kernel picks, and
+// serves them until Close: inbound ones on every address, outbound ones
+// on loopback, one per IP family. It returns their ports, which the
+// redirect points at. A listener that cannot be bound fails Start, with
+// those bound so far closed.
+func (p *Proxy) Start() (Listeners, error) {
+	var ls Listeners
 	var bound []func()
-	fail := func(err error) error {
+	fail := func(err error) (Listeners, error) {
 		p.Close()
-		return err
+		return Listeners{}, err
 	}
-	for _, in := range p.Inbound {
-		if len(p.Addrs) == 0 {
-			return fail(errors.New("mesh: the pod has no address to listen on for inbound ports"))
-		}
-		for _, ip := range p.Addrs {
-			addr := net.JoinHostPort(ip.String(), strconv.Itoa(int(in.Port)))
-			l, err := p.listen("tcp", addr)
-			if err != nil {
-				return fail(fmt.Errorf("mesh: listen on %s (inbound port %d): %w", addr, in.Port, err))
-			}
-			p.track(l)
-			in := in
-			bound = append(bound, func() { p.serve(l, func(c net.Conn) { p.inbound(c, in) }) })
-		}
+	type listener struct {
+		network, addr string
+		port          *uint16
+		handle        func(net.Conn)
 	}
-	for _, out := range p.Outbound {
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(out.Port)))
-		l, err := p.listen("tcp", addr)
+	var want []listener
+	if len(p.Inbound) > 0 {
+		want = append(want,
+			listener{"tcp4", "0.0.0.0:0", &ls.Inbound4, p.inbound},
+			listener{"tcp6", "[::]:0", &ls.Inbound6, p.inbound})
+	}
+	if len(p.Outbound) > 0 {
+		want = append(want,
+			listener{"tcp4", "127.0.0.1:0", &ls.Outbound4, p.outbound},
+			listener{"tcp6", "[::1]:0", &ls.Outbound6, p.outbound})
+	}
+	for _, w := range want {
+		l, err := p.listen(w.network, w.addr)
 		if err != nil {
-			return fail(fmt.Errorf("mesh: listen on %s (outbound to %s): %w", addr, out.Upstream, err))
+			return fail(fmt.Errorf("mesh: the proxy cannot listen on %s: %w", w.addr, err))
 		}
 		p.track(l)
-		out := out
-		bound = append(bound, func() { p.serve(l, func(c net.Conn) { p.outbound(c, out) }) })
+		*w.port = uint16(l.Addr().(*net.TCPAddr).Port)
+		bound = append(bound, func() { p.serve(l, w.handle) })
 	}
 	for _, serve := range bound {
 		p.wg.Add(1)
@@ -136,7 +153,24 @@ func (p *Proxy) Start() error {
 			serve()
 		}()
 	}
-	return nil
+	return ls, nil
+}
+
+// Redirect is the interception that sends the pod's meshed traffic to
+// the listeners ls (Start's).
+func (p *Proxy) Redirect(ls Listeners) (*Redirect, error) {
+	r := &Redirect{Listeners: ls, Mark: Mark}
+	for _, in := range p.Inbound {
+		r.Inbound = append(r.Inbound, uint16(in.Port))
+	}
+	for i, o := range p.Outbound {
+		pfs, err := o.Prefixes()
+		if err != nil {
+			return nil, fmt.Errorf("mesh: outbound[%d]: %w", i, err)
+		}
+		r.Outbound = append(r.Outbound, OutboundMatch{Port: uint16(o.Port), Peers: pfs})
+	}
+	return r, nil
 }
 
 func (p *Proxy) track(l net.Listener) {
@@ -204,6 +238,21 @@ func (p *Proxy) remove(cs ...net.Conn) {
 	}
 }
 
+// redirected is the original destination of c, which must have reached
+// the listener through the redirect: a connection made to the listener's
+// own address (from the pod, or from outside to the inbound listener's
+// port) is refused.
+func (p *Proxy) redirected(c net.Conn) (netip.AddrPort, error) {
+	dst, err := p.originalDst(c)
+	if err != nil {
+		return dst, err
+	}
+	if la, ok := c.LocalAddr().(*net.TCPAddr); ok && la.AddrPort().Port() == dst.Port() && la.AddrPort().Addr().Unmap() == dst.Addr().Unmap() {
+		return dst, errNotRedirected
+	}
+	return dst, nil
+}
+
 // errNoCertificate refuses connections while the pod has no certificate.
 var errNoCertificate = errors.New("the pod has no mesh certificate (not issued yet, or its attestation failed)")
 
@@ -262,8 +311,20 @@ func VerifyPeer(chain []*x509.Certificate, roots *x509.CertPool, usage x509.ExtK
 	return nil
 }
 
-// inbound terminates a peer's mutual TLS and forwards to the workload.
-func (p *Proxy) inbound(c net.Conn, in initdata.MeshInbound) {
+// inbound terminates a peer's mutual TLS and forwards to the workload on
+// the port the peer connected to.
+func (p *Proxy) inbound(c net.Conn) {
+	dst, err := p.redirected(c)
+	if err != nil {
+		p.logf(fmt.Sprintf("inbound: refused %s", c.RemoteAddr()), err)
+		return
+	}
+	i := slices.IndexFunc(p.Inbound, func(in initdata.MeshInbound) bool { return in.Port == uint32(dst.Port()) })
+	if i < 0 {
+		p.logf(fmt.Sprintf("inbound: refused %s", c.RemoteAddr()), fmt.Errorf("port %d is not meshed", dst.Port()))
+		return
+	}
+	in := p.Inbound[i]
 	if p.cert.Load() == nil {
 		p.logf(fmt.Sprintf("inbound port %d: refused %s", in.Port, c.RemoteAddr()), errNoCertificate)
 		return
@@ -288,17 +349,29 @@ func (p *Proxy) inbound(c net.Conn, in initdata.MeshInbound) {
 	pipe(tc, backend)
 }
 
-// outbound wraps a workload's connection in mutual TLS to the upstream.
-func (p *Proxy) outbound(c net.Conn, out initdata.MeshOutbound) {
+// outbound wraps a workload's connection in mutual TLS to the peer it
+// was opened to.
+func (p *Proxy) outbound(c net.Conn) {
+	dst, err := p.redirected(c)
+	if err != nil {
+		p.logf("outbound: refused", err)
+		return
+	}
+	i := slices.IndexFunc(p.Outbound, func(o initdata.MeshOutbound) bool { return o.Covers(dst) })
+	if i < 0 {
+		p.logf(fmt.Sprintf("outbound to %s: refused", dst), errors.New("no outbound entry covers it"))
+		return
+	}
+	out := p.Outbound[i]
 	if p.cert.Load() == nil {
-		p.logf(fmt.Sprintf("outbound to %s: refused", out.Upstream), errNoCertificate)
+		p.logf(fmt.Sprintf("outbound to %s: refused", dst), errNoCertificate)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	up, err := p.dial(ctx, "tcp", out.Upstream)
+	up, err := p.dial(ctx, "tcp", dst.String())
 	cancel()
 	if err != nil {
-		p.logf(fmt.Sprintf("outbound to %s: dial", out.Upstream), err)
+		p.logf(fmt.Sprintf("outbound to %s: dial", dst), err)
 		return
 	}
 	if !p.add(up) {
@@ -308,7 +381,7 @@ func (p *Proxy) outbound(c net.Conn, out initdata.MeshOutbound) {
 	defer p.remove(up)
 	tc := tls.Client(up, p.tlsConfig([]policy.Pattern{out.Identity}, x509.ExtKeyUsageServerAuth))
 	if err := handshake(tc); err != nil {
-		p.logf(fmt.Sprintf("outbound to %s: refused", out.Upstream), err)
+		p.logf(fmt.Sprintf("outbound to %s: refused", dst), err)
 		return
 	}
 	pipe(c, tc)

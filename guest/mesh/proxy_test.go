@@ -2,9 +2,14 @@ package mesh
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
+	"net/netip"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,18 +20,26 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/policy"
 )
 
-// meshPair is two pods' proxies on loopback: the client pod reaches the
-// server pod's inbound port through its outbound port. The server pod's
-// address is 127.0.0.2; its workload listens on 127.0.0.1.
+// meshPair is two pods' proxies on loopback, with the redirects faked:
+// the client workload connects to the client proxy's outbound listener
+// as if it had dialled the server pod (serverPod), the client proxy's dial
+// to serverPod reaches the server proxy's inbound listener, and both
+// proxies see serverPod as the original destination. The server
+// workload listens on 127.0.0.1:port.
 type meshPair struct {
 	ca             *testCA
 	server, client *Proxy
-	port           int    // the meshed inbound port
-	outbound       string // the client workload's local address
+	port           int    // the meshed port
+	serverPod      string // the server pod's address and meshed port
+	inbound        string // the server proxy's inbound listener
+	outbound       string // the client proxy's outbound listener
 	accepted       atomic.Int32
 }
 
-func newMeshPair(t *testing.T) *meshPair {
+func newMeshPair(t *testing.T) *meshPair { return newMeshPairWith(t, nil) }
+
+// newMeshPairWith is newMeshPair with both proxies' OriginalDst dst.
+func newMeshPairWith(t *testing.T, dst func(net.Conn) (netip.AddrPort, error)) *meshPair {
 	t.Helper()
 	m := &meshPair{ca: newTestCA(t)}
 	backend, err := net.Listen("tcp", "127.0.0.1:0")
@@ -55,33 +68,51 @@ func newMeshPair(t *testing.T) *meshPair {
 		}
 	}()
 	m.port = backend.Addr().(*net.TCPAddr).Port
+	pod := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.2"), uint16(m.port))
+	m.serverPod = pod.String()
+	plainDial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	}
+	toPod := func(net.Conn) (netip.AddrPort, error) { return pod, nil }
+	if dst != nil {
+		toPod = dst
+	}
 	m.server = &Proxy{
-		CA:      m.ca.pool,
-		Inbound: []initdata.MeshInbound{{Port: uint32(m.port), Allow: []policy.Pattern{idClient}}},
-		Addrs:   []net.IP{net.ParseIP("127.0.0.2")},
+		CA:          m.ca.pool,
+		Inbound:     []initdata.MeshInbound{{Port: uint32(m.port), Allow: []policy.Pattern{idClient}}},
+		Dial:        plainDial,
+		OriginalDst: toPod,
 	}
 	m.server.SetCertificate(m.ca.issue(t, idServer, time.Hour))
-	if err := m.server.Start(); err != nil {
+	ls, err := m.server.Start()
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.server.Close)
-	out := freePort(t)
-	m.outbound = net.JoinHostPort("127.0.0.1", strconv.Itoa(out))
+	m.inbound = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(ls.Inbound4)))
 	m.client = &Proxy{
 		CA:       m.ca.pool,
-		Outbound: []initdata.MeshOutbound{{Port: uint32(out), Upstream: m.inboundAddr(), Identity: idServer}},
+		Outbound: []initdata.MeshOutbound{{Port: uint32(m.port), Peers: []string{"127.0.0.0/24"}, Identity: idServer}},
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr == m.serverPod { // the server pod's redirect
+				addr = m.inbound
+			}
+			return plainDial(ctx, network, addr)
+		},
+		OriginalDst: toPod,
 	}
 	m.client.SetCertificate(m.ca.issue(t, idClient, time.Hour))
-	if err := m.client.Start(); err != nil {
+	ls, err = m.client.Start()
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.client.Close)
+	m.outbound = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(ls.Outbound4)))
 	return m
 }
 
-func (m *meshPair) inboundAddr() string {
-	return net.JoinHostPort("127.0.0.2", strconv.Itoa(m.port))
-}
+func (m *meshPair) inboundAddr() string { return m.inbound }
 
 func freePort(t *testing.T) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -235,19 +266,118 @@ func TestProxyCertificateLost(t *testing.T) {
 	}
 }
 
-// A port the workload already holds on every address cannot be meshed:
-// Start fails instead of leaving plaintext beside the proxy.
-func TestProxyStartFailsOnTakenPort(t *testing.T) {
-	l, err := net.Listen("tcp", "0.0.0.0:0")
+// A connection the proxy cannot place is refused: one to a port the
+// init data does not mesh, one that reached a listener without a
+// redirect (its original destination is the listener itself), one
+// whose original destination the kernel does not know.
+func TestProxyRefusesUnplaced(t *testing.T) {
+	for name, dst := range map[string]func(c net.Conn) (netip.AddrPort, error){
+		"unmeshed port": func(net.Conn) (netip.AddrPort, error) {
+			return netip.MustParseAddrPort("127.0.0.2:1"), nil
+		},
+		"not redirected": func(c net.Conn) (netip.AddrPort, error) {
+			return c.LocalAddr().(*net.TCPAddr).AddrPort(), nil
+		},
+		"no original destination": func(net.Conn) (netip.AddrPort, error) {
+			return netip.AddrPort{}, errors.New("ENOENT")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := newMeshPairWith(t, dst)
+			for side, addr := range map[string]string{"inbound": m.inbound, "outbound": m.outbound} {
+				c, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, Certificates: []tls.Certificate{m.ca.issue(t, idClient, time.Hour).TLS}})
+				if err == nil {
+					_, err = roundTrip(c, "hello")
+					c.Close()
+				}
+				if err == nil {
+					t.Fatalf("%s: answered", side)
+				}
+			}
+			if m.accepted.Load() != 0 {
+				t.Fatal("the workload got a connection")
+			}
+		})
+	}
+}
+
+// Start binds the listeners the redirect points at, and Redirect names
+// them with the init data's ports.
+func TestProxyStartListeners(t *testing.T) {
+	m := newMeshPair(t)
+	p := &Proxy{CA: m.ca.pool,
+		Inbound:  []initdata.MeshInbound{{Port: 8080, Allow: []policy.Pattern{idClient}}},
+		Outbound: []initdata.MeshOutbound{{Port: 5432, Peers: []string{"10.0.0.0/8", "fd00::1"}, Identity: idServer}}}
+	ls, err := p.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	port := l.Addr().(*net.TCPAddr).Port
-	p := &Proxy{CA: newTestCA(t).pool, Addrs: []net.IP{net.ParseIP("127.0.0.2")},
-		Inbound: []initdata.MeshInbound{{Port: uint32(port), Allow: []policy.Pattern{idClient}}}}
-	if err := p.Start(); err == nil || !strings.Contains(err.Error(), "inbound port") {
-		p.Close()
-		t.Fatalf("Start = %v, want the port named", err)
+	defer p.Close()
+	if ls.Inbound4 == 0 || ls.Inbound6 == 0 || ls.Outbound4 == 0 || ls.Outbound6 == 0 {
+		t.Fatalf("listeners %+v: want all four", ls)
+	}
+	r, err := p.Redirect(ls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []OutboundMatch{{Port: 5432, Peers: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("fd00::1/128")}}}
+	if !slices.Equal(r.Inbound, []uint16{8080}) || !reflect.DeepEqual(r.Outbound, want) || r.Listeners != ls || r.Mark != Mark {
+		t.Fatalf("Redirect = %+v", r)
+	}
+	// The outbound listeners are on loopback, where the output redirect
+	// sends IPv4 (127.0.0.1) and IPv6 (::1).
+	for _, a := range []string{"127.0.0.1", "::1"} {
+		port := ls.Outbound4
+		if a == "::1" {
+			port = ls.Outbound6
+		}
+		c, err := net.Dial("tcp", net.JoinHostPort(a, strconv.Itoa(int(port))))
+		if err != nil {
+			t.Fatalf("outbound listener on %s: %v", a, err)
+		}
+		c.Close()
+	}
+}
+
+// A workload that connects to the outbound listener itself, not through
+// the redirect, is refused even when the listener's port is a meshed one
+// (the kernel may pick any free port): the proxy would otherwise dial its
+// own listener, without end.
+func TestProxyOutboundNotRedirectedNoLoop(t *testing.T) {
+	ca := newTestCA(t)
+	port := freePort(t)
+	var dials atomic.Int32
+	p := &Proxy{
+		CA:       ca.pool,
+		Outbound: []initdata.MeshOutbound{{Port: uint32(port), Identity: idServer}},
+		Listen: func(network, addr string) (net.Listener, error) {
+			if addr == "127.0.0.1:0" {
+				addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+			}
+			return net.Listen(network, addr)
+		},
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return nil, errors.New("no dial expected")
+		},
+		// Without a redirect the kernel's original destination is the
+		// connection's own local address.
+		OriginalDst: func(c net.Conn) (netip.AddrPort, error) { return c.LocalAddr().(*net.TCPAddr).AddrPort(), nil },
+	}
+	p.SetCertificate(ca.issue(t, idClient, time.Hour))
+	if _, err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got, err := roundTrip(c, "hello"); err == nil {
+		t.Fatalf("answered %q", got)
+	}
+	if n := dials.Load(); n != 0 {
+		t.Fatalf("the proxy dialled %d times for a connection to itself", n)
 	}
 }

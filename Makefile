@@ -10,7 +10,7 @@ IMAGE_OUT    := $(OUT)/image
 PREFIX       ?= /usr/local
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 
-HOST_CMDS  := ./shim/cmd/containerd-shim-c8s-v2 ./launcher/cmd/c8s-launcher ./measurements/cmd/c8s-measure
+HOST_CMDS  := ./shim/cmd/containerd-shim-c8s-v2 ./launcher/cmd/c8s-launcher ./launcher/cmd/c8s-verify ./measurements/cmd/c8s-measure
 GUEST_CMDS := ./guest/cmd/c8s-agent ./guest/cmd/c8s-init
 
 export PATH := $(TOOLS_BIN):$(PATH)

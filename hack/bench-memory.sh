@@ -10,7 +10,8 @@
 #   hack/bench-memory.sh pods N
 #     N busybox pods running at once on a private containerd: QEMU RSS per pod
 #     (mean, min, max) with the same split, and the shims' mean RSS and PSS
-#     (the shims share their binary's page cache, so PSS < RSS).
+#     against N runc containers' shims in the same run, with the ratios (the
+#     shims of each kind share their binary's page cache, so PSS < RSS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,10 +71,28 @@ pods() {
 		{ r[NR]=$1; p+=$2; ram+=$5; tcg+=$6; file+=$7; other+=$8; s+=$1; if (min==""||$1<min) min=$1; if ($1>max) max=$1 }
 		END { printf "%d pods started, %d running: QEMU RSS per pod mean %d MiB (min %d, max %d), PSS mean %d MiB; guest RAM touched %d MiB, TCG buffer %d MiB, QEMU binary and libraries %d MiB, heap/arenas/stacks %d MiB (means)\n",
 			want, n, s/n/1024, min/1024, max/1024, p/n/1024, ram/n/1024, tcg/n/1024, file/n/1024, other/n/1024 }'
-	for s in "${ss[@]}"; do rollup "$s"; done | awk '{r+=$1; p+=$2; a+=$3; f+=$4} END{ if (NR) printf "the %d c8s shims: RSS mean %d KiB, PSS mean %d KiB (anon %d, file %d)\n", NR, r/NR, p/NR, a/NR, f/NR }'
-	for i in $(seq "$n"); do ctr tasks kill -s KILL "mem-$i" >/dev/null 2>&1 || true; done
+	# The baseline in the same run: N runc containers, one runc shim each,
+	# sharing their binary as the N c8s shims share theirs (so PSS, which
+	# divides shared pages among their users, compares like with like).
+	for i in $(seq "$n"); do
+		ctr run -d "$img" "mem-runc-$i" sleep 600 >/dev/null || true
+	done
 	sleep 2
-	for i in $(seq "$n"); do ctr tasks delete "mem-$i" >/dev/null 2>&1 || true; ctr containers delete "mem-$i" >/dev/null 2>&1 || true; done
+	local rs=()
+	mapfile -t rs < <(pgrep -f "containerd-shim-runc-v2 .*-address $CD_SOCK")
+	local c r
+	c=$(for s in "${ss[@]}"; do rollup "$s"; done | awk '{r+=$1; p+=$2; a+=$3; f+=$4} END{ if (NR) printf "%d %d %d %d %d", NR, r/NR, p/NR, a/NR, f/NR }')
+	r=$(for s in "${rs[@]}"; do rollup "$s"; done | awk '{r+=$1; p+=$2; a+=$3; f+=$4} END{ if (NR) printf "%d %d %d %d %d", NR, r/NR, p/NR, a/NR, f/NR }')
+	awk -v c="$c" -v r="$r" 'BEGIN{
+		split(c, x, " "); split(r, y, " ")
+		if (x[1]) printf "the %d c8s shims: RSS mean %d KiB, PSS mean %d KiB (anon %d, file %d)\n", x[1], x[2], x[3], x[4], x[5]
+		if (y[1]) printf "the %d runc shims: RSS mean %d KiB, PSS mean %d KiB (anon %d, file %d)\n", y[1], y[2], y[3], y[4], y[5]
+		if (x[1] && y[1]) printf "ratio c8s-shim/runc-shim with %d and %d running: RSS = %.3f (goal <= 1.2); PSS = %.3f; anon = %.3f; file PSS = %.3f\n", x[1], y[1], x[2]/y[2], x[3]/y[3], x[4]/y[4], x[5]/y[5] }'
+	for i in $(seq "$n"); do ctr tasks kill -s KILL "mem-$i" >/dev/null 2>&1 || true; ctr tasks kill -s KILL "mem-runc-$i" >/dev/null 2>&1 || true; done
+	sleep 2
+	for i in $(seq "$n"); do
+		for t in "mem-$i" "mem-runc-$i"; do ctr tasks delete "$t" >/dev/null 2>&1 || true; ctr containers delete "$t" >/dev/null 2>&1 || true; done
+	done
 }
 
 case ${1:-} in

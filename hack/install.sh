@@ -13,7 +13,7 @@ SYSCONFDIR=${SYSCONFDIR:-/etc}
 DESTDIR=${DESTDIR:-}
 image=_output/image
 
-for f in bin/containerd-shim-c8s-v2 bin/c8s-launcher bin/c8s-measure "$image/vmlinuz" "$image/initrd.img" "$image/rootfs.img" "$image/manifest.json"; do
+for f in bin/containerd-shim-c8s-v2 bin/c8s-launcher bin/c8s-verify bin/c8s-measure "$image/vmlinuz" "$image/initrd.img" "$image/rootfs.img" "$image/manifest.json"; do
 	[[ -f $f ]] || { echo "install: $f is missing: run 'make build image' first" >&2; exit 1; }
 done
 

@@ -1,8 +1,6 @@
 package attest
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,34 +9,15 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 )
 
 // Hex is a byte string that reads and writes itself as hex (JSON, TOML).
-type Hex []byte
+type Hex = verdict.Hex
 
 // ParseHex decodes a hex string (an optional 0x prefix is allowed).
-func ParseHex(s string) (Hex, error) {
-	b, err := hex.DecodeString(strings.TrimPrefix(strings.TrimSpace(s), "0x"))
-	if err != nil {
-		return nil, fmt.Errorf("not a hex string: %q", s)
-	}
-	return b, nil
-}
-
-func (h Hex) String() string { return hex.EncodeToString(h) }
-
-// MarshalText encodes h as lower-case hex.
-func (h Hex) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
-
-// UnmarshalText decodes hex.
-func (h *Hex) UnmarshalText(b []byte) error {
-	v, err := ParseHex(string(b))
-	if err != nil {
-		return err
-	}
-	*h = v
-	return nil
-}
+func ParseHex(s string) (Hex, error) { return verdict.ParseHex(s) }
 
 // Policy is what one VM's evidence must show. The zero value of an
 // optional field means "not checked"; the nonce and, for SNP, at least one
@@ -114,17 +93,11 @@ type Policy struct {
 }
 
 // NonceSize is the size of the challenges NewNonce makes.
-const NonceSize = 32
+const NonceSize = verdict.NonceSize
 
 // NewNonce returns a fresh random challenge for Policy.Nonce; the guest
 // binds it into REPORT_DATA (followed by zeros).
-func NewNonce() (Hex, error) {
-	n := make(Hex, NonceSize)
-	if _, err := rand.Read(n); err != nil {
-		return nil, fmt.Errorf("attest: nonce: %w", err)
-	}
-	return n, nil
-}
+func NewNonce() (Hex, error) { return verdict.NewNonce() }
 
 // LoadPolicy reads a JSON policy file.
 func LoadPolicy(path string) (*Policy, error) {

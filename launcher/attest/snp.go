@@ -11,36 +11,14 @@ import (
 	"github.com/google/go-sev-guest/validate"
 
 	"github.com/c8s-dev/c8s/launcher/attest/snpext"
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 )
 
 // snpPolicyDebug is SNP guest policy bit 19: debugging allowed.
 const snpPolicyDebug = 1 << 19
 
-// SNPClaims are the verified contents of an SNP report.
-type SNPClaims struct {
-	Mode          Mode   `json:"mode"`
-	Simulated     bool   `json:"simulated"`
-	ReportVersion uint32 `json:"report_version"`
-	// ProductLine is the AMD product line the report comes from (Milan,
-	// Genoa — Siena and Bergamo included —, Turin).
-	ProductLine string `json:"product_line"`
-	// SigningKey is VCEK or VLEK.
-	SigningKey  string `json:"signing_key"`
-	VCPUs       int    `json:"vcpus"`
-	Measurement Hex    `json:"measurement"`
-	HostData    Hex    `json:"host_data"`
-	ReportData  Hex    `json:"report_data"`
-	ChipID      Hex    `json:"chip_id"`
-	ReportedTCB uint64 `json:"reported_tcb"`
-	// TCB is REPORTED_TCB decomposed in the product line's layout
-	// ("fmc=0 bl=1 tee=0 snp=2 ucode=71" on Turin).
-	TCB string `json:"tcb"`
-	// Provisional: the firmware runs above its committed level (accepted
-	// only with allow_provisional_firmware).
-	Provisional bool   `json:"provisional,omitempty"`
-	GuestPolicy uint64 `json:"guest_policy"`
-	VMPL        uint32 `json:"vmpl"`
-}
+// SNPClaims are the verified contents of an SNP report (verdict.SNPClaims).
+type SNPClaims = verdict.SNPClaims
 
 // VerifySNP verifies an SEV-SNP ATTESTATION_REPORT (abi.ReportSize bytes)
 // and the certificate table that came with it (GUID table, as an extended

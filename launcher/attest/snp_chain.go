@@ -16,7 +16,7 @@ import (
 	"github.com/google/go-sev-guest/verify/trust"
 
 	"github.com/c8s-dev/c8s/launcher/attest/snpext"
-	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim/simtrust"
 )
 
 // snpEndorsement is a report's verified signing key: a VCEK or VLEK
@@ -143,7 +143,7 @@ func snpReportLine(raw []byte, cert *x509.Certificate) (string, error) {
 
 // checkSimRoot keeps simulated and genuine chains apart.
 func (v *Verifier) checkSimRoot(key snpext.Key, c *x509.Certificate) error {
-	switch s := sim.IsSimulated(c); {
+	switch s := simtrust.IsSimulated(c); {
 	case s && v.trust.Mode != ModeSim:
 		return failure(KindRoot, "report signing key", fmt.Errorf("the %s is issued by a c8s SIMULATED secure processor (test only)", key),
 			"this verifier is configured for hardware ("+string(v.trust.Mode)+") and trusts AMD's roots only")

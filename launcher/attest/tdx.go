@@ -13,28 +13,15 @@ import (
 	tdxpb "github.com/google/go-tdx-guest/proto/tdx"
 	tdxvalidate "github.com/google/go-tdx-guest/validate"
 	tdxverify "github.com/google/go-tdx-guest/verify"
+
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 )
 
 // tdAttributesDebug is TD_ATTRIBUTES bit 0 (byte 0): the TD is debuggable.
 const tdAttributesDebug = 0x01
 
-// TDXClaims are the verified contents of a TDX quote.
-type TDXClaims struct {
-	Mode         Mode   `json:"mode"`
-	QuoteVersion uint32 `json:"quote_version"`
-	MRTD         Hex    `json:"mrtd"`
-	MRConfigID   Hex    `json:"mrconfigid"`
-	RTMRs        []Hex  `json:"rtmrs"`
-	TDAttributes Hex    `json:"td_attributes"`
-	TeeTCBSVN    Hex    `json:"tee_tcb_svn"`
-	ReportData   Hex    `json:"report_data"`
-	// EventLogReplayed says the CC event log replayed to the RTMRs (and,
-	// under a policy with TDXBoot, named the manifest's boot).
-	EventLogReplayed bool `json:"event_log_replayed"`
-	// TCB is the verdict of Intel's collateral; nil when the verifier had
-	// none (Trust.TDXCollateral, Trust.FetchCertificates).
-	TCB *TDXTCB `json:"tcb,omitempty"`
-}
+// TDXClaims are the verified contents of a TDX quote (verdict.TDXClaims).
+type TDXClaims = verdict.TDXClaims
 
 // ParseTDXQuote parses a TDX quote (version 4) without verifying it.
 func ParseTDXQuote(quote []byte) (_ *tdxpb.QuoteV4, err error) {

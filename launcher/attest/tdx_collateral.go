@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/google/go-tdx-guest/pcs"
+
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 )
 
 // The files of a TDX collateral directory, as `c8s-launcher collateral
@@ -210,23 +212,8 @@ type qeReport struct {
 	ISVSVN     uint32
 }
 
-// TDXTCB is the verdict of the collateral on a platform.
-type TDXTCB struct {
-	FMSPC string `json:"fmspc"`
-	// Status is the platform's TCB status (TCB info level matched by the
-	// PCK certificate's CPUSVN and PCESVN and the quote's TEE_TCB_SVN).
-	Status string `json:"status"`
-	// ModuleStatus is the TDX module's status, when TCB info judges it.
-	ModuleStatus string `json:"module_status,omitempty"`
-	// QEStatus is the quoting enclave's status (QE identity).
-	QEStatus string `json:"qe_status"`
-	// TCBDate is the date of the matched TCB level.
-	TCBDate string `json:"tcb_date,omitempty"`
-	// Advisories are the matched level's Intel security advisories.
-	Advisories []string `json:"advisories,omitempty"`
-	// EvaluationDataNumber is TCB info's tcbEvaluationDataNumber.
-	EvaluationDataNumber int `json:"tcb_evaluation_data_number"`
-}
+// TDXTCB is the verdict of the collateral on a platform (verdict.TDXTCB).
+type TDXTCB = verdict.TDXTCB
 
 // check verifies the collateral's chains, signatures, CRLs and freshness
 // at now and judges the platform: PCK revocation, TCB status, QE

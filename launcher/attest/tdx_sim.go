@@ -9,7 +9,7 @@ import (
 
 	"github.com/google/go-sev-guest/abi"
 
-	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim/simtrust"
 )
 
 // VerifySimEvidence verifies the sim TEE's evidence: the measured boot
@@ -51,7 +51,7 @@ func (v *Verifier) simRTMRs(report, certTable, statement []byte) ([][]byte, erro
 		return nil, &Error{Kind: KindPolicy, Field: "sim RTMRs", Expected: "an RTMR statement", Actual: "none",
 			Hint: "the policy checks the measured boot and the simulated secure processor modelled no RTMRs (a kernel that is not an EFI-stub PE image?), or the host dropped them"}
 	}
-	digest, rtmrs, signed, sig, err := sim.ParseRTMRStatement(statement)
+	digest, rtmrs, signed, sig, err := simtrust.ParseRTMRStatement(statement)
 	if err != nil {
 		return nil, failure(KindFormat, "sim RTMRs", err, "")
 	}
@@ -86,12 +86,12 @@ func (v *Verifier) simVCEK(certTable []byte) (*x509.Certificate, error) {
 	if err != nil {
 		return nil, failure(KindFormat, "VCEK", err, "")
 	}
-	roots := v.snpRoots[sim.ProductLine]
+	roots := v.snpRoots[simtrust.ProductLine]
 	if len(roots) == 0 || roots[0].ProductCerts == nil || roots[0].ProductCerts.Ask == nil {
 		return nil, failure(KindConfig, "trust", errors.New("no simulated ASK"), "")
 	}
 	ask := roots[0].ProductCerts.Ask
-	if err := ask.CheckSignature(vcek.SignatureAlgorithm, vcek.RawTBSCertificate, vcek.Signature); err != nil || !sim.IsSimulated(vcek) {
+	if err := ask.CheckSignature(vcek.SignatureAlgorithm, vcek.RawTBSCertificate, vcek.Signature); err != nil || !simtrust.IsSimulated(vcek) {
 		return nil, failure(KindRoot, "VCEK", fmt.Errorf("not signed by this node's simulated ASK: %v", err), "")
 	}
 	if now := v.now(); now.Before(vcek.NotBefore) || now.After(vcek.NotAfter) {

@@ -15,27 +15,29 @@ import (
 
 	"github.com/google/go-sev-guest/verify/trust"
 
-	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim/simtrust"
 )
 
-// Mode is the TEE whose evidence a Verifier accepts.
-type Mode string
+// Mode is the TEE whose evidence a Verifier accepts (verdict.Mode).
+type Mode = verdict.Mode
 
+// The modes.
 const (
 	// ModeSNP trusts AMD's roots (embedded in go-sev-guest) only.
-	ModeSNP Mode = "snp"
+	ModeSNP = verdict.ModeSNP
 	// ModeTDX trusts Intel's SGX/TDX root (embedded in go-tdx-guest) only.
-	ModeTDX Mode = "tdx"
+	ModeTDX = verdict.ModeTDX
 	// ModeSim trusts the node's simulated secure processor only: SNP-format
 	// reports signed by a c8s simulated (test-only) chain.
-	ModeSim Mode = "sim"
+	ModeSim = verdict.ModeSim
 )
 
 // Trust is a node's trust configuration.
 type Trust struct {
 	Mode Mode
 	// SimCertChain is the PEM ASK and ARK of the node's simulated secure
-	// processor (sim.CertChainFile); required in ModeSim, refused otherwise.
+	// processor (simtrust.CertChainFile); required in ModeSim, refused otherwise.
 	SimCertChain []byte
 	// FetchCertificates lets hardware modes fetch what the evidence lacks
 	// over the network: a VCEK from AMD's KDS, collateral and revocation
@@ -73,7 +75,7 @@ type Trust struct {
 // SimTrust returns the Trust of a sim-mode verifier for the simulated
 // secure processor whose state lives in dir (sim.Open).
 func SimTrust(dir string) (Trust, error) {
-	b, err := os.ReadFile(filepath.Join(dir, sim.CertChainFile))
+	b, err := os.ReadFile(filepath.Join(dir, simtrust.CertChainFile))
 	if err != nil {
 		return Trust{}, fmt.Errorf("attest: the node's simulated root: %w", err)
 	}
@@ -154,14 +156,14 @@ func NewVerifier(t Trust) (*Verifier, error) {
 		if len(t.SimCertChain) == 0 {
 			return nil, failure(KindConfig, "trust", errors.New("mode sim needs the node's simulated root (the sim TEE's cert_chain.pem)"), "")
 		}
-		root := trust.AMDRootCertsProduct(sim.ProductLine)
+		root := trust.AMDRootCertsProduct(simtrust.ProductLine)
 		if err := root.FromKDSCertBytes(t.SimCertChain); err != nil {
 			return nil, failure(KindConfig, "trust", fmt.Errorf("simulated root: %w", err), "")
 		}
-		if root.ProductCerts.Ark == nil || !sim.IsSimulated(root.ProductCerts.Ark) || !sim.IsSimulated(root.ProductCerts.Ask) {
+		if root.ProductCerts.Ark == nil || !simtrust.IsSimulated(root.ProductCerts.Ark) || !simtrust.IsSimulated(root.ProductCerts.Ask) {
 			return nil, failure(KindConfig, "trust", errors.New("the sim root is not a c8s simulated chain; sim mode never trusts real vendor roots"), "")
 		}
-		v.snpRoots = map[string][]*trust.AMDRootCerts{sim.ProductLine: {root}}
+		v.snpRoots = map[string][]*trust.AMDRootCerts{simtrust.ProductLine: {root}}
 	default:
 		return nil, failure(KindConfig, "trust", fmt.Errorf("unknown mode %q: want snp, tdx or sim", t.Mode), "")
 	}

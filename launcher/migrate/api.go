@@ -13,7 +13,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
@@ -56,7 +56,7 @@ type IncomingRequest struct {
 	VsockCID uint32 `json:"vsock_cid,omitempty"`
 	// HostData is the VM's HOST_DATA, which migrates with the guest
 	// context; the destination's secure processor reports it.
-	HostData attest.Hex `json:"host_data,omitempty"`
+	HostData verdict.Hex `json:"host_data,omitempty"`
 }
 
 // IncomingResponse says where the destination listens.

@@ -3,18 +3,20 @@ package sandbox
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 
 	"github.com/containerd/log"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/guest/api/reportdata"
-	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
-	"github.com/c8s-dev/c8s/manifest"
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim/simtrust"
 )
 
 // Verified is what a successful attestation of a pod VM established.
@@ -22,9 +24,9 @@ type Verified struct {
 	// Provider is where the guest got its evidence ("sim", "sev-guest", ...).
 	Provider string
 	// SNP holds the verified claims of SNP (and sim) evidence.
-	SNP *attest.SNPClaims
+	SNP *verdict.SNPClaims
 	// TDX holds the verified claims of a TDX quote.
-	TDX *attest.TDXClaims
+	TDX *verdict.TDXClaims
 }
 
 // Claims returns the verified claims, whichever TEE they came from.
@@ -35,12 +37,12 @@ func (v *Verified) Claims() any {
 	return v.SNP
 }
 
-// Attest asks the guest for evidence bound to a fresh nonce and verifies
-// it against what the image manifest expects for this VM: the launch
-// digest of its shape (SNP, sim) or its MRTD (TDX), and the digest of the
-// pod's init data. The error of a failed check names the field, with the
-// expected and actual values. Once the evidence verifies, the agent gets
-// the init data.
+// Attest asks the guest for evidence bound to a fresh nonce and has it
+// verified against what the image manifest expects for this VM: the
+// launch digest of its shape (SNP, sim) or its MRTD (TDX), and the digest
+// of the pod's init data. The error of a failed check names the field,
+// with the expected and actual values. Once the evidence verifies, the
+// agent gets the init data.
 func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, error) {
 	trusts, chip, err := s.trust(cfg)
 	if err != nil {
@@ -56,96 +58,111 @@ func (s *Sandbox) Attest(ctx context.Context, cfg config.Config) (*Verified, err
 	return verified, nil
 }
 
-// nodeTrust returns the node's own trust: the roots of its TEE and, with
-// attestation.collateral_dir, the offline collateral in it (Intel's for
-// tdx, AMD's CRLs for snp; the sim TEE has none).
-func nodeTrust(cfg config.Config) (attest.Trust, error) {
-	t, err := attest.TrustFor(cfg.Hypervisor.TEE, statedir.SimSP(cfg.Runtime.StateDir))
-	if err != nil {
-		return t, err
-	}
-	if dir := cfg.Attestation.CollateralDir; dir != "" && t.Mode != attest.ModeSim {
-		if err := t.LoadCollateral(dir); err != nil {
-			return t, fmt.Errorf("attestation.collateral_dir: %w", err)
+// nodeTrust returns the node's own root of trust: its TEE vendor's, or
+// the node's simulated secure processor's (its ASK and ARK). The offline
+// collateral of attestation.collateral_dir is the verifier's to load (the
+// request's CollateralDir).
+func nodeTrust(cfg config.Config) (verdict.Trust, error) {
+	switch tee := cfg.Hypervisor.TEE; tee {
+	case "sim":
+		b, err := os.ReadFile(filepath.Join(statedir.SimSP(cfg.Runtime.StateDir), simtrust.CertChainFile))
+		if err != nil {
+			return verdict.Trust{}, fmt.Errorf("attestation: the node's simulated root: %w", err)
 		}
+		return verdict.Trust{Mode: verdict.ModeSim, SimCertChain: b}, nil
+	case "snp":
+		return verdict.Trust{Mode: verdict.ModeSNP}, nil
+	case "tdx":
+		return verdict.Trust{Mode: verdict.ModeTDX}, nil
+	default:
+		return verdict.Trust{}, fmt.Errorf("attestation: no verifier for TEE %q (hypervisor.tee is sim, snp or tdx)", tee)
 	}
-	return t, nil
 }
 
 // verifyGuest gets evidence bound to a fresh nonce from the agent ag and
-// verifies it against the manifest's expectations for the pod and any of
-// trusts; chipID, when set, pins the SNP chip.
-func verifyGuest(ctx context.Context, cfg config.Config, ag agent.AgentService, initData []byte, trusts []attest.Trust, chipID []byte) (*Verified, error) {
+// has c8s-verify verify it against the manifest's expectations for the
+// pod and any of trusts; chipID, when set, pins the SNP chip. The
+// verification runs in that short-lived process, never in the shim
+// (issue 18: its verifiers would stay resident for the pod's life); its
+// refusal comes back as the *verdict.Error (= *attest.Error) it was, with
+// the same text.
+func verifyGuest(ctx context.Context, cfg config.Config, ag agent.AgentService, initData []byte, trusts []verdict.Trust, chipID []byte) (*Verified, error) {
+	// The verifier process starts while the guest makes its evidence.
+	helper, err := startVerifier(ctx)
+	if err != nil {
+		return nil, err
+	}
 	h := cfg.Hypervisor
-	m, err := manifest.Load(cfg.ManifestPath())
+	nonce, err := verdict.NewNonce()
 	if err != nil {
-		return nil, fmt.Errorf("attestation needs the image manifest (attestation.manifest): %w", err)
-	}
-	policy, err := expectedPolicy(m, h.TEE, int(h.DefaultVCPUs), initData)
-	if err != nil {
+		helper.Close()
 		return nil, err
 	}
-	policy.MinTCB, policy.AllowDebug, policy.ChipID = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug, chipID
-	nonce, err := attest.NewNonce()
+	ev, err := ag.GetEvidence(ctx, &agent.GetEvidenceRequest{Nonce: nonce})
 	if err != nil {
-		return nil, err
+		helper.Close()
+		return nil, fmt.Errorf("get evidence from the guest: %w", err)
 	}
 	// The agent binds the nonce in the host-attestation domain, never as
 	// it is (guest/api/reportdata).
 	rd := reportdata.Host(nonce)
-	policy.Nonce = rd[:]
-	ev, err := ag.GetEvidence(ctx, &agent.GetEvidenceRequest{Nonce: nonce})
+	req := &verdict.Request{
+		Evidence: verdict.Evidence{
+			Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable,
+			SimRTMRs: ev.SimRtmrs, EventLog: ev.EventLog,
+		},
+		TEE: h.TEE, Manifest: cfg.ManifestPath(), VCPUs: int(h.DefaultVCPUs),
+		ReportData: rd[:], MinTCB: cfg.Attestation.MinTCB, AllowDebug: cfg.Attestation.AllowDebug, ChipID: chipID,
+		Trusts: trusts, CollateralDir: cfg.Attestation.CollateralDir,
+	}
+	if len(initData) != 0 {
+		if h.TEE == "tdx" {
+			d := initdata.DigestTDX(initData)
+			req.MRConfigID = d[:]
+		} else {
+			d := initdata.Digest(initData)
+			req.HostData = d[:]
+		}
+	}
+	v, err := helper.Decide(req)
 	if err != nil {
-		return nil, fmt.Errorf("get evidence from the guest: %w", err)
+		return nil, err
 	}
-	var errs []error
-	for _, trust := range trusts {
-		v, err := attest.NewVerifier(trust)
-		if err != nil {
-			return nil, err
-		}
-		verified := &Verified{Provider: ev.Provider}
-		switch ev.Kind {
-		case "snp":
-			if trust.Mode == attest.ModeSim {
-				// The sim TEE's modelled RTMRs and boot log first.
-				verified.SNP, err = v.VerifySimEvidence(ev.Report, ev.CertTable, ev.SimRtmrs, ev.EventLog, policy)
-			} else {
-				verified.SNP, err = v.VerifySNP(ev.Report, ev.CertTable, policy)
-			}
-		case "tdx":
-			verified.TDX, err = v.VerifyTDXEvidence(ev.Report, ev.EventLog, policy)
-		default:
-			return nil, fmt.Errorf("the guest returned %q evidence from %q, which this node (tee %s) cannot verify", ev.Kind, ev.Provider, h.TEE)
-		}
-		if err == nil {
-			return verified, nil
-		}
-		var ae *attest.Error
-		if len(trusts) == 1 || !errors.As(err, &ae) || (ae.Kind != attest.KindSignature && ae.Kind != attest.KindRoot) {
-			// Anything but "not this root" is the answer.
-			return nil, err
-		}
-		errs = append(errs, err)
+	if err := v.Err(); err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("the evidence does not verify against any of the %d trusted roots: %w", len(trusts), errors.Join(errs...))
+	return &Verified{Provider: ev.Provider, SNP: v.SNP, TDX: v.TDX}, nil
 }
 
-// expectedPolicy is what the manifest and the pod's init data say a VM of
-// TEE tee with vcpus vCPUs must show (the nonce is added per request): the
-// launch digest, the measured boot (attest.PolicyFromManifest) and the
-// init data's digest.
-func expectedPolicy(m *manifest.Manifest, tee string, vcpus int, initData []byte) (*attest.Policy, error) {
-	p, err := attest.PolicyFromManifest(m, tee, vcpus)
-	if err != nil || len(initData) == 0 {
-		return p, err
+// Verifier is the path of c8s-verify, the evidence verifier ("": next
+// to the running binary, the shim, else on PATH). Tests set it.
+var Verifier string
+
+// verifierName is the binary Verifier names: launcher/cmd/c8s-verify.
+const verifierName = "c8s-verify"
+
+// startVerifier starts `c8s-verify verify-evidence`.
+func startVerifier(ctx context.Context) (*verdict.Helper, error) {
+	p, err := verifierPath()
+	if err != nil {
+		return nil, err
 	}
-	if tee == "tdx" {
-		d := initdata.DigestTDX(initData)
-		p.MRConfigID = d[:]
-	} else {
-		d := initdata.Digest(initData)
-		p.HostData = d[:]
+	return verdict.Start(ctx, p)
+}
+
+func verifierPath() (string, error) {
+	if Verifier != "" {
+		return Verifier, nil
+	}
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), verifierName)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath(verifierName)
+	if err != nil {
+		return "", fmt.Errorf("attestation runs %s, which is neither next to the shim nor on PATH (install it with the shim: make build; c8s-launcher install): %w", verifierName, err)
 	}
 	return p, nil
 }

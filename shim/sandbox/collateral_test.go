@@ -1,15 +1,15 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/c8s-dev/c8s/launcher/attest"
-	"github.com/c8s-dev/c8s/launcher/config"
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 )
 
 // Genuine public TDX evidence and Intel collateral, from launcher/attest's
@@ -22,35 +22,12 @@ const (
 	genuineColl   = tdxTestdata + "dcap-qvl/collateral-b0c06f"
 )
 
-// verifyWithNodeTrust verifies quote as the shim does with cfg's trust, at
-// a time the collateral is valid.
-func verifyWithNodeTrust(t *testing.T, cfg config.Config, quote []byte) error {
-	t.Helper()
-	trusts, _, err := (&Sandbox{}).trust(cfg)
-	if err != nil {
-		return err
-	}
-	if len(trusts) != 1 {
-		t.Fatalf("%d trusts, want the node's own", len(trusts))
-	}
-	trusts[0].Now = func() time.Time { return time.Date(2025, time.June, 20, 0, 0, 0, 0, time.UTC) }
-	v, err := attest.NewVerifier(trusts[0])
-	if err != nil {
-		return err
-	}
-	q, err := attest.ParseTDXQuote(quote)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body := q.GetTdQuoteBody()
-	_, err = v.VerifyTDX(quote, &attest.Policy{MRTD: body.GetMrTd(), Nonce: body.GetReportData()})
-	return err
-}
-
-// attestation.collateral_dir reaches the shim's verifier: an out-of-date
-// TDX platform, whose quote verifies without collateral, is refused by
-// its TCB status with it; a missing directory names the key and how to
-// make one.
+// attestation.collateral_dir reaches the verifier the shim runs: an
+// out-of-date TDX platform, whose quote's signature verifies without
+// collateral (it then fails on the manifest's MRTD), is refused by its TCB
+// status with it, and that refusal arrives in the shim as the typed
+// *verdict.Error the verifier returned; a missing directory names the key
+// and how to make one.
 func TestShimVerifierUsesCollateralDir(t *testing.T) {
 	quote, err := os.ReadFile(outdatedQuote)
 	if err != nil {
@@ -60,23 +37,31 @@ func TestShimVerifierUsesCollateralDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Default()
-	cfg.Runtime.StateDir = t.TempDir()
+	cfg, _ := setup(t, map[string]string{"1": strings.Repeat("11", 48)})
 	cfg.Hypervisor.TEE = "tdx"
-	if err := verifyWithNodeTrust(t, cfg, quote); err != nil {
-		t.Fatalf("without collateral the quote's signature and policy verify: %v", err)
+	t.Setenv(clockEnv, "2025-06-20T00:00:00Z")
+	attestQuote := func() error {
+		g := &fakeGuest{evidence: func([]byte) *agent.GetEvidenceResponse {
+			return &agent.GetEvidenceResponse{Kind: "tdx", Provider: "tdx-guest", Report: quote}
+		}}
+		_, err := (&Sandbox{Agent: g}).Attest(context.Background(), cfg)
+		return err
+	}
+
+	var ae *verdict.Error
+	if err := attestQuote(); !errors.As(err, &ae) || ae.Kind != verdict.KindMismatch || ae.Field != "MRTD" {
+		t.Fatalf("without collateral the quote's signature verifies and its MRTD is not the manifest's: %v", err)
 	}
 
 	cfg.Attestation.CollateralDir = coll
-	err = verifyWithNodeTrust(t, cfg, quote)
-	var ae *attest.Error
-	if !errors.As(err, &ae) || ae.Kind != attest.KindPolicy || ae.Field != "TDX TCB status" {
-		t.Fatalf("an out-of-date platform with attestation.collateral_dir: %v", err)
+	err = attestQuote()
+	if !errors.As(err, &ae) || ae.Kind != verdict.KindPolicy || ae.Field != "TDX TCB status" || ae.Actual == "" {
+		t.Fatalf("an out-of-date platform with attestation.collateral_dir: %#v", err)
 	}
 	t.Log(err)
 
 	cfg.Attestation.CollateralDir = filepath.Join(t.TempDir(), "absent")
-	err = verifyWithNodeTrust(t, cfg, quote)
+	err = attestQuote()
 	if err == nil || !strings.Contains(err.Error(), "attestation.collateral_dir") || !strings.Contains(err.Error(), "c8s-launcher collateral fetch") {
 		t.Fatalf("a missing collateral directory: %v", err)
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/c8s-dev/c8s/guest/api/initdata"
-	"github.com/c8s-dev/c8s/launcher/broker"
+	"github.com/c8s-dev/c8s/launcher/broker/relay"
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/launcher/vm/tee"
 )
@@ -35,7 +35,7 @@ func startKBSRelay(ctx context.Context, v *vm.VM, data []byte) error {
 	}
 	l := log.G(ctx).WithField("broker", addr)
 	go func() {
-		if err := broker.Relay(log.WithLogger(ctx, l), port, addr); err != nil {
+		if err := relay.Relay(log.WithLogger(ctx, l), port, addr); err != nil {
 			l.WithError(err).Warn("key broker relay stopped")
 		}
 	}()

@@ -16,7 +16,7 @@ import (
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
-	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/migrate"
@@ -294,13 +294,13 @@ func mustSpecDisks(v *vm.VM) []vm.Disk {
 // trust returns the roots the pod's evidence must chain to and the chip it
 // must come from: the node's own root, or after a migration the pool's
 // roots and the destination's chip.
-func (s *Sandbox) trust(cfg config.Config) ([]attest.Trust, []byte, error) {
+func (s *Sandbox) trust(cfg config.Config) ([]verdict.Trust, []byte, error) {
 	s.mu.Lock()
 	chip := s.movedChip
 	s.mu.Unlock()
 	if chip == nil {
 		t, err := nodeTrust(cfg)
-		return []attest.Trust{t}, nil, err
+		return []verdict.Trust{t}, nil, err
 	}
 	trusts, err := poolTrust(cfg)
 	return trusts, chip, err
@@ -309,13 +309,13 @@ func (s *Sandbox) trust(cfg config.Config) ([]attest.Trust, []byte, error) {
 // poolTrust returns the roots a destination's evidence may chain to: the
 // node's own and, in sim, those of the trust pool's other nodes
 // (statedir.PoolRoots). Hardware TEEs trust their vendor's roots.
-func poolTrust(cfg config.Config) ([]attest.Trust, error) {
+func poolTrust(cfg config.Config) ([]verdict.Trust, error) {
 	own, err := nodeTrust(cfg)
 	if err != nil {
 		return nil, err
 	}
-	trusts := []attest.Trust{own}
-	if own.Mode != attest.ModeSim {
+	trusts := []verdict.Trust{own}
+	if own.Mode != verdict.ModeSim {
 		return trusts, nil
 	}
 	files, _ := filepath.Glob(filepath.Join(statedir.PoolRoots(cfg.Runtime.StateDir), "*.pem"))
@@ -325,7 +325,7 @@ func poolTrust(cfg config.Config) ([]attest.Trust, error) {
 		if err != nil {
 			return nil, fmt.Errorf("trust pool root: %w", err)
 		}
-		trusts = append(trusts, attest.Trust{Mode: attest.ModeSim, SimCertChain: b})
+		trusts = append(trusts, verdict.Trust{Mode: verdict.ModeSim, SimCertChain: b})
 	}
 	// A moved pod runs on another node than this one: its root goes last.
 	trusts = append(trusts[1:], trusts[0])

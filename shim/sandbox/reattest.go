@@ -10,7 +10,7 @@ import (
 	"github.com/containerd/log"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
-	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/migrate"
 )
@@ -113,7 +113,7 @@ type reattested struct {
 // (warm's, else dialled anew) and verifies fresh evidence from it against
 // trusts with the destination's chip pinned. On error nothing is left
 // open.
-func (s *Sandbox) reattest(ctx context.Context, cfg config.Config, dst *migrate.Client, in migrate.IncomingResponse, warm *warmAgent, trusts []attest.Trust) (*reattested, error) {
+func (s *Sandbox) reattest(ctx context.Context, cfg config.Config, dst *migrate.Client, in migrate.IncomingResponse, warm *warmAgent, trusts []verdict.Trust) (*reattested, error) {
 	t0 := time.Now()
 	var chip []byte
 	if in.Node.ChipID != "" {

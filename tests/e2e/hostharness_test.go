@@ -90,6 +90,13 @@ func newHostEnv(t *testing.T) *hostEnv {
 	if _, err := os.Stat(virtiofsd); err != nil {
 		containerdtest.SkipOrFail(t, "%s is missing: install qemu-system-common (make deps)", virtiofsd)
 	}
+	// The harness's sandboxes run in this test, not in a shim: their
+	// attestation's verifier is the repository's c8s-verify.
+	verifier := filepath.Join(repo, "bin", "c8s-verify")
+	if _, err := os.Stat(verifier); err != nil {
+		containerdtest.SkipOrFail(t, "%s is missing: run make build", verifier)
+	}
+	sandbox.Verifier = verifier
 	// Short: runtime.state_dir must leave room for the VMs' unix sockets.
 	root, err := os.MkdirTemp("", "c8s-mh-")
 	if err != nil {

@@ -73,7 +73,7 @@ func TestInstallPutsEverythingInPlace(t *testing.T) {
 	}
 	install()
 	for _, f := range []string{
-		"usr/local/bin/containerd-shim-c8s-v2", "usr/local/bin/c8s-launcher", "usr/local/bin/c8s-measure",
+		"usr/local/bin/containerd-shim-c8s-v2", "usr/local/bin/c8s-launcher", "usr/local/bin/c8s-verify", "usr/local/bin/c8s-measure",
 		"usr/local/share/c8s/vmlinuz", "usr/local/share/c8s/initrd.img", "usr/local/share/c8s/rootfs.img", "usr/local/share/c8s/c8s.efi", "usr/local/share/c8s/manifest.json",
 		"etc/c8s/config.toml", "etc/containerd/conf.d/c8s.toml",
 	} {

@@ -49,7 +49,7 @@ import (
 const RecordPath = "/var/lib/c8s/install.json"
 
 // Binaries are the host binaries install copies into <prefix>/bin.
-var Binaries = []string{"containerd-shim-c8s-v2", "c8s-launcher", "c8s-measure"}
+var Binaries = []string{"containerd-shim-c8s-v2", "c8s-launcher", "c8s-verify", "c8s-measure"}
 
 // Options say what to install where.
 type Options struct {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/c8s-dev/c8s/guest/api/reportdata"
 	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 	"github.com/google/go-sev-guest/abi"
 )
 
@@ -139,9 +140,8 @@ func runVerifyReport(ctx context.Context, args []string, stdout io.Writer) error
 	}
 
 	res := verifyResult{Mode: trust.Mode}
-	if trust.Mode == attest.ModeTDX {
-		res.TDX, err = v.VerifyTDXEvidence(evidence, eventLog, policy)
-	} else {
+	ev := verdict.Evidence{Kind: "tdx", Report: evidence, EventLog: eventLog}
+	if trust.Mode != attest.ModeTDX {
 		report, certs := evidence, []byte(nil)
 		if len(report) > abi.ReportSize {
 			report, certs = evidence[:abi.ReportSize], evidence[abi.ReportSize:]
@@ -151,12 +151,10 @@ func runVerifyReport(ctx context.Context, args []string, stdout io.Writer) error
 				return err
 			}
 		}
-		if trust.Mode == attest.ModeSim {
-			res.SNP, err = v.VerifySimEvidence(report, certs, simRTMRs, eventLog, policy)
-		} else {
-			res.SNP, err = v.VerifySNP(report, certs, policy)
-		}
+		ev = verdict.Evidence{Kind: "snp", Report: report, CertTable: certs, SimRTMRs: simRTMRs, EventLog: eventLog}
 	}
+	// The same verification as the shim's (c8s-verify, attest.Decide).
+	res.SNP, res.TDX, err = v.VerifyEvidence(ev, policy)
 	if !*asJSON {
 		if err != nil {
 			return err

@@ -13,22 +13,22 @@ import (
 	"math/big"
 	"time"
 
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim/simtrust"
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/kds"
 )
 
 const (
-	// ProductLine is the AMD product line the simulated chip claims. go-sev-guest's
-	// verifier only knows real product lines (Milan, Genoa, Turin), so the
-	// simulation has to pick one; the marking below says it is not AMD's.
-	ProductLine = "Milan"
+	// ProductLine is the AMD product line the simulated chip claims
+	// (simtrust.ProductLine).
+	ProductLine = simtrust.ProductLine
 	// ProductName is the VCEK product name extension (Milan, stepping B1).
 	ProductName = "Milan-B1"
 	// ARKCommonName is the simulated root's common name.
-	ARKCommonName = "c8s SIMULATED ARK - NOT AMD - test only"
+	ARKCommonName = simtrust.ARKCommonName
 	// SimMarker is the description attribute (OID 2.5.4.13) in the subject of
 	// every certificate of a simulated chain.
-	SimMarker = "c8s SIMULATED secure processor - NOT AMD - test only"
+	SimMarker = simtrust.SimMarker
 
 	// rsaBits is the size of the ARK and ASK keys (AMD's are RSA-4096).
 	rsaBits = 4096
@@ -36,9 +36,6 @@ const (
 	rootValidity = 25 * 365 * 24 * time.Hour
 	vcekValidity = 7 * 365 * 24 * time.Hour
 )
-
-// oidDescription is the X.520 description attribute used for SimMarker.
-var oidDescription = asn1.ObjectIdentifier{2, 5, 4, 13}
 
 // DefaultTCB is the TCB a new simulated chip reports: realistic Milan
 // security patch levels.
@@ -54,28 +51,13 @@ func amdName(cn string) pkix.Name {
 		Organization:       []string{"Advanced Micro Devices"},
 		OrganizationalUnit: []string{"Engineering"},
 		CommonName:         cn,
-		ExtraNames:         []pkix.AttributeTypeAndValue{{Type: oidDescription, Value: SimMarker}},
+		ExtraNames:         []pkix.AttributeTypeAndValue{{Type: simtrust.DescriptionOID, Value: SimMarker}},
 	}
 }
 
-// IsSimulated reports whether cert carries the simulation marker: its
-// subject description is SimMarker or it is named ARKCommonName.
-func IsSimulated(cert *x509.Certificate) bool {
-	if cert == nil {
-		return false
-	}
-	if cert.Subject.CommonName == ARKCommonName || cert.Issuer.CommonName == ARKCommonName {
-		return true
-	}
-	for _, n := range cert.Subject.Names {
-		if n.Type.Equal(oidDescription) {
-			if s, ok := n.Value.(string); ok && s == SimMarker {
-				return true
-			}
-		}
-	}
-	return false
-}
+// IsSimulated reports whether cert carries the simulation marker
+// (simtrust.IsSimulated).
+func IsSimulated(cert *x509.Certificate) bool { return simtrust.IsSimulated(cert) }
 
 // keys are the private keys of one simulated identity.
 type keys struct {

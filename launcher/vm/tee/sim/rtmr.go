@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim/simtrust"
 	"github.com/c8s-dev/c8s/measurements/tdx"
 )
 
@@ -22,12 +23,9 @@ import (
 // RTMR3 is zero. The registers are bound to a report by an RTMR statement
 // the VCEK signs.
 
-// RTMRStatementMagic starts every RTMR statement.
-const RTMRStatementMagic = "c8s sim RTMRs v1"
-
-// rtmrSignedSize is the signed part of an RTMR statement: the magic, the
-// SHA-384 of the report it is bound to, RTMR0-3.
-const rtmrSignedSize = len(RTMRStatementMagic) + 48 + 4*48
+// RTMRStatementMagic starts every RTMR statement (simtrust, where the
+// verifier parses them).
+const RTMRStatementMagic = simtrust.RTMRStatementMagic
 
 // firmwareEventData is the data of the sim boot's firmware record.
 const firmwareEventData = "c8s sim firmware image"
@@ -99,16 +97,7 @@ func (sp *SP) RTMRStatement(report []byte, rtmrs [4][48]byte) ([]byte, error) {
 
 // ParseRTMRStatement splits a statement into the SHA-384 of the report it
 // binds, the RTMRs, the signed bytes and the signature; it verifies
-// nothing.
+// nothing (simtrust.ParseRTMRStatement).
 func ParseRTMRStatement(b []byte) (reportDigest [48]byte, rtmrs [4][48]byte, signed, sig []byte, err error) {
-	if len(b) <= rtmrSignedSize || string(b[:len(RTMRStatementMagic)]) != RTMRStatementMagic {
-		return reportDigest, rtmrs, nil, nil, fmt.Errorf("sim: not an RTMR statement (%d bytes)", len(b))
-	}
-	p := b[len(RTMRStatementMagic):]
-	copy(reportDigest[:], p)
-	p = p[48:]
-	for i := range rtmrs {
-		copy(rtmrs[i][:], p[48*i:])
-	}
-	return reportDigest, rtmrs, b[:rtmrSignedSize], b[rtmrSignedSize:], nil
+	return simtrust.ParseRTMRStatement(b)
 }

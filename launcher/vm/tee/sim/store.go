@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/c8s-dev/c8s/launcher/vm/tee/sim/simtrust"
 	"github.com/google/go-sev-guest/abi"
 	"github.com/google/go-sev-guest/kds"
 )
@@ -24,9 +25,9 @@ const (
 	// and certificates (mode 0600).
 	IdentityFile = "simsp.json"
 	// CertChainFile is the file in the state directory that holds the ASK
-	// and the ARK, PEM, in the order of AMD's KDS cert_chain endpoint: the
-	// trust anchor a sim-mode verifier is configured with.
-	CertChainFile = "cert_chain.pem"
+	// and the ARK, PEM: the trust anchor a sim-mode verifier is configured
+	// with (simtrust.CertChainFile).
+	CertChainFile = simtrust.CertChainFile
 
 	formatVersion = 1
 )

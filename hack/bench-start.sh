@@ -10,10 +10,14 @@
 #     (c8s_poweroff=1): the former baseline, kept for comparison
 #   - the shim's per-phase trace of each pod (the "pod start trace" debug
 #     line; shim/task/trace.go), medians per phase
+#   - the guest's work under -icount, which the host's load does not move:
+#     the bare boot's kernel to /init against the sealed image's kernel to
+#     the agent serving and to the SCSI stack loaded (guest seconds)
 #   - start under load: N pods at once and N bare boots at once, throughput
 #     (pods per minute) and p50/p95 start latency   (goal: ratio >= 0.75)
-# RUNS (default 5) runs of each; N (default 10) at once, LOAD_RUNS
-# (default 2) times each.
+# RUNS (default 5) runs of each; ICOUNT_RUNS (default 2) of the -icount
+# boots; N (default 10) at once, LOAD_RUNS (default 2) times each
+# (LOAD_RUNS=0 leaves start under load out).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-5}
@@ -117,7 +121,7 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 # own (display only, from its console).
 echo "== pod start trace: median per phase over the $RUNS timed pods (ms; shim/task/trace.go)"
 trace_lines() { grep -F "msg=\"pod start trace\"" "$log" | grep -E "container=bench-[0-9]+( |$)"; }
-phases="shim_to_create config rootfs wire vm_start vm_prepare qemu_spawn host_side agent_ready guest_kernel_to_stage1 guest_stage1_to_agent guest_stage1_work guest_agent_exec_to_main guest_agent_to_serving guest_uptime_serving attest attach create create_to_start start run exit_to_delete teardown total"
+phases="shim_to_create config rootfs wire vm_start vm_prepare qemu_spawn host_side agent_ready outside_guest_clock guest_kernel_to_stage1 guest_stage1_to_agent guest_stage1_work guest_agent_exec_to_main guest_agent_to_serving guest_uptime_serving attest attach create create_to_start start run exit_to_delete teardown total"
 if [[ -z $(trace_lines) ]]; then
 	echo "no trace lines in $log (is the shim logging at debug level?)"
 else
@@ -126,7 +130,71 @@ else
 		[[ -n $vals ]] || continue
 		printf '  %-26s %6s   (runs: %s)\n' "$p" "$(median <<<"$vals")" "$(tr '\n' ' ' <<<"$vals")"
 	done
-	echo "  (vm_start = vm_prepare + qemu_spawn + host_side + the wait for the agent; agent_ready counts from QEMU's spawn)"
+	echo "  (vm_start = vm_prepare + qemu_spawn + host_side + the wait for the agent; agent_ready counts from QEMU's spawn;"
+	echo "   outside_guest_clock = agent_ready - guest_uptime_serving: firmware, kernel load and decompression, the first answer's round trip)"
+fi
+
+# ---------------------------------------------------------------------------
+# Guest work, whatever the load: under -icount (one virtual nanosecond per
+# guest instruction, idle time skipped) the guest's clock counts the work
+# the guest did rather than the host's wall clock, so these figures hold on
+# a loaded machine where the ones above swing. Bare: kernel start to its
+# /init. Sealed image: kernel start to the agent serving its channel, and
+# to the SCSI stack the first container's disks wait for being loaded.
+icount_runs=${ICOUNT_RUNS:-2}
+mkdir -p "$bare/uptime/root/bin" "$bare/uptime/root/proc"
+cp "$busybox" "$bare/uptime/root/bin/busybox"
+printf '#!/bin/busybox sh\n/bin/busybox mount -t proc proc /proc\n/bin/busybox cat /proc/uptime\n/bin/busybox poweroff -f\n' >"$bare/uptime/root/init"
+chmod 0755 "$bare/uptime/root/init"
+(cd "$bare/uptime/root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$bare/uptime.cpio"
+icount_cfg=$CD_DIR/icount.toml
+sed -e "s|^state_dir = .*|state_dir = \"$CD_DIR/icount-state\"|" "$cfg" >"$icount_cfg"
+mkdir -p "$CD_DIR/icount-state"
+mapfile -t icount_argv < <(bin/c8s-launcher args --config "$icount_cfg" --id icount 2>/dev/null)
+bare_icount() { # the guest's uptime (s) when the bare /init runs
+	"$qemu" -icount shift=0,sleep=off -nodefaults -no-user-config -nographic -no-reboot \
+		-machine q35 -accel tcg -m 512M -smp 1 -bios "$bios" \
+		-kernel "$kernel" -initrd "$bare/uptime.cpio" -append "$bare_params" \
+		-serial "file:$bare/icount.log" </dev/null >/dev/null 2>&1 || return 1
+	tr -d '\r' <"$bare/icount.log" | grep -aoE '[0-9]+\.[0-9]+ [0-9]+\.[0-9]+$' | head -n 1 | cut -d' ' -f1
+}
+sealed_icount() { # "SERVING SCSI": the guest's uptime (s) at each
+	local dir=$CD_DIR/icount-state/icount pid i serving scsi
+	rm -rf "$dir"
+	mkdir -p "$dir"
+	(exec "${icount_argv[@]}" -icount shift=0,sleep=off </dev/null >/dev/null 2>&1) &
+	pid=$!
+	for i in $(seq 1200); do # up to 2 minutes of wall clock
+		grep -aq 'loaded [0-9]* kernel modules' "$dir/console.log" 2>/dev/null && break
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	kill "$pid" 2>/dev/null || true
+	wait "$pid" 2>/dev/null || true
+	serving=$(grep -a 'msg=serving' "$dir/console.log" | grep -oE 'guest_uptime=[0-9.]+s' | head -n 1 | tr -dc '0-9.')
+	scsi=$(grep -a 'loaded [0-9]* kernel modules' "$dir/console.log" | grep -oE 'guest_uptime=[0-9.]+s' | head -n 1 | tr -dc '0-9.')
+	rm -rf "$dir"
+	[[ -n $serving && -n $scsi ]] || return 1
+	echo "$serving $scsi"
+}
+echo "== guest work under -icount (guest seconds, independent of the host's load; $icount_runs runs each)"
+ib=() is=() ic=()
+for i in $(seq "$icount_runs"); do
+	ib+=("$(bare_icount || echo -)")
+	read -r a b <<<"$(sealed_icount || echo "- -")"
+	is+=("$a") ic+=("$b")
+done
+rm -rf "$CD_DIR/icount-state"
+ib_m=$(printf '%s\n' "${ib[@]}" | { grep -v -- - || true; } | median)
+is_m=$(printf '%s\n' "${is[@]}" | { grep -v -- - || true; } | median)
+ic_m=$(printf '%s\n' "${ic[@]}" | { grep -v -- - || true; } | median)
+echo "bare: kernel to /init ${ib_m} s  (runs: ${ib[*]})"
+echo "sealed image: kernel to agent serving ${is_m} s (runs: ${is[*]}); to the SCSI stack loaded ${ic_m} s (runs: ${ic[*]})"
+awk -v a="$is_m" -v c="$ic_m" -v b="$ib_m" 'BEGIN{if (b > 0) printf "guest work ratio: agent serving/bare init = %.3f, SCSI ready/bare init = %.3f\n", a/b, c/b}'
+
+if ((LOAD_RUNS == 0)); then
+	echo "== start under load: not measured (LOAD_RUNS=0)"
+	exit 0
 fi
 
 # ---------------------------------------------------------------------------

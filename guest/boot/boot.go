@@ -241,11 +241,9 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		if err != nil {
 			return nil, err
 		}
-		p, err := attest.Detect(ctx, "/", tee, func() {
-			if pid1 {
-				initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/fs/configfs/", "/drivers/virt/coco/") })
-			}
-		})
+		p, err := attest.Detect(ctx, "/", tee, teeModules(pid1, tee, func() {
+			initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/fs/configfs/", "/drivers/virt/coco/") })
+		}))
 		if err != nil {
 			return nil, err
 		}
@@ -265,6 +263,18 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 		return &agentapi.GetEvidenceResponse{Kind: ev.Kind, Provider: ev.Provider, Report: ev.Report, CertTable: ev.CertTable, TdReport: ev.TDReport,
 			EventLog: ev.EventLog, SimRtmrs: ev.SimRTMRs}, nil
 	}
+}
+
+// teeModules returns load, which loads the TEE guest drivers, where the
+// evidence source may need them: in PID 1 (only it loads modules) of a VM
+// not started as sim. The sim TEE's secure processor answers on a
+// virtio-serial port, and trying sev-guest and tdx-guest there (both
+// refuse to load) would only delay the pod's first evidence.
+func teeModules(pid1 bool, tee string, load func()) func() {
+	if !pid1 || tee == teeparam.Sim {
+		return nil
+	}
+	return load
 }
 
 // startedAs returns the TEE the kernel command line in the file at path

@@ -39,3 +39,25 @@ func TestStartedAs(t *testing.T) {
 		t.Error("an unreadable command line passed as naming no TEE")
 	}
 }
+
+// The TEE guest drivers are loaded for the hardware TEEs and for a VM that
+// names none (the drivers tell), never for sim (its secure processor is a
+// port) nor outside PID 1.
+func TestTEEModules(t *testing.T) {
+	for _, tc := range []struct {
+		pid1 bool
+		tee  string
+		load bool
+	}{
+		{true, "snp", true}, {true, "tdx", true}, {true, "", true},
+		{true, "sim", false}, {false, "snp", false},
+	} {
+		loaded := false
+		if f := teeModules(tc.pid1, tc.tee, func() { loaded = true }); f != nil {
+			f()
+		}
+		if loaded != tc.load {
+			t.Errorf("teeModules(pid1=%v, %q) loads the drivers: %v, want %v", tc.pid1, tc.tee, loaded, tc.load)
+		}
+	}
+}

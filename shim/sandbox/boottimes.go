@@ -57,6 +57,13 @@ func (b BootTimes) Fields() log.Fields {
 		}
 		f["guest_agent_to_serving_ms"] = ms(g.Serving - g.Agent)
 		f["guest_uptime_serving_ms"] = ms(g.Serving)
+		// The rest of the wait for the agent is what the guest clock
+		// does not see: the firmware, loading and decompressing the
+		// kernel (the bare boot pays those too), and the first
+		// answer's round trip on the channel.
+		if b.AgentReady > g.Serving {
+			f["outside_guest_clock_ms"] = ms(b.AgentReady - g.Serving)
+		}
 	}
 	return f
 }

@@ -15,8 +15,8 @@ func TestParseGuestBoot(t *testing.T) {
 	if got != want {
 		t.Fatalf("parseGuestBoot = %+v, want %+v", got, want)
 	}
-	f := BootTimes{Guest: got}.Fields()
-	for k, v := range map[string]int64{"guest_kernel_to_stage1_ms": 1100, "guest_stage1_to_agent_ms": 400, "guest_agent_to_serving_ms": 250, "guest_uptime_serving_ms": 1750, "guest_stage1_work_ms": 200, "guest_agent_exec_to_main_ms": 200} {
+	f := BootTimes{Guest: got, AgentReady: 2600 * time.Millisecond}.Fields()
+	for k, v := range map[string]int64{"outside_guest_clock_ms": 850, "guest_kernel_to_stage1_ms": 1100, "guest_stage1_to_agent_ms": 400, "guest_agent_to_serving_ms": 250, "guest_uptime_serving_ms": 1750, "guest_stage1_work_ms": 200, "guest_agent_exec_to_main_ms": 200} {
 		if f[k] != v {
 			t.Errorf("field %s = %v, want %d", k, f[k], v)
 		}
@@ -35,7 +35,7 @@ func TestParseGuestBootRejectsDisorder(t *testing.T) {
 			t.Errorf("%q: got %+v, want nothing", line, g)
 		}
 	}
-	if f := (BootTimes{}).Fields(); f["guest_uptime_serving_ms"] != nil {
+	if f := (BootTimes{AgentReady: time.Second}).Fields(); f["guest_uptime_serving_ms"] != nil || f["outside_guest_clock_ms"] != nil {
 		t.Errorf("no guest times, yet fields %v", f)
 	}
 }

@@ -65,6 +65,8 @@ MODULES=(
 	nft_chain_nat
 	nft_redir
 	nft_ct
+	# the host's entropy, loaded in sim VMs only (TCG has no RDRAND)
+	virtio_rng
 )
 # Modules the first stage loads to reach the verified root.
 STAGE1_MODULES=(virtio_blk dm-verity erofs)
@@ -250,6 +252,16 @@ while read -r lib; do
 done < <(for b in "$RUNC" "$CRUN"; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
 install -m 0755 "$CRUN" "$R/usr/bin/crun"
 install_modules "$R" "${MODULES[@]}"
+# The public Web PKI roots: Debian's ca-certificates (the Mozilla set it
+# ships, in a fixed order, not the host's generated bundle, which local
+# certificates may have been added to). A guest pull over HTTPS whose rule
+# names no pull_ca verifies the registry against these and nothing else;
+# they are measured as part of the root.
+CA_DIR=/usr/share/ca-certificates/mozilla
+compgen -G "$CA_DIR/*.crt" >/dev/null || die "no CA certificates in $CA_DIR: install ca-certificates (make deps)"
+mkdir -p "$R/etc/ssl/certs"
+(export LC_ALL=C; for f in "$CA_DIR"/*.crt; do cat "$f"; echo; done) >"$R/etc/ssl/certs/ca-certificates.crt"
+chmod 0644 "$R/etc/ssl/certs/ca-certificates.crt"
 
 pkgver() { dpkg-query -W -f='${Version}' "$1"; }
 owner() { # PATH: the Debian package that ships PATH (usrmerge: try both spellings)
@@ -263,7 +275,7 @@ owner() { # PATH: the Debian package that ships PATH (usrmerge: try both spellin
 RUNC_PKG=$(owner "$RUNC")
 RUNC_VERSION=$(pkgver "$RUNC_PKG")
 # Every package whose files end up in the image, for provenance.
-PACKAGES=("$KERNEL_PKG=$KERNEL_VERSION")
+PACKAGES=("$KERNEL_PKG=$KERNEL_VERSION" "ca-certificates=$(pkgver ca-certificates)")
 declare -A owners=()
 while read -r f; do
 	pkg=$(owner "$f")

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -22,6 +24,7 @@ import (
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 	"github.com/c8s-dev/c8s/guest/kbs"
 	"github.com/c8s-dev/c8s/guest/policy"
 	"github.com/c8s-dev/c8s/guest/pull"
@@ -51,8 +54,12 @@ import (
 //     error is returned to the create that finds it, and the next create
 //     pulls again.
 //   - Credentials: from the pod's key broker (pull_auth), through the
-//     same attested KBS handshake as [kbs] secrets; never from the host,
-//     never over plain HTTP.
+//     same attested KBS handshake as [kbs] secrets, when the pull needs
+//     them (pullOnlyCredentials: not with the pod's secrets), kept in
+//     memory for that pull only; never from the host, never over plain
+//     HTTP.
+//   - TLS: the registry is verified against the rule's pull_ca, else the
+//     sealed image's public CA bundle, and nothing else (pullRoots).
 //   - Network: the pull's sockets are opened in the sandbox container's
 //     network namespace (the pod's). The registry is named by address:
 //     names are resolved by the guest's resolver, not the pod's DNS.
@@ -161,10 +168,17 @@ func netnsOf(sc *container) *os.File {
 	return os.NewFile(uintptr(fd), f.Name())
 }
 
+// pullKey tells pulls apart: two rules may name one image with other
+// credentials or roots, and neither pull may stand for the other (one
+// rule's credentials must not open the image to another's container).
+func pullKey(img policy.PullImage) string {
+	return fmt.Sprintf("%s auth=%q plain_http=%t ca=%x", img.Ref, img.Auth, img.PlainHTTP, sha256.Sum256([]byte(img.CA)))
+}
+
 // pullFor returns the pull of img, starting it in sandbox sc's network
 // if there is none yet. A failed pull is returned once and forgotten.
 func (s *Service) pullFor(ctx context.Context, img policy.PullImage, sc *container) *pullJob {
-	key := img.Ref.String()
+	key := pullKey(img)
 	st := &s.pulls
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -224,6 +238,13 @@ func (s *Service) pullImage(ctx context.Context, j *pullJob, netns *os.File) (st
 			j.total.Store(p.Total)
 		},
 	}
+	if !j.img.PlainHTTP {
+		roots, err := pullRoots(j.img)
+		if err != nil {
+			return "", err
+		}
+		o.Roots = roots
+	}
 	if j.img.Auth != "" {
 		auth, err := s.pullCredentials(ctx, j.img)
 		if err != nil {
@@ -240,6 +261,69 @@ func (s *Service) pullImage(ctx context.Context, j *pullJob, netns *os.File) (st
 		return "", err
 	}
 	return img.Dir, nil
+}
+
+// pullCABundle is the public CA bundle of the sealed guest image
+// (images/build.sh: Debian's ca-certificates), measured with the image.
+var pullCABundle = "/etc/ssl/certs/ca-certificates.crt"
+
+// pullRoots are the only roots img's registry certificate is verified
+// against: the rule's pull_ca (measured with the policy), else the guest
+// image's public bundle. Never the host's, and there is no fallback to
+// an unverified connection.
+func pullRoots(img policy.PullImage) (*x509.CertPool, error) {
+	pool := x509.NewCertPool()
+	if img.CA != "" {
+		certs, err := policyapi.ParsePullCA(img.CA)
+		if err != nil {
+			return nil, fmt.Errorf("pull %s: pull_ca: %w: %w", img.Ref, err, errdefs.ErrInvalidArgument)
+		}
+		for _, c := range certs {
+			pool.AddCert(c)
+		}
+		return pool, nil
+	}
+	b, err := os.ReadFile(pullCABundle)
+	if err != nil || !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("pull %s over HTTPS: the guest image has no CA bundle (%s) to verify the registry against, and the rule names no pull_ca: name the registry's CA in pull_ca: %w", img.Ref, pullCABundle, errdefs.ErrFailedPrecondition)
+	}
+	return pool, nil
+}
+
+// pullOnlyCredentials are the [[kbs.secrets]] resources that only rules'
+// pull_auth name (no rule mounts them as a secret): the pull fetches
+// them from the broker when it needs them, so they are never kept on the
+// secrets tmpfs, and a broker that refuses one fails that pull, naming
+// the resource, not the pod.
+func pullOnlyCredentials(doc *initdata.InitData) map[string]bool {
+	if doc.Policy == nil {
+		return nil
+	}
+	auth, mounted := map[string]bool{}, map[string]bool{}
+	rules := make([]*policyapi.Container, 0, len(doc.Policy.Containers)+1)
+	rules = append(rules, doc.Policy.Sandbox)
+	for _, r := range doc.Policy.Containers {
+		rules = append(rules, r)
+	}
+	for _, r := range rules {
+		if r == nil {
+			continue
+		}
+		if r.PullAuth != "" {
+			if p, err := (initdata.Secret{Resource: r.PullAuth}).ResourcePath(); err == nil {
+				auth[p] = true
+			}
+		}
+		for _, sec := range r.Secrets {
+			if p, err := (initdata.Secret{Resource: sec.Resource}).ResourcePath(); err == nil {
+				mounted[p] = true
+			}
+		}
+	}
+	for p := range mounted {
+		delete(auth, p)
+	}
+	return auth
 }
 
 // pullCredentials fetches the registry's credentials from the pod's key
@@ -360,8 +444,8 @@ func (s *Service) waitPull(ctx context.Context, id string, img policy.PullImage,
 		return j.dir, nil
 	}
 	s.pulls.mu.Lock()
-	if s.pulls.jobs[img.Ref.String()] == j {
-		delete(s.pulls.jobs, img.Ref.String())
+	if s.pulls.jobs[pullKey(img)] == j {
+		delete(s.pulls.jobs, pullKey(img))
 	}
 	s.pulls.mu.Unlock()
 	var de *pull.DigestError

@@ -75,11 +75,22 @@ func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw 
 	if err != nil {
 		return err
 	}
-	paths := make([]string, len(k.Secrets))
-	for i, sec := range k.Secrets {
-		if paths[i], err = sec.ResourcePath(); err != nil {
+	// Registry credentials only pulls use are fetched by the pull
+	// (pull.go: pullOnlyCredentials).
+	pullOnly := pullOnlyCredentials(doc)
+	var paths []string
+	var secrets []initdata.Secret
+	for _, sec := range k.Secrets {
+		p, err := sec.ResourcePath()
+		if err != nil {
 			return err
 		}
+		if !pullOnly[p] {
+			paths, secrets = append(paths, p), append(secrets, sec)
+		}
+	}
+	if len(paths) == 0 {
+		return nil
 	}
 	if tee != kbsapi.TeeSNP && tee != kbsapi.TeeTDX {
 		return fmt.Errorf("key broker attestation with %q evidence is not supported (snp or tdx): %w", tee, errdefs.ErrNotImplemented)
@@ -107,7 +118,7 @@ func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw 
 			return err
 		}
 		clear(v)
-		mounts = append(mounts, secretMount{resource: k.Secrets[i].Resource, source: file, destination: k.Secrets[i].Path})
+		mounts = append(mounts, secretMount{resource: secrets[i].Resource, source: file, destination: secrets[i].Path})
 	}
 	s.mu.Lock()
 	s.secrets = mounts

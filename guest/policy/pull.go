@@ -23,7 +23,7 @@ func (c *Container) PullImage() (PullImage, bool) {
 		return PullImage{}, false
 	}
 	ref, ok := c.rule.PullRef()
-	return PullImage{Ref: ref, Auth: c.rule.PullAuth, PlainHTTP: c.rule.PullPlainHTTP}, ok
+	return PullImage{Ref: ref, Auth: c.rule.PullAuth, PlainHTTP: c.rule.PullPlainHTTP, CA: c.rule.PullCA}, ok
 }
 
 // PullImage is what a rule says of the image the guest pulls.
@@ -31,6 +31,7 @@ type PullImage struct {
 	Ref       policyapi.PullRef
 	Auth      string // the key broker resource of the credentials, or ""
 	PlainHTTP bool
+	CA        string // PEM roots of the registry's certificate, or "" (the image's bundle)
 }
 
 // pullRoot checks the root against the rule's pull reference and reports
@@ -58,7 +59,8 @@ func (k *checker) pullRoot(rule *policyapi.Container, root Root) bool {
 }
 
 // PullImages returns the images the policy's rules have the guest pull,
-// each once, so that the agent can start pulling them as soon as the pod
+// each once (an image two rules pull with other credentials or roots is
+// two pulls), so that the agent can start pulling them as soon as the pod
 // network is up, before their containers are created.
 func (e *Evaluator) PullImages() []PullImage {
 	if !e.Governs() {
@@ -77,14 +79,15 @@ func (e *Evaluator) PullImages() []PullImage {
 		rules = append(rules, e.p.Containers[n])
 	}
 	var out []PullImage
-	seen := map[string]bool{}
+	seen := map[PullImage]bool{}
 	for _, r := range rules {
 		ref, ok := r.PullRef()
-		if !ok || seen[ref.String()] {
+		img := PullImage{Ref: ref, Auth: r.PullAuth, PlainHTTP: r.PullPlainHTTP, CA: r.PullCA}
+		if !ok || seen[img] {
 			continue
 		}
-		seen[ref.String()] = true
-		out = append(out, PullImage{Ref: ref, Auth: r.PullAuth, PlainHTTP: r.PullPlainHTTP})
+		seen[img] = true
+		out = append(out, img)
 	}
 	return out
 }

@@ -24,14 +24,20 @@
 // go-containerregistry's transport; the requests for manifests and blobs,
 // and every check of what they return, are this package's. Plain HTTP is
 // used only where Options.PlainHTTP says so, and never with credentials
-// (GuardTransport).
+// (GuardTransport). Over HTTPS the registry's certificate is verified
+// against Options.Roots only (pinRoots): a certificate that does not
+// chain to them ends the pull at the handshake, before any request, so
+// no credentials reach it.
 package pull
 
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash"
 	"io"
@@ -69,9 +75,15 @@ type Options struct {
 	PlainHTTP bool
 	// Auth is the registry's credentials; nil: anonymous.
 	Auth *authn.AuthConfig
+	// Roots are the CA certificates the registry's TLS certificate, and
+	// its token service's, must chain to: the only roots the pull trusts
+	// (the rule's pull_ca, or the guest image's bundle; never the host's).
+	// Required unless PlainHTTP.
+	Roots *x509.CertPool
 	// Transport carries the requests (the guest's dials in the pod's
-	// network namespace); nil: http.DefaultTransport. It is wrapped in
-	// GuardTransport.
+	// network namespace); nil: http.DefaultTransport. An *http.Transport:
+	// the pull clones it and sets its TLS roots to Roots alone. It is
+	// wrapped in GuardTransport.
 	Transport http.RoundTripper
 	// OS and Arch choose the manifest of an index; "": linux and the
 	// guest's architecture.
@@ -166,9 +178,9 @@ func newClient(ctx context.Context, ref policyapi.PullRef, o Options) (*client, 
 	if err != nil {
 		return nil, err
 	}
-	base := o.Transport
-	if base == nil {
-		base = http.DefaultTransport
+	base, err := pinRoots(o)
+	if err != nil {
+		return nil, fmt.Errorf("registry %s: %w", ref.Registry, err)
 	}
 	guarded := GuardTransport(base, o.PlainHTTP && o.Auth == nil)
 	auth := authn.Anonymous
@@ -180,6 +192,31 @@ func newClient(ctx context.Context, ref policyapi.PullRef, o Options) (*client, 
 		return nil, fmt.Errorf("registry %s: %w", ref.Registry, err)
 	}
 	return &client{ref: ref, o: o, scheme: scheme, http: &http.Client{Transport: rt}}, nil
+}
+
+// pinRoots returns o's transport with its TLS roots set to o.Roots and
+// nothing else: whatever the transport trusted before (the system's
+// roots, a test server's certificate) is dropped, and verification is
+// always on. Over plain HTTP the transport is as given, TLS is then never
+// used (GuardTransport).
+func pinRoots(o Options) (http.RoundTripper, error) {
+	base := o.Transport
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if o.PlainHTTP {
+		return base, nil
+	}
+	if o.Roots == nil {
+		return nil, errors.New("no CA certificate to verify the registry's TLS certificate against: name the registry's CA in the rule's pull_ca")
+	}
+	t, ok := base.(*http.Transport)
+	if !ok {
+		return nil, fmt.Errorf("transport %T: the pull pins its TLS roots on an *http.Transport only", base)
+	}
+	t = t.Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: o.Roots, MinVersion: tls.VersionTLS12}
+	return t, nil
 }
 
 // GuardTransport refuses every plain-HTTP request unless plainHTTP: the

@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -142,6 +143,13 @@ func newRegistry(t *testing.T, tls bool) *testRegistry {
 	u, _ := url.Parse(tr.srv.URL)
 	tr.host = u.Host
 	return tr
+}
+
+// roots is a pool of the TLS registry's certificate alone.
+func (tr *testRegistry) roots() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(tr.srv.Certificate())
+	return p
 }
 
 // intercept installs f in front of the registry: it returns true when it
@@ -516,7 +524,7 @@ func TestPullCredentialsOverTLS(t *testing.T) {
 	ref := tr.push(t, "app", newImage(t, baseLayers(t), nil))
 	var withCreds atomic.Int64
 	basicAuth(tr, "u", "p", &withCreds)
-	o := Options{Transport: tr.srv.Client().Transport, Auth: &authn.AuthConfig{Username: "u", Password: "p"}}
+	o := Options{Transport: tr.srv.Client().Transport, Roots: tr.roots(), Auth: &authn.AuthConfig{Username: "u", Password: "p"}}
 	if _, _, err := pullTo(t, ref, o); err != nil {
 		t.Fatal(err)
 	}
@@ -574,7 +582,7 @@ func TestPullTokenRealmOverHTTPRefused(t *testing.T) {
 		w.WriteHeader(http.StatusUnauthorized)
 		return true
 	})
-	o := Options{Transport: tr.srv.Client().Transport, Auth: &authn.AuthConfig{Username: "u", Password: "p"}}
+	o := Options{Transport: tr.srv.Client().Transport, Roots: tr.roots(), Auth: &authn.AuthConfig{Username: "u", Password: "p"}}
 	if _, _, err := pullTo(t, ref, o); err == nil || !strings.Contains(err.Error(), "HTTPS only") {
 		t.Fatalf("err = %v, want the plain-HTTP token request refused", err)
 	}

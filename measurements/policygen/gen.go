@@ -126,6 +126,10 @@ type Pull struct {
 	Auth string
 	// PlainHTTP talks plain HTTP to the registry (test registries).
 	PlainHTTP bool
+	// CA is the PEM CA certificates of the registry (policy pull_ca):
+	// the only roots the guest verifies it against; "": the guest
+	// image's public bundle.
+	CA string
 }
 
 // Secret mounts a broker resource into a container.

@@ -1,6 +1,9 @@
 package policygen
 
 import (
+	"encoding/pem"
+	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -46,5 +49,43 @@ func TestPullRefuses(t *testing.T) {
 				t.Fatalf("err = %v, want %q", err, c.want)
 			}
 		})
+	}
+}
+
+// --pull-ca writes the registry's CA as the rule's pull_ca, exactly.
+func TestPullCA(t *testing.T) {
+	srv := httptest.NewTLSServer(nil)
+	defer srv.Close()
+	ca := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
+	kbsCert, err := os.ReadFile("testdata/kbs.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	broker := initdata.KBS{URL: "https://kbs.example:8080", Cert: string(kbsCert)}
+	rs, err := Generate([]byte(pod(pinned)), Options{KBS: broker, Pull: map[string]Pull{"app": {Auth: "kbs:///a/registry/auth", CA: ca}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := initdata.Parse(rs[0].InitData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := doc.Policy.Containers["app"]; c.PullCA != ca || c.PullAuth != "kbs:///a/registry/auth" {
+		t.Fatalf("pull_ca = %q:\n%s", c.PullCA, rs[0].InitData)
+	}
+	// The broker releases a pod only what its [[kbs.secrets]] list.
+	if s := doc.KBS.Secrets; len(s) != 1 || s[0].Resource != "kbs:///a/registry/auth" {
+		t.Fatalf("kbs.secrets = %+v, want the credentials listed", s)
+	}
+	if _, err := Generate([]byte(pod(pinned)), Options{Pull: map[string]Pull{"app": {Auth: "kbs:///a/registry/auth"}}}); err == nil || !strings.Contains(err.Error(), "--kbs-url") {
+		t.Errorf("credentials without a broker: %v", err)
+	}
+	for name, o := range map[string]Pull{
+		"not PEM":         {CA: "a CA"},
+		"with plain HTTP": {CA: ca, PlainHTTP: true},
+	} {
+		if _, err := Generate([]byte(pod(pinned)), Options{Pull: map[string]Pull{"app": o}}); err == nil || !strings.Contains(err.Error(), "container app:") {
+			t.Errorf("%s: err = %v", name, err)
+		}
 	}
 }

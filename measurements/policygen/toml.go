@@ -93,7 +93,7 @@ func (g *gen) plan() (*plan, error) {
 		p.policy.Containers[r.name] = &r.c
 	}
 	sb.c.Env = envPatterns(sb.env)
-	if g.o.KBS.URL != "" || g.o.KBS.Cert != "" || len(g.o.Secrets) > 0 {
+	if g.o.KBS.URL != "" || g.o.KBS.Cert != "" || len(g.o.Secrets) > 0 || g.pullAuths() {
 		p.kbs = initdata.KBS{URL: g.o.KBS.URL, Cert: g.o.KBS.Cert}
 		seen := map[string]bool{}
 		for _, s := range g.o.Secrets {
@@ -102,6 +102,7 @@ func (g *gen) plan() (*plan, error) {
 				p.kbs.Secrets = append(p.kbs.Secrets, initdata.Secret{Resource: s.Resource, Path: s.Path})
 			}
 		}
+		p.kbs.Secrets = append(p.kbs.Secrets, g.pullAuthSecrets(seen)...)
 	}
 	if g.o.Audit {
 		g.warn("policy.audit = true: denials are logged, not enforced; the owner's broker sees it in the measured document")
@@ -351,6 +352,9 @@ func (r *rule) write(b *bytes.Buffer, table string) {
 		}
 		if c.PullPlainHTTP {
 			r.scalar(b, "pull_plain_http", "true")
+		}
+		if c.PullCA != "" {
+			r.scalar(b, "pull_ca", multiline(c.PullCA, false))
 		}
 	}
 	// The layers are tables of their own: they end the rule.

@@ -25,6 +25,7 @@ import (
 
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+	kbs "github.com/c8s-dev/c8s/launcher/broker"
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
 	"github.com/c8s-dev/c8s/tests/internal/layerimage"
 )
@@ -46,14 +47,15 @@ const (
 // with a switch that flips one byte of one blob as it is served.
 type pullRegistry struct {
 	port   int
+	reg    http.Handler           // the in-memory registry, which authRegistry fronts too
 	tamper atomic.Pointer[string] // the blob path to flip, or nil
 	served atomic.Int64           // blobs served flipped
 }
 
 func startPullRegistry(t *testing.T) *pullRegistry {
 	t.Helper()
-	r := &pullRegistry{}
 	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	r := &pullRegistry{reg: reg}
 	l, err := net.Listen("tcp", ":0")
 	if err != nil {
 		t.Fatal(err)
@@ -191,6 +193,12 @@ func (r *pullRegistry) guestRef(name string, img layerimage.Image) string {
 // repo's image (as CRI names it, by tag or digest), which the guest pulls
 // from pullRef over plain HTTP, with execs.
 func pullRule(name, repo, pullRef string, execs ...[]string) string {
+	return pullRuleWith(name, repo, pullRef, "pull_plain_http = true\n", execs...)
+}
+
+// pullRuleWith is pullRule with the rule's other pull fields (TOML lines)
+// in place of pull_plain_http.
+func pullRuleWith(name, repo, pullRef, pullFields string, execs ...[]string) string {
 	var ex []string
 	for _, e := range execs {
 		ex = append(ex, tomlStrings(e...))
@@ -206,8 +214,7 @@ gid = 0
 logs = true
 exec = [%s]
 pull = %q
-pull_plain_http = true
-`, name, repo, imagePath, strings.Join(ex, ", "), pullRef)
+%s`, name, repo, imagePath, strings.Join(ex, ", "), pullRef, pullFields)
 }
 
 // startRetrying creates and starts a container as the kubelet does (CRI
@@ -243,6 +250,11 @@ func startRetrying(ctx context.Context, p *criPod, cfg *cri.ContainerConfig) (st
 // overlay over the pulled image). A second image, one of whose layer
 // blobs the network flips a byte of, is refused naming that blob, and
 // once the network serves it intact the next create pulls it and runs.
+// Its subtests pull from an HTTPS registry that requires credentials
+// (guestpullauth_test.go): with the key broker's, verified against the
+// rule's pull_ca, leaving no trace of them on the host; with credentials
+// the owner's resource policy keeps from the pod, refused naming the
+// resource; without pull_ca, refused at the TLS handshake.
 func TestGuestPull(t *testing.T) {
 	var hv string
 	if pullBenchMiB > 0 {
@@ -261,9 +273,44 @@ func TestGuestPull(t *testing.T) {
 	goodHex := strings.TrimPrefix(good.Manifest.String(), "sha256:")
 	script := "cat /etc/c8s/two /etc/c8s/three; test -e /etc/c8s/gone && echo gone-is-visible; grep ' / overlay ' /proc/self/mounts | grep -c " + goodHex
 	badCheck := "cat /etc/c8s/two"
-	doc := pullSandboxRule() +
-		pullRule("app", "pull", reg.guestRef("pull", good), []string{"sh", "-c", script}) +
-		pullRule("other", "pullbad", reg.guestRef("pullbad", bad), []string{"sh", "-c", badCheck})
+	// An image on a registry that requires credentials, over HTTPS with
+	// a certificate of the registry's own CA, which the rules name
+	// (pull_ca); the credentials are the key broker's (pull_auth).
+	areg := startAuthRegistry(t, reg)
+	authImg, authRef := reg.pushImage(t, e, "pullauth", [][]layerimage.Entry{
+		{{Name: "etc/c8s", Dir: true}, {Name: "etc/c8s/auth", Data: []byte("pulled with the broker's credentials\n")}},
+	})
+	if st := areg.anonymousStatus(t, "c8s/pullauth", authImg.Manifest.String()); st != http.StatusUnauthorized {
+		t.Fatalf("the authenticating registry answers an anonymous request %d, want 401", st)
+	}
+	authGuestRef := fmt.Sprintf("%s:%d/c8s/pullauth@%s", pullGateway, areg.port, authImg.Manifest)
+	authFields := func(resource string, ca bool) string {
+		f := fmt.Sprintf("pull_auth = %q\n", "kbs:///"+resource)
+		if ca {
+			f += fmt.Sprintf("pull_ca = '''\n%s'''\n", areg.caPEM)
+		}
+		return f
+	}
+	authCheck := "cat /etc/c8s/auth"
+	var doc string
+	b := startBroker(t, e.stateDir, e.imageDir, func(b *broker, kb *kbs.Broker) {
+		doc = withKBS(pullSandboxRule()+
+			pullRule("app", "pull", reg.guestRef("pull", good), []string{"sh", "-c", script})+
+			pullRule("other", "pullbad", reg.guestRef("pullbad", bad), []string{"sh", "-c", badCheck})+
+			// The broker's credentials, the registry's CA.
+			pullRuleWith("auth", "pullauth", authGuestRef, authFields(pullCredsResource, true), []string{"sh", "-c", authCheck})+
+			// The same image with credentials the broker keeps from
+			// this pod.
+			pullRuleWith("denied", "pullauth", authGuestRef, authFields(otherCredsResource, true))+
+			// The pod's credentials, but no pull_ca: the guest image's
+			// public bundle, which did not sign the registry's
+			// certificate.
+			pullRuleWith("noca", "pullauth", authGuestRef, authFields(pullCredsResource, false)),
+			pullKBSSection(b))
+		kb.Resources = kbs.Map{pullCredsResource: areg.creds(), otherCredsResource: []byte(`{"username": "other", "password": "other-team-registry-password"}`)}
+		kb.InitData = [][]byte{[]byte(doc)}
+		kb.ResourcePolicy = pullResourcePolicy(t, doc)
+	})
 	if _, err := initdata.Parse([]byte(doc)); err != nil {
 		t.Fatalf("init data: %v\n%s", err, doc)
 	}
@@ -321,7 +368,66 @@ func TestGuestPull(t *testing.T) {
 	if out := execIn(other, "sh", "-c", badCheck); out != "the other image\n" {
 		t.Fatalf("other: %q", out)
 	}
-	p.remove(t, app, other)
+
+	// The registry that requires credentials: pulled with the broker's,
+	// over TLS verified against the rule's CA.
+	var authID string
+	t.Run("CredentialsFromTheBroker", func(t *testing.T) {
+		id, _, err := startRetrying(ctx, p, ctrCfg("auth", authRef))
+		if err != nil {
+			t.Fatalf("auth: %v\nbroker:\n%s", err, b.Log())
+		}
+		if out := execIn(id, "sh", "-c", authCheck); out != "pulled with the broker's credentials\n" {
+			t.Fatalf("auth: %q", out)
+		}
+		if areg.tokens.Load() == 0 || areg.bearers.Load() == 0 {
+			t.Fatalf("the registry issued %d tokens and served %d requests with one: the pull did not authenticate", areg.tokens.Load(), areg.bearers.Load())
+		}
+		if !strings.Contains(b.Log(), "released "+pullCredsResource) {
+			t.Fatalf("the broker did not log the credentials' release:\n%s", b.Log())
+		}
+		t.Logf("pulled with the broker's credentials: %d tokens, %d authenticated requests", areg.tokens.Load(), areg.bearers.Load())
+		// While the pod runs: neither the password nor the token the
+		// registry gave for it is anywhere on the host.
+		assertNotOnHost(t, e, pullCredsResource, areg.password, areg.token)
+		authID = id
+	})
+
+	// Credentials the owner's resource policy keeps from this pod: the
+	// pull fails, naming the resource, and the registry got nothing.
+	t.Run("CredentialsTheBrokerRefuses", func(t *testing.T) {
+		refused := areg.refused.Load()
+		_, _, err := startRetrying(ctx, p, ctrCfg("denied", authRef))
+		if err == nil || !strings.Contains(err.Error(), otherCredsResource) || !strings.Contains(err.Error(), "key broker") {
+			t.Fatalf("denied: %v, want the pull refused naming %s", err, otherCredsResource)
+		}
+		if !strings.Contains(b.Log(), "refused "+otherCredsResource) {
+			t.Fatalf("the broker did not refuse %s:\n%s", otherCredsResource, b.Log())
+		}
+		if areg.refused.Load() != refused {
+			t.Fatal("the registry's token service got credentials for the refused pull")
+		}
+		t.Logf("refused: %v", err)
+	})
+
+	// No pull_ca: the guest verifies the registry against its image's
+	// public bundle only, never the host's roots or none, and the pull
+	// fails at the TLS handshake.
+	t.Run("RegistryCertificateNotInTheTrustedRoots", func(t *testing.T) {
+		_, _, err := startRetrying(ctx, p, ctrCfg("noca", authRef))
+		if err == nil || !strings.Contains(err.Error(), "certificate") {
+			t.Fatalf("noca: %v, want the registry's certificate refused", err)
+		}
+		if areg.handshakeErrors.Load() == 0 {
+			t.Error("the registry saw no failed TLS handshake")
+		}
+		t.Logf("refused: %v", err)
+	})
+	if t.Failed() {
+		return
+	}
+	p.remove(t, app, other, authID)
+	t.Run("NoTraceOnTheHostAfterwards", func(t *testing.T) { assertNotOnHost(t, e, "", areg.password, areg.token) })
 
 	// A host that offers its layer disks for a container whose rule
 	// binds the image only by its pull reference: refused by the policy,

@@ -228,11 +228,14 @@ type Container struct {
 	// offers no layer disks: REGISTRY/REPOSITORY@sha256:<digest>, never
 	// a tag. PullAuth is the key broker resource (kbs:///REPO/TYPE/TAG)
 	// with the registry's credentials; PullPlainHTTP talks plain HTTP to
-	// the registry (never with PullAuth). See pull.go. Absent: the guest
-	// pulls nothing.
+	// the registry (never with PullAuth). PullCA (exact) is the PEM CA
+	// certificates the registry's TLS certificate must chain to, the only
+	// roots then trusted (absent: the guest image's public bundle). See
+	// pull.go. Absent: the guest pulls nothing.
 	Pull          string `toml:"pull"`
 	PullAuth      string `toml:"pull_auth"`
 	PullPlainHTTP bool   `toml:"pull_plain_http"`
+	PullCA        string `toml:"pull_ca"`
 }
 
 // Mount allows one mount of a container.

@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"regexp"
@@ -16,6 +18,7 @@ import (
 //	pull = "registry.example:5000/app@sha256:0f6e…"   # digest-pinned, required
 //	pull_auth = "kbs:///default/registry/app"          # optional: credentials from the key broker
 //	pull_plain_http = false                            # optional: plain HTTP (test registries)
+//	pull_ca = """-----BEGIN CERTIFICATE-----…"""       # optional: the registry's CA, the only root trusted
 //
 // The reference is the policy's, never the host's: the guest fetches the
 // manifest by its digest and checks it, then the config and every layer
@@ -26,6 +29,11 @@ import (
 // registry credentials, never the host's. Plain HTTP tells whoever
 // watches the network which image the pod runs and is for test
 // registries: credentials are never sent over it.
+//
+// Over HTTPS the registry's certificate (and its token service's) is
+// verified against pull_ca, measured with the policy, and nothing else;
+// without pull_ca, against the public CA bundle of the sealed guest image
+// (measured as part of it). Never the host's roots, never unverified.
 
 // PullRef is a parsed, digest-pinned pull reference.
 type PullRef struct {
@@ -124,7 +132,18 @@ func validatePull(key string, p *Container) error {
 		if p.PullPlainHTTP {
 			bad("pull_plain_http", "set without pull")
 		}
+		if p.PullCA != "" {
+			bad("pull_ca", "set without pull")
+		}
 		return errors.Join(errs...)
+	}
+	if p.PullCA != "" {
+		if _, err := ParsePullCA(p.PullCA); err != nil {
+			bad("pull_ca", "%v", err)
+		}
+		if p.PullPlainHTTP {
+			bad("pull_ca", "set with pull_plain_http: plain HTTP verifies no certificate (serve the registry over HTTPS and drop pull_plain_http)")
+		}
 	}
 	if _, err := ParsePullRef(p.Pull); err != nil {
 		bad("pull", "%v", err)
@@ -141,6 +160,36 @@ func validatePull(key string, p *Container) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ParsePullCA parses a rule's pull_ca: one or more PEM CERTIFICATE
+// blocks, nothing else. They are the only roots the guest then verifies
+// the registry's TLS certificate (and its token service's) against.
+func ParsePullCA(s string) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	rest := []byte(s)
+	for {
+		var blk *pem.Block
+		blk, rest = pem.Decode(rest)
+		if blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("a PEM %q block: want only CERTIFICATE blocks (the registry's CA)", blk.Type)
+		}
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d: %w", len(certs)+1, err)
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no PEM CERTIFICATE: write the registry's CA certificate (-----BEGIN CERTIFICATE----- …)")
+	}
+	if strings.TrimSpace(string(rest)) != "" {
+		return nil, errors.New("text after the last PEM certificate that is not a certificate")
+	}
+	return certs, nil
 }
 
 // validateResource checks a key broker resource path as [[kbs.secrets]]

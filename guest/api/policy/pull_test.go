@@ -1,8 +1,16 @@
 package policy
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
 	"strings"
 	"testing"
+	"time"
 )
 
 const testDigest = "sha256:0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e0f6e"
@@ -72,5 +80,48 @@ func TestValidatePull(t *testing.T) {
 	}
 	if !rule(ok, "", false).BindsImage() || rule("", "", false).BindsImage() {
 		t.Error("BindsImage: a pull reference binds the image, nothing does not")
+	}
+}
+
+// pull_ca must be PEM certificates only, set with pull, over HTTPS.
+func TestValidatePullCA(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "registry CA"}, NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	privPEM := string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}))
+	ok := "registry:5000/app@" + testDigest
+	rule := func(pull, ca string, plain bool) *Container {
+		wd := Pattern("/")
+		var id uint32
+		return &Container{Image: "x", Args: []Pattern{"/app"}, WorkingDir: &wd, UID: &id, GID: &id, Pull: pull, PullCA: ca, PullPlainHTTP: plain}
+	}
+	for name, c := range map[string]struct {
+		rule *Container
+		err  string
+	}{
+		"CA":              {rule(ok, ca, false), ""},
+		"two CAs":         {rule(ok, ca+ca, false), ""},
+		"not PEM":         {rule(ok, "registry CA", false), "policy.containers.app.pull_ca: no PEM CERTIFICATE"},
+		"a private key":   {rule(ok, ca+privPEM, false), "policy.containers.app.pull_ca: a PEM \"EC PRIVATE KEY\" block"},
+		"trailing text":   {rule(ok, ca+"junk", false), "policy.containers.app.pull_ca: text after the last PEM certificate"},
+		"bad DER":         {rule(ok, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte{1, 2}})), false), "policy.containers.app.pull_ca: certificate 1:"},
+		"with plain HTTP": {rule(ok, ca, true), "policy.containers.app.pull_ca: set with pull_plain_http"},
+		"CA without pull": {rule("", ca, false), "policy.containers.app.pull_ca: set without pull"},
+	} {
+		err := (&Policy{Containers: map[string]*Container{"app": c.rule}}).Validate(nil)
+		switch {
+		case c.err == "" && err != nil:
+			t.Errorf("%s: %v", name, err)
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: err = %v, want %q", name, err, c.err)
+		}
 	}
 }

@@ -54,9 +54,10 @@ func runPolicy(args []string, stdout, stderr io.Writer) error {
 	audit := fs.Bool("audit", false, "write policy.audit = true: denials are logged, not enforced (bring-up; the owner's broker sees it)")
 	kbsURL := fs.String("kbs-url", "", "the key broker's `URL` (https://HOST[:PORT])")
 	kbsCert := fs.String("kbs-cert", "", "`PEM` file of the broker's TLS certificate")
-	var images, execs, execStdin, secrets, ports, pulls, pullAuths listFlag
+	var images, execs, execStdin, secrets, ports, pulls, pullAuths, pullCAs listFlag
 	fs.Var(&pulls, "pull", "`CONTAINER` whose image (pinned by digest) the guest may pull and verify itself where the node offers no layer disks (repeatable)")
 	fs.Var(&pullAuths, "pull-auth", "`CONTAINER=RESOURCE`: the broker resource (kbs:///REPO/TYPE/TAG) with the registry credentials of CONTAINER's pull (repeatable)")
+	fs.Var(&pullCAs, "pull-ca", "`CONTAINER=PEM`: a PEM file of the CA certificates of CONTAINER's registry, the only roots the guest then verifies it against (default: the guest image's public CA bundle) (repeatable)")
 	pullHTTP := fs.Bool("pull-plain-http", false, "the guest pulls over plain HTTP (test registries; digests are still verified, the network sees which image; never with --pull-auth)")
 	fs.Var(&images, "image", "`REF=LAYOUT`: the OCI image layout (a directory, or a tar of one) of the image the pod names REF, or of container REF; gives entrypoint, cmd, env, working dir and user (repeatable)")
 	fs.Var(&execs, "allow-exec", "`CONTAINER=ARGV`: let the host also exec ARGV in CONTAINER (words, or a JSON array; re: elements are patterns) (repeatable)")
@@ -129,6 +130,19 @@ func runPolicy(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--pull-auth %q: want CONTAINER=RESOURCE for a CONTAINER given to --pull", a)
 		}
 		p.Auth = res
+		o.Pull[n] = p
+	}
+	for _, a := range pullCAs {
+		n, file, ok := strings.Cut(a, "=")
+		p, pulled := o.Pull[n]
+		if !ok || !pulled {
+			return fmt.Errorf("--pull-ca %q: want CONTAINER=PEM for a CONTAINER given to --pull", a)
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return fmt.Errorf("--pull-ca %q: %w", a, err)
+		}
+		p.CA = string(b)
 		o.Pull[n] = p
 	}
 	for _, p := range ports {

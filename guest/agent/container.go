@@ -85,9 +85,12 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	if req.GetRootfs() == nil {
 		return nil, fmt.Errorf("container %q: no rootfs given: %w", id, errdefs.ErrInvalidArgument)
 	}
+	steps := newStepTimer()
+	defer steps.log(ctx, id, "container create steps")
 	if err := s.requirePolicy(ctx, fmt.Sprintf("container %q", id)); err != nil {
 		return nil, err
 	}
+	steps.mark("require_policy")
 	if !filepath.IsAbs(s.cfg.StateDir) {
 		// Bundles below a relative path would land in the working
 		// directory (a test's: the source tree).
@@ -126,7 +129,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	s.containers[id] = c
 	s.mu.Unlock()
 
-	p, err := s.create(ctx, c, req, join, joined)
+	p, err := s.create(ctx, c, req, join, joined, steps)
 	join.release() // the runtime has joined them, or failed
 	if err != nil {
 		s.stopMesh(id)
@@ -147,7 +150,7 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	return &agentapi.CreateContainerResponse{Pid: uint32(p.pid)}, nil
 }
 
-func (s *Service) create(ctx context.Context, c *container, req *agentapi.CreateContainerRequest, join *sandboxJoin, joined *policy.Container) (*process, error) {
+func (s *Service) create(ctx context.Context, c *container, req *agentapi.CreateContainerRequest, join *sandboxJoin, joined *policy.Container, steps *stepTimer) (*process, error) {
 	if _, err := os.Stat(c.bundle); err == nil {
 		return nil, fmt.Errorf("bundle %s of container %q already exists (left over from an earlier container?): %w", c.bundle, c.id, errdefs.ErrAlreadyExists)
 	}
@@ -158,6 +161,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err != nil {
 		return nil, err
 	}
+	steps.mark("bundle_dir")
 
 	files := make([]spec.File, 0, len(req.GetFiles()))
 	for _, f := range req.GetFiles() {
@@ -199,6 +203,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	}
+	steps.mark("adapt")
 	// The pod's policy judges the spec the guest will run, before any of
 	// it is carried out (policy.go).
 	grant, err := s.evaluator().CreateContainer(&policy.CreateContainer{
@@ -214,9 +219,11 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	c.mu.Lock()
 	c.grant = grant
 	c.mu.Unlock()
+	steps.mark("policy")
 	if err := s.mountRoot(ctx, c, req.GetRootfs(), plan.Spec); err != nil {
 		return nil, fmt.Errorf("mount the rootfs of container %q: %w", c.id, err)
 	}
+	steps.mark("rootfs")
 	if err := s.makeEmptyDirs(plan.EmptyDirs); err != nil {
 		return nil, fmt.Errorf("container %q: the pod's emptyDir volumes: %w", c.id, err)
 	}
@@ -242,11 +249,13 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err := os.WriteFile(filepath.Join(c.bundle, "config.json"), config, 0o600); err != nil {
 		return nil, err
 	}
+	steps.mark("bundle")
 	user := plan.Spec.Process.User
 	rp, err := s.cfg.Runtime.Create(ctx, c.id, c.bundle, stdio, int(user.UID), int(user.GID))
 	if err != nil {
 		return nil, s.layerFailure(ctx, c, err)
 	}
+	steps.mark("runtime_create")
 	if err := s.configureNetwork(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
 		return nil, err
 	}
@@ -261,6 +270,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	c.mu.Lock()
 	c.ns = ns
 	c.mu.Unlock()
+	steps.mark("network")
 	if c.sandboxID == "" || c.sandboxID == c.id {
 		// The pod network is up: pull the images the policy names, in
 		// its namespace (pull.go).
@@ -325,12 +335,16 @@ func (s *Service) StartContainer(ctx context.Context, req *agentapi.StartContain
 	if len(c.heldLayers()) > 0 {
 		exe = exeOf(p.pid)
 	}
+	steps := newStepTimer()
+	defer steps.log(ctx, c.id, "container start steps")
 	if err := s.cfg.Runtime.Start(ctx, c.id, c.bundle); err != nil {
 		return nil, s.layerFailure(ctx, c, err)
 	}
+	steps.mark("runtime_start")
 	if err := s.awaitLayeredStart(ctx, c, p, exe); err != nil {
 		return nil, err
 	}
+	steps.mark("exec_checked")
 	return &agentapi.StartContainerResponse{Pid: uint32(p.pid)}, nil
 }
 

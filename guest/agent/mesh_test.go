@@ -94,8 +94,8 @@ func (f *fakeTables) AddChain(c *nftables.Chain) *nftables.Chain {
 	f.chains = append(f.chains, c.Name)
 	return c
 }
-func (f *fakeTables) AddRule(r *nftables.Rule) *nftables.Rule    { f.rules++; return r }
-func (f *fakeTables) Flush() error                               { f.flushed = true; return f.err }
+func (f *fakeTables) AddRule(r *nftables.Rule) *nftables.Rule { f.rules++; return r }
+func (f *fakeTables) Flush() error                            { f.flushed = true; return f.err }
 
 // A mesh pod loads the netfilter modules (a pod without a mesh does not),
 // and its sandbox starts only with the redirects in place: a pod whose

@@ -89,11 +89,25 @@ func Main() {
 			fatal(err)
 		}
 		log.L.WithField("guest_uptime", initsys.Uptime()).Debug("filesystems mounted")
+		tee, err := startedAs(cmdlinePath)
+		if err != nil {
+			// The evidence source fails closed on it; here it only
+			// means no host entropy.
+			log.L.WithError(err).Warn("read the TEE this VM was started as")
+		}
 		// The modules boot loads are the SCSI stack for the containers'
 		// root disks. Load them while the agent starts serving and the
 		// pod attests: whoever needs a disk waits for it to appear
-		// (rootfs.FindSCSIDisk), not for this.
+		// (rootfs.FindSCSIDisk), not for this. First, in a sim VM, the
+		// entropy source the first crypto/rand read waits for
+		// (hostEntropy).
 		go func() {
+			if load := hostEntropy(tee, func() {
+				initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, hwRNGModules) })
+			}); load != nil {
+				load()
+				log.L.WithField("guest_uptime", initsys.Uptime()).Info("loaded the virtio-rng driver (sim TEE)")
+			}
 			n := initsys.LoadModules(initsys.ModulesList, func(p string) bool { return !initsys.Deferred(p) })
 			log.L.WithField("guest_uptime", initsys.Uptime()).Infof("loaded %d kernel modules", n)
 			// A container run from its image's layers (the default)
@@ -272,6 +286,25 @@ func evidence(pid1 bool) func(context.Context, [64]byte) (*agentapi.GetEvidenceR
 // refuse to load) would only delay the pod's first evidence.
 func teeModules(pid1 bool, tee string, load func()) func() {
 	if !pid1 || tee == teeparam.Sim {
+		return nil
+	}
+	return load
+}
+
+// hwRNGModules is the module-path fragment of the virtio-rng driver.
+const hwRNGModules = "/drivers/char/hw_random/"
+
+// hostEntropy returns load, which loads the virtio-rng driver, where the
+// kernel may take its first random bytes from the host: in a VM started
+// as sim. QEMU's TCG CPU has no RDRAND, so without a seed the kernel's
+// random pool is not ready when the agent first reads crypto/rand (the
+// nonce of its first CreateContainer), and getrandom(2) then spends about
+// a second of guest CPU collecting timer jitter. The sim TEE's host is
+// trusted by construction. A hardware TEE's kernel is seeded from the
+// CPU's RDRAND/RDSEED at boot and never takes the host's (the
+// adversary's) device.
+func hostEntropy(tee string, load func()) func() {
+	if tee != teeparam.Sim {
 		return nil
 	}
 	return load

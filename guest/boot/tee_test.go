@@ -61,3 +61,23 @@ func TestTEEModules(t *testing.T) {
 		}
 	}
 }
+
+// Only a VM started as sim takes its first entropy from the host's
+// virtio-rng: a hardware TEE's host is the adversary, and its kernel is
+// seeded by the CPU. A VM that names no TEE is treated as hardware.
+func TestHostEntropy(t *testing.T) {
+	for _, tc := range []struct {
+		tee  string
+		load bool
+	}{
+		{"sim", true}, {"snp", false}, {"tdx", false}, {"", false},
+	} {
+		loaded := false
+		if f := hostEntropy(tc.tee, func() { loaded = true }); f != nil {
+			f()
+		}
+		if loaded != tc.load {
+			t.Errorf("hostEntropy(%q) loads virtio-rng: %v, want %v", tc.tee, loaded, tc.load)
+		}
+	}
+}

@@ -130,6 +130,7 @@ var DeferredModules = []string{
 	"/drivers/block/virtio_blk",                                                     // root disks are on virtio-scsi
 	"/drivers/net/", "/net/core/failover", "/net/bridge/", "/net/802/", "/net/llc/", // pod networking, bridges in containers
 	"/net/netfilter/", "/net/ipv4/netfilter/", "/net/ipv6/netfilter/", // the mesh's redirects (nftables)
+	"/drivers/char/hw_random/", // virtio-rng: only a sim VM takes the host's entropy (guest/boot)
 }
 
 // LoadModules loads, in order, the modules of the list file for which want
@@ -164,7 +165,7 @@ func LoadModules(list string, want func(path string) bool) int {
 			continue
 		}
 		t0 := Uptime()
-		err := finitModule(path)
+		err := finitModuleRetrying(path)
 		log.L.WithField("took", Uptime()-t0).WithField("guest_uptime", Uptime()).Debugf("kernel module %s", filepath.Base(path))
 		if err != nil {
 			if errors.Is(err, unix.ENODEV) {
@@ -218,6 +219,20 @@ var sysModuleDir = "/sys/module"
 
 // finitModule loads a module file (a variable for tests).
 var finitModule = loadModule
+
+// finitModuleRetrying is finitModule, again while it fails with EINTR: a
+// signal (the agent's SIGCHLD when a container's runtime exits) can
+// interrupt finit_module while the module's init waits, and the module
+// must still load (a lost overlay load failed the pod's first create with
+// "fsopen overlay: no such device").
+func finitModuleRetrying(path string) error {
+	for {
+		err := finitModule(path)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
 
 // moduleLive reports whether the module of file path is loaded and
 // initialized, as sysModule/NAME/initstate says. One still loading is not

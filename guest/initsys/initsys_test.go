@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestModuleList(t *testing.T) {
@@ -106,5 +108,28 @@ func TestLoadModulesSkipsLiveModules(t *testing.T) {
 	// kernel waits for it); sd_mod is not there.
 	if want := []string{"overlay.ko", "sd_mod.ko"}; !reflect.DeepEqual(loaded, want) {
 		t.Errorf("loaded %q, want %q", loaded, want)
+	}
+}
+
+// A module load a signal interrupts (EINTR) is tried again, not lost.
+func TestLoadModulesRetriesEINTR(t *testing.T) {
+	dir := t.TempDir()
+	list := filepath.Join(dir, "modules")
+	if err := os.WriteFile(list, []byte("/m/kernel/fs/overlayfs/overlay.ko\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	oldSys, oldFinit := sysModuleDir, finitModule
+	defer func() { sysModuleDir, finitModule = oldSys, oldFinit }()
+	sysModuleDir = t.TempDir()
+	calls := 0
+	finitModule = func(string) error {
+		calls++
+		if calls < 3 {
+			return unix.EINTR
+		}
+		return nil
+	}
+	if n := LoadModules(list, nil); n != 1 || calls != 3 {
+		t.Errorf("LoadModules = %d after %d finit_module calls, want 1 after 3 (two interrupted)", n, calls)
 	}
 }

@@ -236,7 +236,9 @@ func TestImageFsInfoCountsTheLayerCache(t *testing.T) {
 	if out := prune("--all-unused"); !strings.Contains(out, "pruned 1 layers") {
 		t.Fatalf("prune after the release:\n%s", out)
 	}
-	settled("after pruning everything", func(n uint64) bool { return n == base })
+	// The image's own snapshots vary by a few blocks between readings
+	// (16 KiB seen); a count left behind would add a layer's megabytes.
+	settled("after pruning everything", func(n uint64) bool { return n+slack >= base && n <= base+slack })
 	filepath.Walk(d.Root, func(p string, info os.FileInfo, err error) error {
 		if err == nil && strings.HasSuffix(p, ".disk") {
 			t.Errorf("a layer disk is left in containerd's root: %s", p)

@@ -128,6 +128,17 @@ func TestKubernetesSchedulesPodVMs(t *testing.T) {
 		p, err := pods.Get(ctx, "vm2", metav1.GetOptions{})
 		return err == nil && p.Spec.NodeName == c.node, err
 	}, diag("vm1", "vm2"))
+	// Deleted only once it runs: a pod deleted while its RunPodSandbox is
+	// still booting the VM leaves the API at once, and the kubelet stops
+	// that sandbox later, in its own time (its sandbox GC), which is not
+	// what this test is about.
+	c.wait(t, "pod vm2 running", 5*time.Minute, func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, "vm2", metav1.GetOptions{})
+		if err != nil || p.Status.Phase == corev1.PodFailed {
+			return false, fmt.Errorf("pod vm2: %v (phase %s)", err, p.Status.Phase)
+		}
+		return p.Status.Phase == corev1.PodRunning, nil
+	}, diag("vm2"))
 	deletePod(t, c, "vm2")
 	e.assertNothingLeft(t)
 

@@ -63,6 +63,12 @@ type Spec struct {
 	// Namespace, when the VM is a containerd pod's, is the pod's
 	// namespace: Start records it with ID in statedir.IndexFile.
 	Namespace string
+	// DieWithParent has the kernel kill QEMU (SIGKILL) when the process
+	// that started it dies. The shim sets it: a shim containerd kills
+	// mid-create (a RunPodSandbox past its deadline) must not leave an
+	// orphan VM that nothing knows of any more. serve does not: the VMs
+	// it takes in are stopped through its API.
+	DieWithParent bool
 	// Hypervisor is the resolved configuration (annotations applied). The
 	// VM gets DefaultVCPUs vCPUs and DefaultMemoryMiB MiB, and room to grow
 	// to VCPUCapacity and MemoryCapacityMiB by hot-plug (resize.go).

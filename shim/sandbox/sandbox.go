@@ -407,15 +407,17 @@ func (st *simStart) wait() (*sim.Host, error) {
 // accelerator and the pod's containerd namespace.
 func VMSpec(opts Options, root *vm.RootDisk, accel, namespace string) vm.Spec {
 	return vm.Spec{
-		Root:       root,
-		ID:         opts.ID,
-		StateDir:   opts.StateDir,
-		Namespace:  namespace,
-		Hypervisor: opts.Config.Hypervisor,
-		Accel:      accel,
-		Disks:      opts.Disks,
-		NICs:       opts.NICs,
-		SharedFS:   opts.SharedFS,
-		VFIO:       opts.VFIO,
+		Root:      root,
+		ID:        opts.ID,
+		StateDir:  opts.StateDir,
+		Namespace: namespace,
+		// A shim killed mid-create takes its VM with it (vm.Spec).
+		DieWithParent: true,
+		Hypervisor:    opts.Config.Hypervisor,
+		Accel:         accel,
+		Disks:         opts.Disks,
+		NICs:          opts.NICs,
+		SharedFS:      opts.SharedFS,
+		VFIO:          opts.VFIO,
 	}
 }

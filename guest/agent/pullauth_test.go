@@ -127,10 +127,10 @@ pull_auth = "kbs:///default/registry/creds"
 // pulls: neither stands for the other.
 func TestPullKeyTellsCredentialsApart(t *testing.T) {
 	a := policy.PullImage{Ref: policyapi.PullRef{Registry: "r", Repository: "app", Digest: "sha256:" + strings.Repeat("0", 64)}, Auth: "kbs:///default/registry/a"}
-	b, c := a, a
+	b, c, same := a, a, a
 	b.Auth = "kbs:///default/registry/b"
 	c.CA = "a CA"
-	if pullKey(a) == pullKey(b) || pullKey(a) == pullKey(c) || pullKey(a) != pullKey(a) {
+	if pullKey(a) == pullKey(b) || pullKey(a) == pullKey(c) || pullKey(a) != pullKey(same) {
 		t.Fatalf("pullKey: %q %q %q", pullKey(a), pullKey(b), pullKey(c))
 	}
 }

@@ -108,22 +108,7 @@ func (c *captureWriter) WriteHeader(s int) { c.status = s }
 // pullNeverHandler runtime shares it, with runtime.guest_pull = "never".
 func setupPullCRI(t *testing.T, extraHypervisor string) *env {
 	t.Helper()
-	tools := containerdtest.ToolsBin(t)
-	cniBin := filepath.Join(tools, "cni")
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
-		if _, err := os.Stat(filepath.Join(cniBin, p)); err != nil {
-			containerdtest.SkipOrFail(t, "CNI plugin %s not found in %s: run make tools", p, cniBin)
-		}
-	}
-	cniConf := t.TempDir()
-	conflist := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "c8s-e2e-pull", "plugins": [
-  {"type": "bridge", "bridge": %q, "isGateway": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": %q}}]}`, pullBridge, pullSubnet, pullGateway, filepath.Join(cniConf, "ipam"))
-	if err := os.WriteFile(filepath.Join(cniConf, "10-c8s-e2e-pull.conflist"), []byte(conflist), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { runQuiet("ip", "link", "del", pullBridge) })
+	cniBin, cniConf := bridgeNetwork(t, pullBridge, pullSubnet, pullGateway)
 	root, err := containerdtest.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

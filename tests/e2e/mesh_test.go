@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -89,22 +88,7 @@ type meshEnv struct {
 
 func newMeshEnv(t *testing.T, lifetime time.Duration) *meshEnv {
 	t.Helper()
-	tools := containerdtest.ToolsBin(t)
-	cniBin := filepath.Join(tools, "cni")
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
-		if _, err := os.Stat(filepath.Join(cniBin, p)); err != nil {
-			containerdtest.SkipOrFail(t, "CNI plugin %s not found in %s: run make tools", p, cniBin)
-		}
-	}
-	cniConf := t.TempDir()
-	conflist := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "c8s-e2e-mesh", "plugins": [
-  {"type": "bridge", "bridge": %q, "isGateway": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": %q}}]}`, meshBridge, meshSubnet, meshGateway, filepath.Join(cniConf, "ipam"))
-	if err := os.WriteFile(filepath.Join(cniConf, "10-c8s-mesh.conflist"), []byte(conflist), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { runQuiet("ip", "link", "del", meshBridge) })
+	cniBin, cniConf := bridgeNetwork(t, meshBridge, meshSubnet, meshGateway)
 	m := &meshEnv{dir: t.TempDir(), log: &broker{}}
 	m.e = setupCRIWithRuntime(t, cniBin, cniConf)
 
@@ -161,10 +145,6 @@ func newMeshEnv(t *testing.T, lifetime time.Duration) *meshEnv {
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return m
-}
-
-func runQuiet(name string, args ...string) {
-	_ = exec.Command(name, args...).Run()
 }
 
 // setupCRIWithRuntime is setupCRIWith, with the CNI network and the

@@ -199,34 +199,41 @@ func portForwardOnce(ctx context.Context, rt cri.RuntimeServiceClient, podID str
 	return string(b), nil
 }
 
-// setupCRIWithCNI is setupCRI with a CNI bridge network for the pods:
-// bridge (deleted at cleanup), subnet and gateway, IPs from host-local,
-// whose allocations are kept in the returned directory.
+// setupCRIWithCNI is setupCRI with a CNI bridge network for the pods
+// (bridgeNetwork); it also returns host-local's allocations directory.
 func setupCRIWithCNI(t *testing.T, bridge, subnet, gateway string) (*env, string) {
 	t.Helper()
-	tools := containerdtest.ToolsBin(t)
-	cniBin := filepath.Join(tools, "cni")
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
-		if _, err := os.Stat(filepath.Join(cniBin, p)); err != nil {
-			containerdtest.SkipOrFail(t, "CNI plugin %s not found in %s: run make tools", p, cniBin)
-		}
-	}
-	cniConf := t.TempDir()
-	ipam := filepath.Join(cniConf, "ipam")
-	conflist := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "c8s-e2e-%s", "plugins": [
-  {"type": "bridge", "bridge": %q, "isGateway": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}],
-            "dataDir": %q}}]}`, bridge, bridge, subnet, gateway, ipam)
-	if err := os.WriteFile(filepath.Join(cniConf, "10-c8s-e2e.conflist"), []byte(conflist), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { exec.Command("ip", "link", "del", bridge).Run() })
+	cniBin, cniConf := bridgeNetwork(t, bridge, subnet, gateway)
 	e := setupCRIWith(t, fmt.Sprintf(`
 [plugins.'io.containerd.cri.v1.runtime'.cni]
   bin_dirs = [%q]
   conf_dir = %q
 `, cniBin, cniConf))
-	return e, ipam
+	return e, filepath.Join(cniConf, "ipam")
+}
+
+// bridgeNetwork writes a CNI configuration for pods on a bridge (deleted
+// at cleanup) with subnet and gateway, IPs from host-local (allocations
+// under <cniConf>/ipam), and returns the plugins' and the configuration's
+// directories for containerd's CRI.
+func bridgeNetwork(t *testing.T, bridge, subnet, gateway string) (cniBin, cniConf string) {
+	t.Helper()
+	cniBin = filepath.Join(containerdtest.ToolsBin(t), "cni")
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if _, err := os.Stat(filepath.Join(cniBin, p)); err != nil {
+			containerdtest.SkipOrFail(t, "CNI plugin %s not found in %s: run make tools", p, cniBin)
+		}
+	}
+	cniConf = t.TempDir()
+	conflist := fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "c8s-e2e-%s", "plugins": [
+  {"type": "bridge", "bridge": %q, "isGateway": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [{"dst": "0.0.0.0/0"}],
+            "dataDir": %q}}]}`, bridge, bridge, subnet, gateway, filepath.Join(cniConf, "ipam"))
+	if err := os.WriteFile(filepath.Join(cniConf, "10-c8s-e2e.conflist"), []byte(conflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { exec.Command("ip", "link", "del", bridge).Run() })
+	return cniBin, cniConf
 }
 
 // httpGet fetches url, retrying until it answers or ctx ends.

@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,14 +31,16 @@ func TestInitExitKillsWhatIsLeft(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Three sleeps: the init has printed and exec'd (three processes
+	// alone could still be the shell before its echo).
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		pids, _ := cgroupPids(c.cgroup)
-		if len(pids) == 3 {
+		if len(pids) == 3 && allSleep(pids) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("container processes: %v, want init and two children", pids)
+			t.Fatalf("container processes: %v, want init and two children, all sleeping", pids)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -102,4 +107,15 @@ func TestCreatedContainer(t *testing.T) {
 	}
 	e.remove(t, "created")
 	e.assertGone(t, "created")
+}
+
+// allSleep reports whether every process in pids runs sleep.
+func allSleep(pids []int) bool {
+	for _, pid := range pids {
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(comm)) != "sleep" {
+			return false
+		}
+	}
+	return true
 }

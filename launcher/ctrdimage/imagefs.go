@@ -23,7 +23,6 @@ import (
 	"github.com/opencontainers/go-digest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/c8s-dev/c8s/launcher/layercache"
 )
@@ -248,17 +247,17 @@ func (f *ImageFS) imageSnapshotter(ctx context.Context, c *Client) (name, root s
 	if f.snapshotter != "" {
 		return f.snapshotter, f.root, nil
 	}
-	r, err := runtimeapi.NewImageServiceClient(c.conn).ImageFsInfo(ctx, &runtimeapi.ImageFsInfoRequest{})
+	mps, err := imageFSMountpoints(ctx, c.conn)
 	if status.Code(err) == codes.Unimplemented {
 		return "", "", layercache.ErrNoImageFS
 	}
 	if err != nil {
 		return "", "", fmt.Errorf("containerd: CRI ImageFsInfo: %w", errgrpc.ToNative(err))
 	}
-	if len(r.ImageFilesystems) == 0 || r.ImageFilesystems[0].GetFsId().GetMountpoint() == "" {
+	if len(mps) == 0 || mps[0] == "" {
 		return "", "", fmt.Errorf("containerd's CRI reports no image file system: %w", layercache.ErrNoImageFS)
 	}
-	mp := r.ImageFilesystems[0].GetFsId().GetMountpoint()
+	mp := mps[0]
 	pr, err := introspectionapi.NewIntrospectionClient(c.conn).Plugins(ctx, &introspectionapi.PluginsRequest{Filters: []string{`type=="` + snapshotterPluginType + `"`}})
 	if err != nil {
 		return "", "", fmt.Errorf("containerd: list snapshotters: %w", errgrpc.ToNative(err))

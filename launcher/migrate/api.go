@@ -92,7 +92,6 @@ type VMStatus struct {
 type Client struct {
 	socket string // what the client dials, for errors
 	dial   func(ctx context.Context) (net.Conn, error)
-	hc     *http.Client
 
 	// streamIdentity is the source node's migration TLS identity (a
 	// directory as statedir.MigrateTLS) that its QEMU presents on the
@@ -120,11 +119,7 @@ func NewClient(socket string) *Client {
 }
 
 func newClient(name string, dial func(ctx context.Context) (net.Conn, error)) *Client {
-	tr := &http.Transport{
-		DialContext:  func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) },
-		MaxIdleConns: 4,
-	}
-	return &Client{socket: name, dial: dial, hc: &http.Client{Transport: tr}}
+	return &Client{socket: name, dial: dial}
 }
 
 // Address is the server's address: its unix socket path or
@@ -181,14 +176,9 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if err != nil {
 		return err
 	}
-	resp, err := c.hc.Do(req)
+	resp, b, err := c.roundTrip(ctx, req) // client.go
 	if err != nil {
 		return fmt.Errorf("destination %s: %s %s: %w", c.socket, method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return fmt.Errorf("destination %s: %s %s: reading the answer: %w", c.socket, method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
 		var e struct {

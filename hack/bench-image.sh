@@ -24,7 +24,7 @@ field() { python3 -c "import json,sys; m=json.load(open('$IMAGE/manifest.json'))
 blocks=$(field "m['verity']['data_blocks']")
 rootfs_size=$(stat -c %s "$IMAGE/rootfs.img")
 kib() { echo $(( ($1 + 1023) / 1024 )); }
-echo "sizes (KiB): kernel $(kib "$(stat -c %s "$IMAGE/vmlinuz")"), first-stage initramfs $(kib "$(stat -c %s "$IMAGE/initrd.img")")," \
+echo "sizes (KiB): kernel $(kib "$(stat -c %s "$IMAGE/vmlinuz")"), initrd.img (first stage + agent + runtime tree) $(kib "$(stat -c %s "$IMAGE/initrd.img")")," \
 	"rootfs $(kib $((blocks * 4096))), hash tree $(kib $((rootfs_size - blocks * 4096))), UKI $(kib "$(stat -c %s "$IMAGE/c8s.efi")");" \
 	"unsealed initramfs for comparison $(kib "$(stat -c %s "$IMAGE/initrd-plain.img")")"
 

@@ -228,7 +228,8 @@ func platformModule(mod string) bool {
 // as /init, and the module list of the image. It decompresses the cpio,
 // appends a second archive holding only /init (the kernel unpacks archives in
 // order, so the later /init replaces the agent) and compresses the result.
-// (The kernel rejects an archive appended after a zstd stream.)
+// (Appended after a zstd stream, an archive must start 4-byte aligned, as
+// build.sh pads it; recompressing the whole is simpler here.)
 func buildTestInitrd(t testing.TB, initrd string) (path string, modules []string) {
 	t.Helper()
 	tmp := t.TempDir()

@@ -220,7 +220,9 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	c.grant = grant
 	c.mu.Unlock()
 	steps.mark("policy")
-	if err := s.mountRoot(ctx, c, req.GetRootfs(), plan.Spec); err != nil {
+	// A layered root marks its layers' steps (layers.go); "rootfs" is
+	// the rest: the writable layer and the overlay, or a disk's mount.
+	if err := s.mountRoot(withSteps(ctx, steps), c, req.GetRootfs(), plan.Spec); err != nil {
 		return nil, fmt.Errorf("mount the rootfs of container %q: %w", c.id, err)
 	}
 	steps.mark("rootfs")

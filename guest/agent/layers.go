@@ -317,6 +317,7 @@ func (s *Service) openLayer(ctx context.Context, l *layer, disk *agentapi.ScsiDi
 		if err != nil {
 			return fmt.Errorf("layer %s: %w: %w", l.digest, err, errdefs.ErrNotFound)
 		}
+		markStep(ctx, "layer_disk")
 		if s.cfg.LoadVerity != nil {
 			s.layers.loadOnce.Do(s.cfg.LoadVerity)
 		}
@@ -325,6 +326,7 @@ func (s *Service) openLayer(ctx context.Context, l *layer, disk *agentapi.ScsiDi
 			return fmt.Errorf("layer %s (scsi %s): open its disk through dm-verity with root %s: %w", l.digest, l.disk, l.root, err)
 		}
 		l.device, l.dmOpen = mapped, true
+		markStep(ctx, "layer_verity")
 	}
 	if l.mounted {
 		return nil
@@ -335,6 +337,7 @@ func (s *Service) openLayer(ctx context.Context, l *layer, disk *agentapi.ScsiDi
 	err := unix.Mount(l.device, l.dir, "ext4", unix.MS_RDONLY|unix.MS_NODEV|unix.MS_NOSUID, "")
 	if err == nil {
 		l.mounted = true
+		markStep(ctx, "layer_mount")
 		log.G(ctx).WithField("layer", l.digest).WithField("disk", l.disk).WithField("root_hash", l.root).Debug("layer opened through dm-verity")
 		return nil
 	}

@@ -32,6 +32,12 @@ import (
 // container's process to exec its program.
 const startExecWait = 5 * time.Second
 
+// Bounds of the backoff between its looks at the process's program.
+const (
+	execPollMin = time.Millisecond
+	execPollMax = 5 * time.Millisecond
+)
+
 // heldLayers returns the layers c holds.
 func (c *container) heldLayers() []*layer {
 	c.mu.Lock()
@@ -69,6 +75,9 @@ func (s *Service) awaitLayeredStart(ctx context.Context, c *container, p *proces
 		return nil
 	}
 	deadline := time.Now().Add(startExecWait)
+	// The exec comes within milliseconds of the runtime's start: look
+	// again soon, then less often (an exit ends the wait at once).
+	backoff := execPollMin
 	for before != "" && !p.exited() && exeOf(p.pid) == before {
 		if time.Now().After(deadline) {
 			log.G(ctx).WithField("container", c.id).Debugf("its process has not exec'd its program after %v", startExecWait)
@@ -78,8 +87,9 @@ func (s *Service) awaitLayeredStart(ctx context.Context, c *container, p *proces
 		case <-p.done:
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(backoff):
 		}
+		backoff = min(2*backoff, execPollMax)
 	}
 	if err := s.layersCorrupted(ctx, ls); err != nil {
 		if kerr := signalCgroup(c.cgroup, unix.SIGKILL); kerr != nil {

@@ -39,3 +39,19 @@ func TestStepTimer(t *testing.T) {
 		}
 	}
 }
+
+// A step marked again (one per layer) adds up; code below the request
+// marks through the context, and a context without a timer ignores it.
+func TestStepTimerAddsUpThroughContext(t *testing.T) {
+	st := newStepTimer()
+	ctx := withSteps(context.Background(), st)
+	time.Sleep(10 * time.Millisecond)
+	markStep(ctx, "layer_disk")
+	st.mark("other")
+	time.Sleep(10 * time.Millisecond)
+	markStep(ctx, "layer_disk")
+	if got := st.fields["layer_disk_ms"].(int64); got < 20 {
+		t.Errorf("layer_disk_ms = %d, want >= 20 (two marks of 10ms)", got)
+	}
+	markStep(context.Background(), "nothing") // no timer: no panic
+}

@@ -19,9 +19,26 @@ import (
 // guest's virtio-scsi controller (channel 0, any host number), waiting up to
 // timeout for a hotplugged disk and its device node to appear. sysfs and dev
 // are the mount points of sysfs and devtmpfs ("/sys", "/dev" in the guest).
+// The kernel's uevents wake the wait as a device comes (a short backoff
+// catches what they miss), so a disk still being scanned is found as soon
+// as the kernel has it, not at the next tick of a fixed poll. Each SCSI
+// host is asked to scan the address (requestScan): with scsi_mod's
+// scan=manual the guest scans only the addresses it needs, not all 256
+// targets of the virtio-scsi controller.
 func FindSCSIDisk(ctx context.Context, sysfs, dev string, target, lun uint32, timeout time.Duration) (string, error) {
+	// Listening first: a disk that comes between a look and the wait
+	// after it still wakes the wait.
+	ev := newDeviceEvents()
+	defer ev.Close()
+	return findSCSIDisk(ctx, sysfs, dev, target, lun, timeout, ev)
+}
+
+func findSCSIDisk(ctx context.Context, sysfs, dev string, target, lun uint32, timeout time.Duration, ev deviceEvents) (string, error) {
 	pattern := filepath.Join(sysfs, "bus/scsi/devices", fmt.Sprintf("*:0:%d:%d", target, lun), "block", "*")
 	deadline := time.Now().Add(timeout)
+	backoff := minPoll
+	asked := map[string]bool{}
+	var scanErr error
 	for {
 		matches, err := filepath.Glob(pattern)
 		if err != nil {
@@ -36,15 +53,48 @@ func FindSCSIDisk(ctx context.Context, sysfs, dev string, target, lun uint32, ti
 				return node, nil
 			}
 		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("no disk at scsi target %d lun %d after %s (looked for %s): is the disk attached to the VM's virtio-scsi controller?", target, lun, timeout, pattern)
+		if err := requestScan(sysfs, target, lun, asked); err != nil {
+			scanErr = err
 		}
-		select {
-		case <-ctx.Done():
-			return "", ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		left := time.Until(deadline)
+		if left <= 0 {
+			err := fmt.Errorf("no disk at scsi target %d lun %d after %s (looked for %s): is the disk attached to the VM's virtio-scsi controller?", target, lun, timeout, pattern)
+			if scanErr != nil {
+				err = fmt.Errorf("%w (asking for a scan: %v)", err, scanErr)
+			}
+			return "", err
+		}
+		if err := ctx.Err(); err != nil {
+			return "", err
+		}
+		ev.Wait(min(backoff, left))
+		backoff = min(2*backoff, maxPoll)
+	}
+}
+
+// requestScan asks each SCSI host of the guest that was not asked yet to
+// scan channel 0, target, lun (the host's sysfs "scan" switch): a disk
+// attached at boot is then found whatever scsi_mod's scan mode. With the
+// default asynchronous scan the request is harmless; with scan=manual it
+// is the only scan, of the one address asked. Only numbers reach the
+// kernel; the disk found is still only what dm-verity or the pod's policy
+// accept.
+func requestScan(sysfs string, target, lun uint32, asked map[string]bool) error {
+	hosts, err := filepath.Glob(filepath.Join(sysfs, "class/scsi_host/host*/scan"))
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, h := range hosts {
+		if asked[h] {
+			continue
+		}
+		asked[h] = true
+		if err := os.WriteFile(h, []byte(fmt.Sprintf("0 %d %d", target, lun)), 0); err != nil {
+			errs = append(errs, fmt.Errorf("scan %d:%d on %s: %w", target, lun, filepath.Base(filepath.Dir(h)), err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 // ready reports whether the disk node exists and the driver has finished

@@ -13,8 +13,14 @@
 #   - the guest's work under -icount, which the host's load does not move:
 #     the bare boot's kernel to /init against the sealed image's kernel to
 #     the agent serving and to the SCSI stack loaded (guest seconds)
+#   - the host CPU of one start alone, c8s against bare, by process and
+#     thread (perf's account of the scheduler's runtime; hack/lib/hostcpu.awk)
 #   - start under load: N pods at once and N bare boots at once, throughput
-#     (pods per minute) and p50/p95 start latency   (goal: ratio >= 0.75)
+#     (pods per minute) and p50/p95 start latency   (goal: ratio >= 0.75),
+#     and the host CPU per pod of each batch by process and thread: with
+#     the node's cores saturated, throughput is the inverse of it; and the
+#     shim's trace of those pods, min/median/max per phase (a lock they
+#     queue for shows as one phase spread in steps)
 # RUNS (default 5) runs of each; ICOUNT_RUNS (default 2) of the -icount
 # boots; N (default 10) at once, LOAD_RUNS (default 2) times each
 # (LOAD_RUNS=0 leaves start under load out).
@@ -55,11 +61,13 @@ printf '#!/bin/busybox sh\n/bin/busybox poweroff -f\n' >"$bare/root/init"
 chmod 0755 "$bare/root/init"
 (cd "$bare/root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet -R 0:0) >"$bare/initrd.cpio"
 
-# bare_boot ID: one bare boot, its ms on stdout. The same base kernel
-# parameters as every c8s pod VM (launcher/vm.BaseKernelParams: console,
-# printk level, panic, timer check), nothing of c8s.
-bare_params=$(bin/c8s-launcher kernel-params)
-[[ -n "$bare_params" ]] || { echo "bench-start: bin/c8s-launcher kernel-params printed nothing" >&2; exit 1; }
+# bare_boot ID: one bare boot, its ms on stdout. Its kernel parameters are
+# the issue's definition of the bare boot: launcher/vm.BaseKernelParams as
+# it was when the goal was set (console, printk level, panic, timer check),
+# nothing of c8s. They are pinned here rather than asked of the launcher
+# (`c8s-launcher kernel-params`): a boot trim added to BaseKernelParams
+# must make c8s faster, not the baseline it is measured against.
+bare_params="console=ttyS0 quiet panic=-1 no_timer_check"
 bare_boot() {
 	local t0
 	t0=$(now)
@@ -85,6 +93,36 @@ sealed_boot() {
 	t0=$(now)
 	"${sealed_argv[@]}" >/dev/null 2>&1 </dev/null
 	ms_since "$t0"
+}
+
+# Host CPU by process and thread: perf records the scheduler's account of
+# every task's runtime (sched_stat_runtime) while a start runs, and
+# hack/lib/hostcpu.awk adds up that of the processes descended from the
+# given roots (containerd's daemon for the shims and QEMUs it starts, the
+# shell for ctr and the bare QEMUs), per pod.
+have_perf=0
+if perf record -q -e sched:sched_stat_runtime -a -o /dev/null -- true >/dev/null 2>&1; then
+	have_perf=1
+fi
+cpu_perf=
+cpu_start() { # FILE: start recording into FILE (sets cpu_perf)
+	cpu_perf=
+	((have_perf)) || return 0
+	perf record -q -e sched:sched_stat_runtime -a -o "$1" </dev/null >/dev/null 2>"$1.err" &
+	cpu_perf=$!
+	sleep 1 # perf has listed the tasks that run already
+}
+cpu_stop() { # FILE ROOTS N: stop; "CLASS SECONDS" per pod on stdout, "total" first
+	[[ -n $cpu_perf ]] || return 0
+	kill -INT "$cpu_perf" 2>/dev/null || true
+	wait "$cpu_perf" 2>/dev/null || true
+	perf script -i "$1" --show-task-events -F pid,tid,event,trace 2>/dev/null |
+		awk -v roots="$2" -v n="$3" -f hack/lib/hostcpu.awk
+	rm -f "$1" "$1.err"
+}
+cpu_line() { # FILE (cpu_stop's output): one line
+	[[ -s $1 ]] || { echo "not measured (no perf: make deps)"; return; }
+	awk 'NR==1 {t=$2; next} $NF+0 >= 0.005 {v=$NF; $NF=""; sub(/ $/, ""); l = l (l ? ", " : "") $0 " " v} END{printf "%s s (%s)\n", t, l}' "$1"
 }
 
 c8s_run() { # ID: one `ctr run --rm IMG true`, its ms on stdout
@@ -192,6 +230,19 @@ echo "bare: kernel to /init ${ib_m} s  (runs: ${ib[*]})"
 echo "sealed image: kernel to agent serving ${is_m} s (runs: ${is[*]}); to the SCSI stack loaded ${ic_m} s (runs: ${ic[*]})"
 awk -v a="$is_m" -v c="$ic_m" -v b="$ib_m" 'BEGIN{if (b > 0) printf "guest work ratio: agent serving/bare init = %.3f, SCSI ready/bare init = %.3f\n", a/b, c/b}'
 
+# The host CPU of one start alone, c8s against bare: the part of the
+# headline ratio that is CPU (QEMU's vCPU is the guest's own work).
+echo "== host CPU of one start alone (CPU seconds by process and thread; perf sched_stat_runtime)"
+cpu_start "$CD_DIR/cpu-one.data"
+c8s_run cpu-one >/dev/null || echo "c8s pod: FAILED (its CPU below is of a failed start)"
+cpu_stop "$CD_DIR/cpu-one.data" "$CD_PID $BASHPID" 1 >"$CD_DIR/cpu-one-c8s"
+cpu_start "$CD_DIR/cpu-one.data"
+bare_boot cpu-one >/dev/null || echo "bare boot: FAILED (its CPU below is of a failed boot)"
+cpu_stop "$CD_DIR/cpu-one.data" "$BASHPID" 1 >"$CD_DIR/cpu-one-bare"
+echo "c8s pod:   $(cpu_line "$CD_DIR/cpu-one-c8s")"
+echo "bare boot: $(cpu_line "$CD_DIR/cpu-one-bare")"
+awk 'FNR==1 {v[++i]=$2} END{if (i == 2 && v[2] > 0) printf "host CPU ratio c8s/bare, one alone = %.3f\n", v[1]/v[2]}' "$CD_DIR/cpu-one-c8s" "$CD_DIR/cpu-one-bare"
+
 if ((LOAD_RUNS == 0)); then
 	echo "== start under load: not measured (LOAD_RUNS=0)"
 	exit 0
@@ -205,10 +256,12 @@ leftovers() { # what a batch must not leave: QEMU processes, shims, VM dirs
 	pgrep -f "containerd-shim-c8s-v2.*$CD_DIR" || true
 	find "$CD_DIR/c8s-state" -mindepth 1 -maxdepth 3 -name console.log 2>/dev/null || true
 }
-batch() { # KIND ROUND: N at once; prints "wall_ms lat1 lat2 ..."
-	local kind=$1 round=$2 t0 i dir
+batch() { # KIND ROUND: N at once; prints "wall_ms lat1 lat2 ..." (host CPU per pod in DIR/cpu)
+	local kind=$1 round=$2 t0 i dir wall roots=$BASHPID pids=()
 	dir=$CD_DIR/batch-$kind-$round
 	mkdir -p "$dir"
+	[[ $kind == c8s ]] && roots+=" $CD_PID"
+	cpu_start "$dir/perf.data"
 	t0=$(now)
 	for i in $(seq "$N"); do
 		if [[ $kind == c8s ]]; then
@@ -216,10 +269,11 @@ batch() { # KIND ROUND: N at once; prints "wall_ms lat1 lat2 ..."
 		else
 			(bare_boot "load-$round-$i" >"$dir/$i" 2>"$dir/$i.err" || echo FAIL >"$dir/$i") &
 		fi
+		pids+=($!)
 	done
-	wait
-	local wall
+	wait "${pids[@]}"
 	wall=$(ms_since "$t0")
+	cpu_stop "$dir/perf.data" "$roots" "$N" >"$dir/cpu"
 	echo "$wall $(for i in $(seq "$N"); do cat "$dir/$i"; done | tr '\n' ' ')"
 }
 echo "== start under load: $N pods at once against $N bare boots at once ($LOAD_RUNS rounds each, interleaved; load $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -235,6 +289,7 @@ for r in $(seq "$LOAD_RUNS"); do
 		fi
 		tp=$(awk -v n="$N" -v w="$wall" 'BEGIN{printf "%.1f", n*60000/w}')
 		echo "round $r $kind: $N in ${wall} ms = ${tp} per min; latencies ms: $lats"
+		echo "  host CPU per pod: $(cpu_line "$CD_DIR/batch-$kind-$r/cpu")"
 		if [[ $kind == c8s ]]; then c_lat+=($lats); c_tp+=("$tp"); else b_lat+=($lats); b_tp+=("$tp"); fi
 	done
 done
@@ -246,10 +301,37 @@ num() { grep -E '^[0-9]+$' || true; }
 echo "c8s:  throughput median ${c_tpm} pods/min; latency p50 $(printf '%s\n' "${c_lat[@]}" | num | pct 50) ms, p95 $(printf '%s\n' "${c_lat[@]}" | num | pct 95) ms"
 echo "bare: throughput median ${b_tpm} boots/min; latency p50 $(printf '%s\n' "${b_lat[@]}" | num | pct 50) ms, p95 $(printf '%s\n' "${b_lat[@]}" | num | pct 95) ms"
 awk -v a="$c_tpm" -v b="$b_tpm" 'BEGIN{printf "ratio c8s/bare throughput, %d at once = %.3f (goal >= 0.75)\n", '"$N"', a/b}'
+if ((have_perf)); then
+	# Per-pod host CPU, median over the rounds, by class: with both cores
+	# saturated, the throughput ratio is about the inverse of the CPU ratio.
+	cpu_median() { # KIND CLASS
+		cat "$CD_DIR"/batch-"$1"-*/cpu 2>/dev/null | awk -v c="$2" '{v=$NF; $NF=""; sub(/ $/, "")} $0 == c {print v}' | median
+	}
+	c_cpu=$(cpu_median c8s total) b_cpu=$(cpu_median bare total)
+	echo "host CPU per pod, $N at once (median of the rounds, s): c8s $c_cpu, bare $b_cpu"
+	cat "$CD_DIR"/batch-c8s-*/cpu "$CD_DIR"/batch-bare-*/cpu | awk '{$NF=""; sub(/ $/, ""); if ($0 != "total" && !seen[$0]++) print}' |
+		while read -r class; do
+			cv=$(cpu_median c8s "$class") bv=$(cpu_median bare "$class")
+			awk -v c="$cv" -v b="$bv" 'BEGIN{exit !(c+0 >= 0.005 || b+0 >= 0.005)}' || continue
+			printf '  %-22s c8s %6s  bare %6s\n' "$class" "$cv" "$bv"
+		done
+	awk -v a="$c_cpu" -v b="$b_cpu" 'BEGIN{if (a > 0 && b > 0) printf "host CPU ratio c8s/bare, %d at once = %.3f (its inverse, %.3f, is the throughput ratio CPU alone allows)\n", '"$N"', a/b, b/a}'
+fi
 if ((failed)); then echo "FAIL: a start under load failed"; fi
 if [[ -n $left || $before != "$after" ]]; then
 	echo "LEAK: left behind: ${left:-none}; state dir before: [$before] after: [$after]"
 else
 	echo "nothing leaked: no QEMU, no shim, state dir as before"
 fi
+# The shim's trace of the pods started at once: a phase that some pods
+# wait in much longer than others (latencies spread in steps) is a lock
+# or a single-threaded step they queue for; on saturated cores every
+# phase stretches alike.
+echo "== pod start trace under load: per phase over the $((N * LOAD_RUNS)) pods at once, ms: min / median / max"
+load_trace() { grep -F "msg=\"pod start trace\"" "$log" | grep -E "container=load-[0-9]+-[0-9]+( |$)" || true; }
+for p in $phases; do
+	vals=$(load_trace | grep -o "[ ]${p}_ms=[0-9]*" | cut -d= -f2 | sort -n || true)
+	[[ -n $vals ]] || continue
+	printf '  %-26s %6s / %6s / %6s\n' "$p" "$(head -n 1 <<<"$vals")" "$(median <<<"$vals")" "$(tail -n 1 <<<"$vals")"
+done
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -49,6 +49,7 @@ TEST_PACKAGES=(
 	curl
 	iproute2
 	debootstrap
+	linux-perf # hack/bench-start.sh: host CPU per pod by process and thread
 )
 
 case ${1:-all} in

@@ -22,15 +22,15 @@ const bootWaitCap = 5
 
 // bootClock measures the time since start that QEMU (pid) could run.
 type bootClock struct {
-	pid   int
-	proc  string // "/proc", or a fake in tests
 	start time.Time
 	wait0 time.Duration
+	// wait reads QEMU's run-queue wait so far (runQueueWait).
+	wait func() (time.Duration, bool)
 }
 
 func newBootClock(proc string, pid int) *bootClock {
-	c := &bootClock{pid: pid, proc: proc, start: time.Now()}
-	c.wait0, _ = runQueueWait(proc, pid)
+	c := &bootClock{start: time.Now(), wait: func() (time.Duration, bool) { return runQueueWait(proc, pid) }}
+	c.wait0, _ = c.wait()
 	return c
 }
 
@@ -38,7 +38,7 @@ func newBootClock(proc string, pid int) *bootClock {
 // waited for a CPU (equal when schedstat cannot be read).
 func (c *bootClock) elapsed() (wall, ran time.Duration) {
 	wall = time.Since(c.start)
-	w, ok := runQueueWait(c.proc, c.pid)
+	w, ok := c.wait()
 	if !ok || w < c.wait0 {
 		return wall, wall
 	}
@@ -52,12 +52,22 @@ func (c *bootClock) elapsed() (wall, ran time.Duration) {
 // watch cancels ctx (with the reason) once the time QEMU could run exceeds
 // timeout, or the wall clock exceeds bootWaitCap times it. It returns when
 // ctx ends.
-func (c *bootClock) watch(ctx context.Context, cancel context.CancelCauseFunc, timeout time.Duration, tick time.Duration) {
-	t := time.NewTicker(tick)
-	defer t.Stop()
+//
+// QEMU cannot have run for longer than the wall clock, so watch reads
+// /proc only once timeout has passed, and after that only when the time
+// QEMU could still run before either limit could be used up: a guest that
+// answers in time costs no read at all, a starved one a few. (A fixed
+// tick read every QEMU thread's schedstat 4 times a second for the whole
+// boot, which is most of a boot's wall time on a loaded node, the one
+// where the shims' CPU is the pods' loss.) floor is the least time
+// between two reads.
+func (c *bootClock) watch(ctx context.Context, cancel context.CancelCauseFunc, timeout time.Duration, floor time.Duration) {
+	next := timeout - time.Since(c.start)
 	for {
+		t := time.NewTimer(max(next, floor))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
@@ -67,6 +77,8 @@ func (c *bootClock) watch(ctx context.Context, cancel context.CancelCauseFunc, t
 				timeout, wall.Round(time.Millisecond), (wall - ran).Round(time.Millisecond)))
 			return
 		}
+		// Both clocks advance at most as fast as the wall clock.
+		next = min(timeout-ran, bootWaitCap*timeout-wall)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -79,5 +80,47 @@ func TestBootClockWallCap(t *testing.T) {
 	c.watch(ctx, cancel, 2*time.Second, time.Millisecond) // cap 10s: gives up
 	if context.Cause(ctx) == nil {
 		t.Fatal("no cause")
+	}
+}
+
+// A guest that answers before its timeout costs no read of /proc: QEMU
+// cannot have run longer than the wall clock. Once the timeout has passed,
+// reads come only when the time left could have run out, not on a tick.
+func TestBootClockReadsOnlyWhenTheTimeoutCouldHavePassed(t *testing.T) {
+	var mu sync.Mutex
+	reads := 0
+	count := func() int { mu.Lock(); defer mu.Unlock(); return reads }
+	const timeout, waited = 400 * time.Millisecond, 300 * time.Millisecond
+	start := time.Now()
+	c := &bootClock{start: start, wait: func() (time.Duration, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		reads++
+		return waited, true // QEMU waited 300ms for a CPU (by the first read)
+	}}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	done := make(chan struct{})
+	go func() { c.watch(ctx, cancel, timeout, time.Millisecond); close(done) }()
+	time.Sleep(timeout / 2)
+	if n := count(); n != 0 {
+		t.Fatalf("%d reads of the run-queue wait before the timeout could have passed", n)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not give up on a guest that ran past its timeout")
+	}
+	// It gave up once QEMU could have run past the timeout, the wait off,
+	// after a read at the timeout and one when the time left ran out (a
+	// tick of 1ms would have read hundreds of times).
+	if took := time.Since(start); took < timeout+waited {
+		t.Fatalf("watch gave up after %v, before QEMU could have run %v (%v of waiting off)", took, timeout, waited)
+	}
+	if n := count(); n < 1 || n > 3 {
+		t.Fatalf("%d reads of the run-queue wait; want 2 (one at the timeout, one when the time left ran out)", n)
+	}
+	if err := context.Cause(ctx); err == nil || !strings.Contains(err.Error(), "could run") {
+		t.Fatalf("cause = %v", err)
 	}
 }

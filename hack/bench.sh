@@ -129,5 +129,12 @@ echo "== memory per pod, ${MEM_PODS:-10} pods running"
 # stream's TLS set-up, overlapped), completion-seen-ms (QEMU's completion
 # to c8s seeing it), and warm-channel (the share of runs whose
 # re-attestation used the agent channel dialled during the transfer).
+# reattest-answer-ms is the destination's first answer (the evidence);
+# reattest-next-answer-ms the same request right after it on the
+# destination and source-answer-ms on the source before the move: their
+# difference is the new QEMU's cold start, under TCG its empty
+# translation cache (perf: 77-83% of the destination's vCPU thread in
+# TCG's translator during the first answer), which KVM-based SNP/TDX
+# guests do not have.
 echo "== live migration: 256 MiB and 1 GiB guests, loopback"
 go test -run '^$' -bench 'BenchmarkMigrate' -benchtime "${MIGRATE_BENCHTIME:-3x}" ./shim/sandbox 2>/dev/null | grep -E '^(Benchmark|ok|FAIL)' || true

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/log"
@@ -55,6 +56,8 @@ type hostedVM struct {
 	// release drops the VM's references on its layer disks, once it is
 	// stopped.
 	release func(context.Context)
+	// resumed is when QEMU resumed the incoming VM (trace.go).
+	resumed atomic.Pointer[time.Time]
 }
 
 // guest is the VM a hostedVM runs: a *vm.VM (qemuGuest), a fake in tests.
@@ -289,6 +292,14 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest, caller peer)
 	} else {
 		log.G(ctx).WithFields(log.Fields{"vm": req.ID, "host": host}).Warn("migration stream over plain TCP on loopback (migration.plain_loopback)")
 	}
+	// QEMU resumes the VM on its own once the state is in (no -S, no
+	// cont): its RESUME event is logged for the migration's trace.
+	resumed, unsubscribe := v.QMP().Subscribe("RESUME")
+	defer func() {
+		if retErr != nil {
+			unsubscribe()
+		}
+	}()
 	if err := v.QMP().MigrateIncoming(ctx, "tcp:"+net.JoinHostPort(host, "0")); err != nil {
 		return IncomingResponse{}, http.StatusInternalServerError, err
 	}
@@ -309,6 +320,7 @@ func (s *Server) incoming(ctx context.Context, req IncomingRequest, caller peer)
 	s.mu.Lock()
 	s.vms[req.ID] = hv
 	s.mu.Unlock()
+	go logResume(hostCtx, req.ID, resumed, unsubscribe, v.Done(), hv.resumed.Store)
 	go func() {
 		<-v.Done()
 		if err := v.Err(); err != nil {
@@ -465,7 +477,7 @@ func (s *Server) handleDelete(w http.ResponseWriter, r *http.Request) {
 // handleAgent splices the request's connection to the VM's agent channel
 // (see Client.DialAgent).
 func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request) {
-	_, h := s.lookup(w, r)
+	id, h := s.lookup(w, r)
 	if h == nil {
 		return
 	}
@@ -494,15 +506,23 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request) {
 		agentConn.Close()
 		return
 	}
-	go splice(conn, rw.Reader, agentConn)
+	go splice(conn, rw.Reader, agentConn, newAnswerTrace(context.WithoutCancel(r.Context()), id, h))
 }
 
 // splice copies between the client (whose reader may hold buffered bytes)
-// and the agent channel until either side closes, then closes both.
-func splice(client net.Conn, clientR io.Reader, agentConn net.Conn) {
+// and the agent channel until either side closes, then closes both; tr
+// (nil for none) times the channel's first answer.
+func splice(client net.Conn, clientR io.Reader, agentConn net.Conn, tr *answerTrace) {
 	done := make(chan struct{}, 2)
-	go func() { io.Copy(agentConn, clientR); done <- struct{}{} }()
-	go func() { io.Copy(client, agentConn); done <- struct{}{} }()
+	var (
+		toAgent  io.Reader = clientR
+		toClient io.Writer = client
+	)
+	if tr != nil {
+		toAgent, toClient = tr.requests(clientR), tr.replies(client)
+	}
+	go func() { io.Copy(agentConn, toAgent); done <- struct{}{} }()
+	go func() { io.Copy(toClient, agentConn); done <- struct{}{} }()
 	<-done
 	client.Close()
 	agentConn.Close()

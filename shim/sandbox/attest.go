@@ -92,6 +92,19 @@ func verifyGuest(ctx context.Context, cfg config.Config, ag agent.AgentService, 
 	if err != nil {
 		return nil, err
 	}
+	return verifyWith(ctx, helper, cfg, ag, initData, trusts, chipID)
+}
+
+// verifier is a started c8s-verify (*verdict.Helper): Decide once, or
+// Close.
+type verifier interface {
+	Decide(*verdict.Request) (*verdict.Verdict, error)
+	Close()
+}
+
+// verifyWith is verifyGuest with its verifier already started (a
+// migration starts it during the transfer, reattest.go); it ends helper.
+func verifyWith(ctx context.Context, helper verifier, cfg config.Config, ag agent.AgentService, initData []byte, trusts []verdict.Trust, chipID []byte) (*Verified, error) {
 	h := cfg.Hypervisor
 	nonce, err := verdict.NewNonce()
 	if err != nil {

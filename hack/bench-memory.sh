@@ -36,6 +36,37 @@ qemu_split() {
 	END { done(); print bigrss+0, tcg+0, file+0, other+0 }' "/proc/$1/smaps"
 }
 
+# shim_split PID: "TEXT RODATA DATA ANON" resident KiB of a (static Go)
+# shim: its binary's code, read-only data (rodata, type data, pclntab) and
+# data/bss mappings, and the anonymous memory (heap, goroutine stacks, GC
+# and runtime metadata). The binary's pages come from the page cache, and
+# a binary's size shows nearly 1:1 in TEXT and RODATA: the kernel maps the
+# cached pages around each one touched (fault-around).
+shim_split() {
+	local exe
+	exe=$(readlink "/proc/$1/exe")
+	awk -v exe="$exe" '
+	/^[0-9a-f]+-[0-9a-f]+ /{ if (name != "") done(); perm=$2; path=$6; name=$1; next }
+	/^Rss:/{ rss=$2 }
+	function done() {
+		if (path == exe) { if (perm ~ /x/) text += rss; else if (perm ~ /w/) data += rss; else ro += rss }
+		else if (path == "" || path ~ /^\[(heap|stack)/) anon += rss
+		name = ""
+	}
+	END { done(); print text+0, ro+0, data+0, anon+0 }' "/proc/$1/smaps"
+}
+
+# reporting PID: whether the QEMU's guest hands freed pages back (the sim
+# TEE's free page reporting balloon, launcher/vm/tee/sim): its guest RAM
+# figure is then what the guest holds, not every page it ever touched.
+reporting() {
+	if tr '\0' ' ' <"/proc/$1/cmdline" | grep -q 'free-page-reporting=on'; then
+		echo "free page reporting on"
+	else
+		echo "no free page reporting"
+	fi
+}
+
 procs() {
 	local c8s=$1 runc=$2 qemu=$3
 	read -r cr cp ca cf < <(rollup "$c8s")
@@ -44,9 +75,15 @@ procs() {
 	echo "containerd-shim-runc-v2: RSS ${rr} KiB, PSS ${rp} KiB (anon ${ra}, file ${rf})"
 	awk -v a="$cr" -v b="$rr" -v c="$cp" -v d="$rp" -v e="$ca" -v f="$ra" -v g="$cf" -v h="$rf" 'BEGIN{
 		printf "ratio c8s-shim/runc-shim RSS = %.3f (goal <= 1.2); PSS = %.3f; anon = %.3f; file = %.3f\n", a/b, c/d, e/f, g/h }'
+	local s
+	for s in "c8s $c8s" "runc $runc"; do
+		set -- $s
+		read -r text ro data anon < <(shim_split "$2")
+		echo "  $1 shim resident by mapping: text ${text} KiB, rodata ${ro} KiB, data/bss ${data} KiB, anonymous ${anon} KiB"
+	done
 	read -r qr qp _ _ < <(rollup "$qemu")
 	read -r ram tcg file other < <(qemu_split "$qemu")
-	echo "QEMU host RSS per pod: ${qr} KiB ($((qr / 1024)) MiB), PSS ${qp} KiB: guest RAM touched $((ram / 1024)) MiB, TCG translation buffer $((tcg / 1024)) MiB, QEMU binary and libraries $((file / 1024)) MiB, heap/arenas/stacks $((other / 1024)) MiB"
+	echo "QEMU host RSS per pod: ${qr} KiB ($((qr / 1024)) MiB), PSS ${qp} KiB: guest RAM touched $((ram / 1024)) MiB ($(reporting "$qemu")), TCG translation buffer $((tcg / 1024)) MiB, QEMU binary and libraries $((file / 1024)) MiB, heap/arenas/stacks $((other / 1024)) MiB"
 }
 
 pods() {
@@ -67,6 +104,7 @@ pods() {
 	mapfile -t qs < <(pgrep -f "qemu-system.*$CD_DIR/c8s-state")
 	mapfile -t ss < <(pgrep -f "containerd-shim-c8s-v2 .*-address $CD_SOCK")
 	local line
+	[[ ${#qs[@]} -gt 0 ]] && echo "pod VMs: $(reporting "${qs[0]}") (guest RAM is what the guest holds or has touched since it last reported)"
 	for q in "${qs[@]}"; do line="$(rollup "$q") $(qemu_split "$q")"; echo "$line"; done | awk -v n="${#qs[@]}" -v want="$n" '
 		{ r[NR]=$1; p+=$2; ram+=$5; tcg+=$6; file+=$7; other+=$8; s+=$1; if (min==""||$1<min) min=$1; if ($1>max) max=$1 }
 		END { printf "%d pods started, %d running: QEMU RSS per pod mean %d MiB (min %d, max %d), PSS mean %d MiB; guest RAM touched %d MiB, TCG buffer %d MiB, QEMU binary and libraries %d MiB, heap/arenas/stacks %d MiB (means)\n",
@@ -83,6 +121,9 @@ pods() {
 	local c r
 	c=$(for s in "${ss[@]}"; do rollup "$s"; done | awk '{r+=$1; p+=$2; a+=$3; f+=$4} END{ if (NR) printf "%d %d %d %d %d", NR, r/NR, p/NR, a/NR, f/NR }')
 	r=$(for s in "${rs[@]}"; do rollup "$s"; done | awk '{r+=$1; p+=$2; a+=$3; f+=$4} END{ if (NR) printf "%d %d %d %d %d", NR, r/NR, p/NR, a/NR, f/NR }')
+	local split='{t+=$1; o+=$2; d+=$3; a+=$4} END{ if (NR) printf "  %s shims resident by mapping (means): text %d KiB, rodata %d KiB, data/bss %d KiB, anonymous %d KiB\n", k, t/NR, o/NR, d/NR, a/NR }'
+	for s in "${ss[@]}"; do shim_split "$s"; done | awk -v k=c8s "$split"
+	for s in "${rs[@]}"; do shim_split "$s"; done | awk -v k=runc "$split"
 	awk -v c="$c" -v r="$r" 'BEGIN{
 		split(c, x, " "); split(r, y, " ")
 		if (x[1]) printf "the %d c8s shims: RSS mean %d KiB, PSS mean %d KiB (anon %d, file %d)\n", x[1], x[2], x[3], x[4], x[5]

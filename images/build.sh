@@ -72,6 +72,8 @@ MODULES=(
 	nft_ct
 	# the host's entropy, loaded in sim VMs only (TCG has no RDRAND)
 	virtio_rng
+	# free page reporting to the host, loaded in sim VMs only (guest/boot)
+	virtio_balloon
 )
 # Modules the first stage loads to reach the verified root.
 STAGE1_MODULES=(virtio_blk dm-verity erofs)

@@ -117,6 +117,12 @@ func Main() {
 			// has not finished; device-mapper and dm-verity are the
 			// first stage's, loaded already).
 			initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, "/fs/overlayfs/") })
+			// Last: it matters once boot has freed what it touched.
+			if load := freePageReporting(tee, func() {
+				initsys.LoadModules(initsys.ModulesList, func(p string) bool { return initsys.Deferred(p, initsys.BalloonModule) })
+			}); load != nil {
+				load()
+			}
 		}()
 		if err := initsys.SetupNetwork(); err != nil {
 			log.L.WithError(err).Error("network setup failed")
@@ -304,6 +310,20 @@ const hwRNGModules = "/drivers/char/hw_random/"
 // CPU's RDRAND/RDSEED at boot and never takes the host's (the
 // adversary's) device.
 func hostEntropy(tee string, load func()) func() {
+	if tee != teeparam.Sim {
+		return nil
+	}
+	return load
+}
+
+// freePageReporting returns load, which loads the virtio-balloon driver,
+// in a VM started as sim: its QEMU has a free page reporting balloon
+// (launcher/vm/tee/sim.FreePageReporting) to which the guest hands back the
+// pages it frees, so that the host does not keep resident every page the
+// guest's boot touched. A hardware TEE's guest binds no balloon from the
+// host (the adversary): its private memory cannot be handed back that way,
+// and the driver would only take the host's requests.
+func freePageReporting(tee string, load func()) func() {
 	if tee != teeparam.Sim {
 		return nil
 	}

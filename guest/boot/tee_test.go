@@ -81,3 +81,22 @@ func TestHostEntropy(t *testing.T) {
 		}
 	}
 }
+
+// Only a VM started as sim loads the free page reporting balloon driver:
+// an SNP or TDX guest binds no balloon the host offers.
+func TestFreePageReporting(t *testing.T) {
+	for _, tc := range []struct {
+		tee  string
+		load bool
+	}{
+		{"sim", true}, {"snp", false}, {"tdx", false}, {"", false},
+	} {
+		loaded := false
+		if f := freePageReporting(tc.tee, func() { loaded = true }); f != nil {
+			f()
+		}
+		if loaded != tc.load {
+			t.Errorf("freePageReporting(%q) loads virtio-balloon: %v, want %v", tc.tee, loaded, tc.load)
+		}
+	}
+}

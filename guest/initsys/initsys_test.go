@@ -70,6 +70,7 @@ func TestDeferredModules(t *testing.T) {
 		dir + "drivers/md/dm-verity.ko":                  true,
 		dir + "fs/erofs/erofs.ko":                        true,
 		dir + "fs/overlayfs/overlay.ko":                  true,
+		dir + "drivers/virtio/virtio_balloon.ko":         true,
 	} {
 		if got := Deferred(path); got != want {
 			t.Errorf("Deferred(%s) = %v, want %v", path, got, want)
@@ -131,5 +132,17 @@ func TestLoadModulesRetriesEINTR(t *testing.T) {
 	}
 	if n := LoadModules(list, nil); n != 1 || calls != 3 {
 		t.Errorf("LoadModules = %d after %d finit_module calls, want 1 after 3 (two interrupted)", n, calls)
+	}
+}
+
+// scsi_mod is loaded with scan=manual (the pod's disks are hot-plugged or
+// asked for by address), and a module name is the kernel's (dashes become
+// underscores).
+func TestModuleParams(t *testing.T) {
+	if got := ModuleParams[moduleName("/lib/modules/x/kernel/drivers/scsi/scsi_mod.ko")]; got != "scan=manual" {
+		t.Errorf("scsi_mod loads with %q, want scan=manual", got)
+	}
+	if got := moduleName("/lib/modules/x/kernel/drivers/md/dm-verity.ko"); got != "dm_verity" {
+		t.Errorf("moduleName(dm-verity.ko) = %q, want dm_verity", got)
 	}
 }

@@ -142,3 +142,49 @@ func TestArgsErrors(t *testing.T) {
 		})
 	}
 }
+
+// Every TEE's VM boots with the initcall blacklist (hardware-safe boot
+// work trims, see BaseKernelParams) and the free page reporting order
+// (inert without a reporting device), and only a sim VM gets the free page
+// reporting balloon: an SNP or TDX guest's private memory cannot be handed
+// back that way.
+func TestArgsBootTrimsAndFreePageReporting(t *testing.T) {
+	for _, name := range []string{"sim", "snp", "tdx"} {
+		t.Run(name, func(t *testing.T) {
+			accel := "kvm"
+			if name == "sim" {
+				accel = "tcg"
+			}
+			spec := sealed(goldenSpec(name, accel))
+			b, err := tee.Lookup(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			argv, err := Args(spec, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var appendArg string
+			for i, a := range argv {
+				if a == "-append" && i+1 < len(argv) {
+					appendArg = argv[i+1]
+				}
+			}
+			if !strings.HasPrefix(appendArg, BaseKernelParams+" ") || !strings.Contains(BaseKernelParams, " "+InitcallBlacklist) {
+				t.Errorf("-append %q does not start with the base parameters and their %s", appendArg, InitcallBlacklist)
+			}
+			for _, fn := range []string{"trace_eval_init", "init_kprobe_trace", "latency_fsnotify_init", "bpf_dummy_struct_ops_init", "bpf_tcp_ca_kfunc_init"} {
+				if !strings.Contains(appendArg, fn) {
+					t.Errorf("-append %q does not blacklist %s", appendArg, fn)
+				}
+			}
+			if !strings.Contains(appendArg, " page_reporting.page_reporting_order=5") {
+				t.Errorf("-append %q does not lower the free page reporting order", appendArg)
+			}
+			balloon := strings.Contains(strings.Join(argv, " "), "virtio-balloon-pci,id=balloon0,free-page-reporting=on")
+			if balloon != (name == "sim") {
+				t.Errorf("%s argv has the free page reporting balloon: %v, want %v", name, balloon, name == "sim")
+			}
+		})
+	}
+}

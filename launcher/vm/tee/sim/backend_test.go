@@ -11,7 +11,8 @@ import (
 func TestBackend(t *testing.T) {
 	h := config.Default().Hypervisor
 	p, err := Backend{}.QEMU(h)
-	want := tee.Pieces{Firmware: Firmware, KernelParams: []string{"c8s.tee=sim"}, Ports: []string{AttestPort, tee.KBSPort}}
+	want := tee.Pieces{Firmware: Firmware, KernelParams: []string{"c8s.tee=sim"}, Ports: []string{AttestPort, tee.KBSPort},
+		Args: []string{"-device", "virtio-balloon-pci,id=balloon0,free-page-reporting=on"}}
 	if err != nil || !reflect.DeepEqual(p, want) {
 		t.Fatalf("sim without firmware = %+v, %v; want %+v", p, err, want)
 	}

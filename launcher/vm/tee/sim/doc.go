@@ -7,7 +7,9 @@
 //
 // Backend is the launcher/vm/tee backend registered as "sim": a plain q35
 // VM without confidential-guest-support booting Firmware (QEMU's SeaBIOS)
-// with the AttestPort virtio-serial port.
+// with the AttestPort virtio-serial port and the FreePageReporting balloon
+// (a sim guest hands the memory it frees back to the host; no hardware
+// TEE's guest can).
 //
 // # The launch measurement and GetReport
 //

@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
@@ -64,25 +63,29 @@ func Setup(netnsPath string) (_ *Network, retErr error) {
 		}
 	}()
 	err := netnsdo.Do(netnsPath, func() error {
-		links, err := netlink.LinkList()
+		c, err := openRTNL()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		links, err := c.links()
 		if err != nil {
 			return fmt.Errorf("list the interfaces: %w", err)
 		}
 		for _, l := range links {
-			a := l.Attrs()
-			if a.Name == "lo" || strings.HasSuffix(a.Name, TapSuffix) || len(a.HardwareAddr) != 6 || l.Type() == "tuntap" {
+			if l.Name == "lo" || strings.HasSuffix(l.Name, TapSuffix) || len(l.MAC) != 6 || l.Kind == "tun" {
 				continue
 			}
-			ep, err := mirror(l, fmt.Sprintf("tap%d%s", len(n.Endpoints), TapSuffix))
+			ep, err := mirror(c, l, fmt.Sprintf("tap%d%s", len(n.Endpoints), TapSuffix))
 			if ep != nil {
 				n.Endpoints = append(n.Endpoints, *ep)
 			}
 			if err != nil {
-				return fmt.Errorf("interface %s: %w", a.Name, err)
+				return fmt.Errorf("interface %s: %w", l.Name, err)
 			}
-			routes, err := routesOf(l)
+			routes, err := routesOf(c, l)
 			if err != nil {
-				return fmt.Errorf("interface %s: %w", a.Name, err)
+				return fmt.Errorf("interface %s: %w", l.Name, err)
 			}
 			n.Routes = append(n.Routes, routes...)
 		}
@@ -96,10 +99,9 @@ func Setup(netnsPath string) (_ *Network, retErr error) {
 
 // mirror creates the tap for l and the tc redirects between them. The
 // returned endpoint, even with an error, names what was created.
-func mirror(l netlink.Link, tapName string) (*Endpoint, error) {
-	a := l.Attrs()
-	ep := &Endpoint{Name: a.Name, MAC: a.HardwareAddr, MTU: a.MTU}
-	addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+func mirror(c *rtnl, l link, tapName string) (*Endpoint, error) {
+	ep := &Endpoint{Name: l.Name, MAC: l.MAC, MTU: l.MTU}
+	addrs, err := c.addrs(l.Index)
 	if err != nil {
 		return nil, fmt.Errorf("list addresses: %w", err)
 	}
@@ -110,92 +112,62 @@ func mirror(l netlink.Link, tapName string) (*Endpoint, error) {
 		ep.Addresses = append(ep.Addresses, ad.IPNet)
 	}
 	// One queue: multi-queue is off.
-	tap := &netlink.Tuntap{
-		LinkAttrs: netlink.LinkAttrs{Name: tapName, MTU: a.MTU},
-		Mode:      netlink.TUNTAP_MODE_TAP,
-		Flags:     netlink.TUNTAP_NO_PI | netlink.TUNTAP_VNET_HDR,
-		Queues:    1,
-	}
-	if err := netlink.LinkAdd(tap); err != nil {
+	tap, err := createTap(tapName)
+	if err != nil {
 		return nil, fmt.Errorf("create tap %s: %w", tapName, err)
 	}
-	ep.Tap = tapName
-	if len(tap.Fds) != 1 {
-		for _, f := range tap.Fds {
-			f.Close()
-		}
-		return ep, fmt.Errorf("tap %s: %d queues opened, want 1", tapName, len(tap.Fds))
-	}
-	ep.tap = tap.Fds[0]
-	tapLink, err := netlink.LinkByName(tapName)
+	ep.Tap, ep.tap = tapName, tap
+	tapLink, err := c.linkByName(tapName)
 	if err != nil {
 		return ep, fmt.Errorf("find tap %s: %w", tapName, err)
 	}
-	if err := netlink.LinkSetMTU(tapLink, a.MTU); err != nil {
-		return ep, fmt.Errorf("set MTU %d on tap %s: %w", a.MTU, tapName, err)
+	if err := c.setMTUUp(tapLink.Index, l.MTU); err != nil {
+		return ep, fmt.Errorf("set MTU %d on tap %s and bring it up: %w", l.MTU, tapName, err)
 	}
-	if err := netlink.LinkSetUp(tapLink); err != nil {
-		return ep, fmt.Errorf("bring up tap %s: %w", tapName, err)
-	}
-	if err := redirect(l, tapLink); err != nil {
+	if err := redirect(c, l, tapLink); err != nil {
 		return ep, err
 	}
-	if err := redirect(tapLink, l); err != nil {
+	if err := redirect(c, tapLink, l); err != nil {
 		return ep, err
 	}
 	return ep, nil
 }
 
-// redirect sends every frame arriving on from out of to.
-func redirect(from, to netlink.Link) error {
-	idx := from.Attrs().Index
-	q := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{
-		LinkIndex: idx,
-		Handle:    netlink.MakeHandle(0xffff, 0),
-		Parent:    netlink.HANDLE_INGRESS,
-	}}
-	if err := netlink.QdiscAdd(q); err != nil {
-		return fmt.Errorf("add an ingress qdisc to %s: %w", from.Attrs().Name, err)
+// redirect sends every frame arriving on from out of to: an ingress qdisc,
+// a match-all u32 filter and a mirred egress redirect.
+func redirect(c *rtnl, from, to link) error {
+	if err := c.addIngress(from.Index); err != nil {
+		return fmt.Errorf("add an ingress qdisc to %s: %w", from.Name, err)
 	}
-	f := &netlink.U32{
-		FilterAttrs: netlink.FilterAttrs{
-			LinkIndex: idx,
-			Parent:    netlink.MakeHandle(0xffff, 0),
-			Priority:  1,
-			Protocol:  unix.ETH_P_ALL,
-		},
-		// No selector: u32 then matches every frame.
-		Actions: []netlink.Action{netlink.NewMirredAction(to.Attrs().Index)},
-	}
-	if err := netlink.FilterAdd(f); err != nil {
-		return fmt.Errorf("redirect %s to %s (tc u32 + mirred): %w", from.Attrs().Name, to.Attrs().Name, err)
+	if err := c.addRedirect(from.Index, to.Index); err != nil {
+		return fmt.Errorf("redirect %s to %s (tc u32 + mirred): %w", from.Name, to.Name, err)
 	}
 	return nil
 }
 
 // routesOf returns the main-table unicast routes through l, without the
 // IPv6 link-local and multicast ones the guest kernel makes itself.
-func routesOf(l netlink.Link) ([]*agent.NetRoute, error) {
-	routes, err := netlink.RouteList(l, netlink.FAMILY_ALL)
+func routesOf(c *rtnl, l link) ([]*agent.NetRoute, error) {
+	routes, err := c.routes()
 	if err != nil {
 		return nil, fmt.Errorf("list routes: %w", err)
 	}
 	var out []*agent.NetRoute
 	for _, r := range routes {
-		if r.Table != unix.RT_TABLE_MAIN || r.Type != unix.RTN_UNICAST {
+		if r.OIF != l.Index || r.Table != unix.RT_TABLE_MAIN || r.Type != unix.RTN_UNICAST {
 			continue
 		}
 		dst := r.Dst
 		if dst == nil {
 			dst = &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}
-			if r.Family == netlink.FAMILY_V6 {
+			if r.Family == unix.AF_INET6 {
 				dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
 			}
 		}
 		if dst.IP.IsLinkLocalUnicast() || dst.IP.IsMulticast() {
 			continue
 		}
-		nr := &agent.NetRoute{Interface: l.Attrs().Name, Destination: dst.String(), Scope: uint32(r.Scope)}
+		nr := &agent.NetRoute{Interface: l.Name, Destination: dst.String(), Scope: uint32(r.Scope)}
 		if r.Gw != nil {
 			nr.Gateway = r.Gw.String()
 		}
@@ -254,19 +226,23 @@ func (n *Network) Close() error {
 		return nil
 	}
 	return netnsdo.Do(n.NetNS, func() error {
+		c, err := openRTNL()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
 		var errs []error
 		for _, ep := range eps {
-			if l, err := netlink.LinkByName(ep.Name); err == nil {
-				q := &netlink.Ingress{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_INGRESS}}
-				if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+			if l, err := c.linkByName(ep.Name); err == nil {
+				if err := c.delIngress(l.Index); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
 					errs = append(errs, fmt.Errorf("remove the ingress qdisc of %s: %w", ep.Name, err))
 				}
 			}
 			if ep.Tap == "" {
 				continue
 			}
-			if l, err := netlink.LinkByName(ep.Tap); err == nil {
-				if err := netlink.LinkDel(l); err != nil {
+			if l, err := c.linkByName(ep.Tap); err == nil {
+				if err := c.delLink(l.Index); err != nil {
 					errs = append(errs, fmt.Errorf("delete tap %s: %w", ep.Tap, err))
 				}
 			}

@@ -12,7 +12,7 @@ import (
 	"github.com/containerd/log"
 
 	"github.com/c8s-dev/c8s/launcher/config"
-	"github.com/c8s-dev/c8s/launcher/node/deviceplugin"
+	"github.com/c8s-dev/c8s/launcher/node/deviceplugin/podres"
 	"github.com/c8s-dev/c8s/launcher/node/discovery"
 	"github.com/c8s-dev/c8s/launcher/node/labels"
 	"github.com/c8s-dev/c8s/launcher/vm"
@@ -66,7 +66,7 @@ func podGPUs(ctx context.Context, cfg config.Config, pod k8sPod) ([]vm.VFIODevic
 		log.G(ctx).Debugf("no kubelet PodResources socket at %s: no devices for pod %s/%s", socket, pod.Namespace, pod.Name)
 		return nil, nil
 	}
-	held, err := deviceplugin.HeldDevices(ctx, socket, labels.ResourceConfidentialGPU)
+	held, err := podres.HeldDevices(ctx, socket, labels.ResourceConfidentialGPU)
 	if err != nil {
 		return nil, fmt.Errorf("pod %s/%s: which GPUs the kubelet allocated: %w: %w", pod.Namespace, pod.Name, err, errdefs.ErrUnavailable)
 	}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/c8s-dev/c8s/launcher/vm/tee/sim/simtrust"
 	"github.com/c8s-dev/c8s/measurements/tdx"
 )
@@ -35,13 +37,26 @@ const firmwareEventData = "c8s sim firmware image"
 // loads nothing else.
 func BootLog(l Launch) ([]byte, [4][48]byte, error) {
 	var rtmrs [4][48]byte
+	// The files are mapped, not read: a kernel and initrd are tens of MB,
+	// which os.ReadFile would add to the shim's heap (and its RSS until
+	// the runtime hands the pages back); mapped pages are the page
+	// cache's, and leave the shim's RSS at unmap.
+	var maps [][]byte
+	defer func() {
+		for _, m := range maps {
+			_ = unix.Munmap(m)
+		}
+	}()
 	read := func(path, what string) ([]byte, error) {
 		if path == "" {
 			return nil, nil
 		}
-		b, err := os.ReadFile(path)
+		b, err := mapFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("sim: boot log: %s: %w", what, err)
+		}
+		if len(b) > 0 {
+			maps = append(maps, b)
 		}
 		return b, nil
 	}
@@ -72,6 +87,32 @@ func BootLog(l Launch) ([]byte, [4][48]byte, error) {
 		return nil, rtmrs, err
 	}
 	return raw, log.Replay(), nil
+}
+
+// mapFile maps path read-only whole; an empty file is an empty, unmapped
+// slice (mmap refuses a zero length), as os.ReadFile returns it. The
+// caller unmaps a non-empty one.
+func mapFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if st.Size() == 0 {
+		return []byte{}, nil
+	}
+	b, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("mmap %s: %w", path, err)
+	}
+	return b, nil
 }
 
 // RTMRStatement binds rtmrs to report (the signed report bytes) and signs

@@ -25,6 +25,8 @@ import (
 //	GET    /v1/vms/{id}/wait   VMStatus, once the VM has exited
 //	DELETE /v1/vms/{id}        stops the VM and removes its state
 //	POST   /v1/vms/{id}/agent  Upgrade: c8s-agent, then the VM's agent channel
+//	POST   /v1/relay?to=H:P    Upgrade: c8s-tls-relay, then a mutual-TLS
+//	                           connection to H:P (unix socket only; relay.go)
 //
 // Errors are {"error": "..."} with a 4xx or 5xx status.
 
@@ -229,16 +231,27 @@ func (c *Client) DialAgent(ctx context.Context, id string) (net.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("destination %s: %w", c.socket, err)
 	}
+	tunnel, err := upgrade(ctx, conn, "/v1/vms/"+url.PathEscape(id)+"/agent", agentUpgrade)
+	if err != nil {
+		return nil, fmt.Errorf("destination %s: agent tunnel: %w", c.socket, err)
+	}
+	return tunnel, nil
+}
+
+// upgrade asks the server on conn to turn it into protocol proto (POST
+// path with Upgrade) and returns the connection, which carries proto once
+// the server answered 101. conn is closed on error.
+func upgrade(ctx context.Context, conn net.Conn, path, proto string) (net.Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
-	req, err := http.NewRequest(http.MethodPost, "http://c8s-migrate/v1/vms/"+url.PathEscape(id)+"/agent", nil)
+	req, err := http.NewRequest(http.MethodPost, "http://c8s-migrate"+path, nil)
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
 	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", agentUpgrade)
+	req.Header.Set("Upgrade", proto)
 	br := bufio.NewReader(conn)
 	resp, err := func() (*http.Response, error) {
 		if err := req.Write(conn); err != nil {
@@ -248,7 +261,7 @@ func (c *Client) DialAgent(ctx context.Context, id string) (net.Conn, error) {
 	}()
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("destination %s: agent tunnel: %w", c.socket, err)
+		return nil, contextErr(ctx, err)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
@@ -260,7 +273,7 @@ func (c *Client) DialAgent(ctx context.Context, id string) (net.Conn, error) {
 		if json.Unmarshal(b, &e) != nil || e.Error == "" {
 			e.Error = string(bytes.TrimSpace(b))
 		}
-		return nil, fmt.Errorf("destination %s: agent tunnel: %s: %s", c.socket, resp.Status, e.Error)
+		return nil, fmt.Errorf("%s: %s", resp.Status, e.Error)
 	}
 	conn.SetDeadline(time.Time{})
 	return &bufferedConn{Conn: conn, r: br}, nil

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
 // HandoffFile, in a moved pod's state dir on the source node, says where
@@ -20,7 +22,8 @@ const HandoffFile = "migrated.json"
 type handoff struct {
 	Destination string `json:"destination"`
 	ID          string `json:"id"`
-	// TLSDir is the node's TLS identity for a tls:// destination.
+	// TLSDir is the node's TLS identity for a tls:// destination
+	// (statedir.MigrateTLS of its state dir, whose server relays to it).
 	TLSDir string `json:"tls_dir,omitempty"`
 }
 
@@ -53,11 +56,11 @@ func StopHandedOff(ctx context.Context, dir string) (bool, error) {
 	}
 	var c *Client
 	if strings.HasPrefix(h.Destination, "tls://") {
-		_, client, err := LoadTLS(h.TLSDir)
-		if err != nil {
-			return true, err
+		root := filepath.Dir(filepath.Dir(h.TLSDir))
+		if h.TLSDir == "" || statedir.MigrateTLS(root) != filepath.Clean(h.TLSDir) {
+			return true, fmt.Errorf("migrate: %s: TLS identity %q is not a node's (want <state_dir>/node/migrate-tls)", path, h.TLSDir)
 		}
-		if c, err = NewTLSClient(strings.TrimPrefix(h.Destination, "tls://"), client); err != nil {
+		if c, err = relayClient(statedir.MigrateSocket(root), strings.TrimPrefix(h.Destination, "tls://")); err != nil {
 			return true, err
 		}
 	} else {

@@ -146,6 +146,7 @@ func newEnv(t *testing.T) *env {
 		}
 	})
 	e.client = NewClient(sock).WithStream(statedir.MigrateTLS(e.a.Runtime.StateDir), false)
+	serveRelay(t, e.a) // node A's server relays its tls:// calls
 	if e.tlsClient, err = Dial("tls://"+tl.Addr().String(), e.a); err != nil {
 		t.Fatal(err)
 	}
@@ -432,6 +433,7 @@ func TestMigrate(t *testing.T) {
 		if err := os.Symlink(e.identityC, statedir.MigrateTLS(cc.Runtime.StateDir)); err != nil {
 			t.Fatal(err)
 		}
+		serveRelay(t, cc)
 		nodeC, err := Dial(e.tlsClient.Address(), cc)
 		if err != nil {
 			t.Fatal(err)

@@ -128,6 +128,7 @@ func TestVMBoundToItsPeer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		serveRelay(t, c) // the member's own server relays its tls:// calls
 		cl, err := Dial("tls://"+tl.Addr().String(), c)
 		if err != nil {
 			t.Fatal(err)

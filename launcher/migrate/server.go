@@ -83,6 +83,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/vms/{id}/wait", s.handleWait)
 	mux.HandleFunc("DELETE /v1/vms/{id}", s.handleDelete)
 	mux.HandleFunc("POST /v1/vms/{id}/agent", s.handleAgent)
+	mux.HandleFunc("POST /v1/relay", s.handleRelay)
 	return mux
 }
 

@@ -73,8 +73,9 @@ func NewTLSClient(addr string, cfg *tls.Config) (*Client, error) {
 }
 
 // Dial returns a client for a destination given as a unix socket path
-// (optionally unix://PATH) or as tls://HOST:PORT, which uses the node's
-// TLS identity (statedir.MigrateTLS).
+// (optionally unix://PATH) or as tls://HOST:PORT, which is reached with
+// mutual TLS with the node's identity (statedir.MigrateTLS) through the
+// relay of the node's own server (relay.go; statedir.MigrateSocket).
 //
 // The client's QEMU migration stream uses the same identity (WithStream).
 func Dial(dest string, cfg config.Config) (*Client, error) {
@@ -82,11 +83,8 @@ func Dial(dest string, cfg config.Config) (*Client, error) {
 	var c *Client
 	switch {
 	case strings.HasPrefix(dest, "tls://"):
-		_, client, err := LoadTLS(identity)
-		if err != nil {
-			return nil, err
-		}
-		if c, err = NewTLSClient(strings.TrimPrefix(dest, "tls://"), client); err != nil {
+		var err error
+		if c, err = relayClient(statedir.MigrateSocket(cfg.Runtime.StateDir), strings.TrimPrefix(dest, "tls://")); err != nil {
 			return nil, err
 		}
 	case strings.HasPrefix(dest, "unix://"):

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"os"
@@ -118,6 +119,11 @@ func TestAPIOverMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// tls:// goes through the node's own server, which holds its identity.
+	if _, err := c.Node(ctx); err == nil || !strings.Contains(err.Error(), "c8s-launcher serve") {
+		t.Fatalf("Node without the node's relay: %v; want an error naming c8s-launcher serve", err)
+	}
+	serveRelay(t, a)
 	n, err := c.Node(ctx)
 	if err != nil || n.Name != "node-b" || n.TrustPool != "p1" || n.ChipID == "" {
 		t.Fatalf("Node over mTLS = %+v, %v", n, err)
@@ -138,6 +144,7 @@ func TestAPIOverMutualTLS(t *testing.T) {
 	other := cfg
 	other.Runtime.StateDir = filepath.Join(root, "c")
 	newTestCA(t, "pool p2").node(t, statedir.MigrateTLS(other.Runtime.StateDir), "node-c")
+	serveRelay(t, other)
 	stranger, err := Dial(addr, other)
 	if err != nil {
 		t.Fatal(err)
@@ -147,5 +154,96 @@ func TestAPIOverMutualTLS(t *testing.T) {
 	}
 	if _, err := Dial("ftp://x", a); err == nil || !strings.Contains(err.Error(), "tls://HOST:PORT") {
 		t.Fatalf("Dial with an unknown scheme: %v", err)
+	}
+}
+
+// serveRelay runs the server of node cfg on its unix socket, whose TLS
+// relay its clients reach tls:// destinations through.
+func serveRelay(t *testing.T, cfg config.Config) string {
+	t.Helper()
+	sock := statedir.MigrateSocket(cfg.Runtime.StateDir)
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { (&Server{Config: cfg, Name: filepath.Base(cfg.Runtime.StateDir)}).Serve(ctx, l); close(served) }()
+	t.Cleanup(func() { stop(); <-served })
+	return sock
+}
+
+// The relay serves the node's own callers on its unix socket only: a
+// pool member on the TLS listener may not borrow the node's identity; and
+// it dials mutual TLS only, so a destination that does not speak it is
+// refused (plain TCP between nodes stays refused).
+func TestRelayOnlyForLocalCallersAndOnlyTLS(t *testing.T) {
+	root := t.TempDir()
+	cfg := config.Default()
+	cfg.Runtime.StateDir = filepath.Join(root, "a")
+	pool := newTestCA(t, "pool p1")
+	identity := statedir.MigrateTLS(cfg.Runtime.StateDir)
+	pool.node(t, identity, "node-a")
+	sock := serveRelay(t, cfg)
+	serverTLS, clientTLS, err := LoadTLS(identity)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	// A pool member on node A's TLS listener asks for the relay.
+	tl, err := ListenTLS("127.0.0.1:0", serverTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stop := context.WithCancel(ctx)
+	served := make(chan struct{})
+	go func() { (&Server{Config: cfg, Name: "node-a"}).Serve(sctx, tl); close(served) }()
+	t.Cleanup(func() { stop(); <-served })
+	member, err := NewTLSClient(tl.Addr().String(), clientTLS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := member.dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := upgrade(ctx, conn, "/v1/relay?to="+tl.Addr().String(), relayUpgrade); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Fatalf("relay asked over TLS: %v; want 403", err)
+	}
+
+	// A destination on plain TCP.
+	plain, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	go func() {
+		for {
+			c, err := plain.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"))
+			c.Close()
+		}
+	}()
+	c, err := relayClient(sock, plain.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Node(ctx); err == nil || !strings.Contains(err.Error(), "502") {
+		t.Fatalf("relay to a plain TCP destination: %v; want 502", err)
+	}
+	// The same socket relays to the TLS listener (a member of the pool).
+	c, err = relayClient(sock, tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Status(ctx, "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("status of an unknown VM through the relay to a pool member: %v; want ErrNotFound", err)
+	}
+	if _, err := relayClient(sock, "no-port"); err == nil || !strings.Contains(err.Error(), "HOST:PORT") {
+		t.Fatalf("relay client for a bad address: %v", err)
 	}
 }

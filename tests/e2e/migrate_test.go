@@ -97,10 +97,13 @@ accel = "auto"
 		}
 	}
 
-	// Nodes B and C accept migrations; B also with mutual TLS.
-	sock, sockC := filepath.Join(e.d.Dir, "b.sock"), filepath.Join(e.d.Dir, "c.sock")
+	// Nodes B and C accept migrations; B also with mutual TLS. Every node
+	// runs its server on its own socket: it relays the node's calls to
+	// tls:// destinations (the shim holds no TLS identity, issue 18).
+	sock, sockC := filepath.Join(e.d.Dir, "b.sock"), statedir.MigrateSocket(cDir)
 	serveOut := startServe(t, bin, cfgB, sock, "node-b", "--listen-tls", "127.0.0.1:0", "--containerd", e.d.Address)
 	startServe(t, bin, cfgC, sockC, "node-c")
+	startServe(t, bin, cfgA, statedir.MigrateSocket(e.stateDir), "node-a")
 	m := regexp.MustCompile(`with mutual TLS on (127\.0\.0\.1:\d+)`).FindStringSubmatch(serveOut.String())
 	if m == nil || !strings.Contains(serveOut.String(), "migration stream: TLS with the node's identity") {
 		t.Fatalf("c8s-launcher serve output:\n%s", serveOut.String())

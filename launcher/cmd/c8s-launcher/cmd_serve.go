@@ -18,7 +18,7 @@ import (
 )
 
 func init() {
-	register("serve", "accept incoming pod VM migrations on a unix socket (the destination side of `migrate`)", runServe)
+	register("serve", "the node's migration server on a unix socket: accepts incoming pod VMs (the destination side of `migrate`) and dials tls:// destinations for this node's shims with its identity (the source side)", runServe)
 }
 
 func runServe(ctx context.Context, args []string, stdout io.Writer) error {

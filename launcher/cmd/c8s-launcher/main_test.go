@@ -30,7 +30,7 @@ func TestArgsCommand(t *testing.T) {
 	if lines[0] != dir+"/qemu" {
 		t.Fatalf("argv[0] = %q", lines[0])
 	}
-	for _, want := range []string{"-accel\ntcg,tb-size=64\n", "c8s-pod7\n", "file:" + dir + "/state/pod7/console.log\n", "-kernel\n" + dir + "/vmlinuz\n"} {
+	for _, want := range []string{"-accel\ntcg,tb-size=128\n", "c8s-pod7\n", "file:" + dir + "/state/pod7/console.log\n", "-kernel\n" + dir + "/vmlinuz\n"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

@@ -336,14 +336,17 @@ func writeCache(path string, r Result) error {
 
 // TCGTBSizeMiB is the TCG translation buffer c8s gives each pod VM's QEMU,
 // in MiB. QEMU's default on x86 is 1 GiB of address space, and every page
-// of it that translated code fills stays resident: an idle busybox pod
-// fills 92-94 MiB of it. 64 MiB bounds that (and a busier guest's growth,
-// which the default lets reach 1 GiB per pod); when it fills, QEMU flushes
-// it and retranslates. Measured on a 2-core TCG host, QEMU CPU time from
-// spawn to a running container (median of 5): default 7680 ms, 64 MiB
-// 7300 ms, 48 MiB 7360 ms, 32 MiB 8050 ms; so 64 MiB costs no boot time
-// and 32 MiB would (issue 18).
-const TCGTBSizeMiB = 64
+// of it that translated code fills stays resident, so a busy guest's
+// buffer could grow to 1 GiB per pod; a cap bounds that. When the buffer
+// fills, QEMU flushes it and retranslates everything the guest runs next.
+// A sim pod VM generates about 72 MiB of code by the time its agent
+// serves (QEMU's `info jit`: 72.2-72.6 MiB, 0 flushes): 64 MiB flushed once
+// during every boot and generated ~13.6 MiB more code again (about 43k
+// translation blocks at 7-9 us each, ~0.3 s of the vCPU thread); 128 MiB
+// leaves room for the container's create and start. The price is up to 64
+// MiB more resident per pod for guests that run that much distinct code
+// (issue 18). SNP and TDX pods run under KVM and have no such buffer.
+const TCGTBSizeMiB = 128
 
 // Option is QEMU's -accel value for accel ("kvm" or "tcg"): TCG gets the
 // translation buffer size TCGTBSizeMiB.

@@ -15,6 +15,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// MaxSCSITarget and MaxSCSILUN are the largest target and LUN a
+// virtio-scsi controller addresses (its max_target and max_lun).
+const (
+	MaxSCSITarget = 255
+	MaxSCSILUN    = 16383
+)
+
 // FindSCSIDisk returns the /dev path of the disk at (target, lun) on the
 // guest's virtio-scsi controller (channel 0, any host number), waiting up to
 // timeout for a hotplugged disk and its device node to appear. sysfs and dev
@@ -26,6 +33,11 @@ import (
 // scan=manual the guest scans only the addresses it needs, not all 256
 // targets of the virtio-scsi controller.
 func FindSCSIDisk(ctx context.Context, sysfs, dev string, target, lun uint32, timeout time.Duration) (string, error) {
+	if target > MaxSCSITarget || lun > MaxSCSILUN {
+		// Checked before any scan request: the host names the address, and
+		// the kernel reads a target of 2^32-1 as "every target".
+		return "", fmt.Errorf("scsi address target %d lun %d is outside the virtio-scsi controller's (target 0-%d, lun 0-%d): the host's request names no disk it can have attached", target, lun, MaxSCSITarget, MaxSCSILUN)
+	}
 	// Listening first: a disk that comes between a look and the wait
 	// after it still wakes the wait.
 	ev := newDeviceEvents()

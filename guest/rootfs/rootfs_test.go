@@ -108,3 +108,26 @@ func TestMountAndUnmount(t *testing.T) {
 		t.Error("mount without fstype accepted")
 	}
 }
+
+// An address outside the virtio-scsi controller's range is refused before
+// any scan is asked for: the kernel would read target 2^32-1 as a wildcard
+// and scan every target.
+func TestFindSCSIDiskRefusesAddressesOutOfRange(t *testing.T) {
+	sysfs := t.TempDir()
+	scan := filepath.Join(sysfs, "class/scsi_host/host0/scan")
+	if err := os.MkdirAll(filepath.Dir(scan), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(scan, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range [][2]uint32{{MaxSCSITarget + 1, 0}, {0, MaxSCSILUN + 1}, {^uint32(0), 0}} {
+		_, err := FindSCSIDisk(context.Background(), sysfs, t.TempDir(), a[0], a[1], time.Second)
+		if err == nil || !strings.Contains(err.Error(), "outside the virtio-scsi controller's") {
+			t.Errorf("FindSCSIDisk(target %d, lun %d) = %v, want the address refused", a[0], a[1], err)
+		}
+		if b, _ := os.ReadFile(scan); len(b) != 0 {
+			t.Errorf("FindSCSIDisk(target %d, lun %d) asked for a scan: %q", a[0], a[1], b)
+		}
+	}
+}

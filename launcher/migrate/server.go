@@ -88,9 +88,16 @@ func (s *Server) Handler() http.Handler {
 }
 
 // Listen creates the API's unix socket (mode 0600) at path, replacing a
-// stale one.
+// stale one. Its directory is made 0700 first, so that no other user can
+// reach the socket in the moment between its creation and its chmod: the
+// socket lends the node's migration identity to its callers (the TLS
+// relay).
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, err
 	}
 	if c, err := net.Dial("unix", path); err == nil {

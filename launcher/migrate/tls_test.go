@@ -247,3 +247,28 @@ func TestRelayOnlyForLocalCallersAndOnlyTLS(t *testing.T) {
 		t.Fatalf("relay client for a bad address: %v", err)
 	}
 }
+
+// Listen leaves no moment in which another user can reach the socket that
+// lends the node's identity: its directory is made 0700, even one that
+// existed with a wider mode, and the socket is 0600.
+func TestListenKeepsTheSocketPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "node")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "migrate.sock")
+	l, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for path, want := range map[string]os.FileMode{dir: 0o700, sock: 0o600} {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := st.Mode().Perm(); got != want {
+			t.Errorf("%s has mode %o, want %o", path, got, want)
+		}
+	}
+}

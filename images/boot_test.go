@@ -100,7 +100,8 @@ func prepareBoot(tb testing.TB) (kernel, testInitrd string, modules []string) {
 	}
 	kernel, _ = m.Path(dir, manifest.RoleKernel)
 	// The unsealed initramfs has the whole root tree (a sealed image's
-	// initrd.img only has the first stage).
+	// initrd.img has the first stage and what runs from memory, not the
+	// root's other files).
 	role := manifest.RoleInitrd
 	if _, ok := m.Artifacts[manifest.RoleInitrdPlain]; ok {
 		role = manifest.RoleInitrdPlain

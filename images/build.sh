@@ -256,7 +256,7 @@ install -m 0755 "$RUNC" "$R/usr/bin/runc"
 # link are members of the measured initramfs (initrd.img), not of the
 # verified root. Read through dm-verity, every page of their first run was
 # hashed on the way in: 0.89 s of guest time from the agent's exec to its
-# main, 0.34 s for a first `crun --version`, against 0.04 s and 0.00 s from
+# main, 0.34 s for a first `crun --version`, against 0.04 s and 0.06 s from
 # memory (under -icount, issue 18). Each has one home: the root has
 # symlinks into RUNTIME_MOUNT, where the first stage mounts the initramfs's
 # runtime/ tree read-only (guest/stage1: Agent, RuntimeDir, RuntimeMount),

@@ -64,7 +64,8 @@ type Manifest struct {
 	// Verity describes the rootfs artefact's hash tree; nil for an unsealed
 	// image.
 	Verity *Verity `json:"verity,omitempty"`
-	// AgentSHA256 is the hex sha256 of the agent binary used as /init.
+	// AgentSHA256 is the hex sha256 of the agent binary (the measured
+	// initramfs's /c8s-agent).
 	AgentSHA256 string `json:"agent_sha256"`
 	// SourceDateEpoch is the timestamp of every file in the initramfs.
 	SourceDateEpoch int64 `json:"source_date_epoch"`

@@ -73,9 +73,6 @@ func BenchmarkAgentMemory(b *testing.B) {
 	// image rebuilt meanwhile changes neither run.
 	kernel := filepath.Join(dir, "vmlinuz")
 	base := filepath.Join(imgDir, "initrd-plain.img")
-	if _, err := os.Stat(base); err != nil {
-		base = filepath.Join(imgDir, "initrd.img")
-	}
 	benchSh(b, dir, fmt.Sprintf("cp %s %s && zstd -q -dc %s > base.cpio", filepath.Join(imgDir, "vmlinuz"), kernel, base))
 	benchSh(b, dir, `mkdir -p rootfs/bin rootfs/proc rootfs/dev rootfs/sys rootfs/etc rootfs/tmp rootfs/cache
 cp /bin/busybox rootfs/bin/busybox

@@ -247,14 +247,12 @@ func agentInitrd(t *testing.T, imgDir, dir string) string {
 		t.Fatalf("build agent: %v\n%s", err, out)
 	}
 	initrd := filepath.Join(dir, "initrd.img")
-	// The whole root tree as an initramfs: a sealed image's initrd.img only
-	// holds the first stage, its initrd-plain.img the agent's tree.
+	// The whole root tree as an initramfs: the image's initrd-plain.img
+	// (its initrd.img holds the first stage and what runs from memory, not
+	// the root's other files).
 	base := filepath.Join(imgDir, "initrd-plain.img")
-	if _, err := os.Stat(base); err != nil {
-		base = filepath.Join(imgDir, "initrd.img")
-	}
-	// The kernel ignores an archive appended to a zstd-compressed one, so
-	// decompress the image's first.
+	// Decompressed, so that the archive appended below follows an
+	// uncompressed one.
 	sh(t, stage, fmt.Sprintf("zstd -q -dc %s > %s", base, initrd))
 	agent, err := os.ReadFile(filepath.Join(stage, "init"))
 	if err != nil {

@@ -264,13 +264,16 @@ func moduleName(path string) string {
 	return strings.ReplaceAll(strings.TrimSuffix(filepath.Base(path), ".ko"), "-", "_")
 }
 
+// finitModuleFd is finit_module(2) (a variable for tests).
+var finitModuleFd = unix.FinitModule
+
 func loadModule(path string) error {
 	mod, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer mod.Close()
-	err = unix.FinitModule(int(mod.Fd()), ModuleParams[moduleName(path)], 0)
+	err = finitModuleFd(int(mod.Fd()), ModuleParams[moduleName(path)], 0)
 	if errors.Is(err, unix.EEXIST) {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package initsys
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -135,14 +136,34 @@ func TestLoadModulesRetriesEINTR(t *testing.T) {
 	}
 }
 
-// scsi_mod is loaded with scan=manual (the pod's disks are hot-plugged or
-// asked for by address), and a module name is the kernel's (dashes become
-// underscores).
-func TestModuleParams(t *testing.T) {
-	if got := ModuleParams[moduleName("/lib/modules/x/kernel/drivers/scsi/scsi_mod.ko")]; got != "scan=manual" {
-		t.Errorf("scsi_mod loads with %q, want scan=manual", got)
+// A module is loaded with its ModuleParams, by the kernel's name of the
+// module (dashes become underscores): scsi_mod with scan=manual, others
+// with none.
+func TestLoadModulePassesItsParameters(t *testing.T) {
+	old := finitModuleFd
+	defer func() { finitModuleFd = old }()
+	got := map[string]string{}
+	finitModuleFd = func(fd int, params string, flags int) error {
+		name, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+		if err != nil {
+			return err
+		}
+		got[filepath.Base(name)] = params
+		return nil
 	}
-	if got := moduleName("/lib/modules/x/kernel/drivers/md/dm-verity.ko"); got != "dm_verity" {
-		t.Errorf("moduleName(dm-verity.ko) = %q, want dm_verity", got)
+	dir := t.TempDir()
+	for _, name := range []string{"scsi_mod.ko", "dm-verity.ko"} {
+		if err := os.WriteFile(filepath.Join(dir, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := loadModule(filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got["scsi_mod.ko"] != "scan=manual" || got["dm-verity.ko"] != "" {
+		t.Errorf("modules loaded with %q, want scsi_mod.ko with scan=manual and dm-verity.ko with none", got)
+	}
+	if moduleName("/x/dm-verity.ko") != "dm_verity" {
+		t.Errorf("moduleName(dm-verity.ko) = %q, want dm_verity", moduleName("/x/dm-verity.ko"))
 	}
 }

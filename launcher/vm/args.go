@@ -48,8 +48,9 @@ const AgentVsockPort = 1024
 // BPF self-tests) and bpf_tcp_ca_kfunc_init (kfuncs for BPF TCP congestion
 // control programs). Measured under -icount with the pinned kernel
 // (images/build.sh): kernel start to /init 1.59 s -> 1.28 s of guest time;
-// a sealed sim pod's kernel start to the agent serving 3.21 s -> 2.80 s;
-// on SNP and TDX hardware as much of the kernel's own work (issue 18). The
+// a sealed sim pod's kernel start to the agent serving 3.21 s -> 2.80 s
+// (issue 18). On SNP and TDX hardware the same initcalls are skipped; what
+// that saves there was not measured (no such hardware here). The
 // names are the pinned kernel's: a kernel bump must check that each is
 // still reported as blacklisted, else it silently costs the time again.
 //

@@ -6,9 +6,6 @@ import (
 	"github.com/c8s-dev/c8s/launcher/node/deviceplugin/podres"
 )
 
-// PodResourcesSocket is where the kubelet serves its PodResources API.
-const PodResourcesSocket = podres.PodResourcesSocket
-
 // Holder is a container holding a device.
 type Holder = podres.Holder
 

@@ -342,7 +342,8 @@ func writeCache(path string, r Result) error {
 // A sim pod VM generates about 72 MiB of code by the time its agent
 // serves (QEMU's `info jit`: 72.2-72.6 MiB, 0 flushes): 64 MiB flushed once
 // during every boot and generated ~13.6 MiB more code again (about 43k
-// translation blocks at 7-9 us each, ~0.3 s of the vCPU thread); 128 MiB
+// translation blocks; at the 7-9 us each measured during migration, an
+// estimated ~0.3 s of the vCPU thread); 128 MiB
 // leaves room for the container's create and start. The price is up to 64
 // MiB more resident per pod for guests that run that much distinct code
 // (issue 18). SNP and TDX pods run under KVM and have no such buffer.

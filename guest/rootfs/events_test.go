@@ -189,6 +189,16 @@ func TestFindSCSIDiskAsksEachHostToScan(t *testing.T) {
 	}
 	scan1 := fakeHost(t, sys, "host1")
 	send()
+	// The disk comes once host1 was asked for it (the look after that
+	// event runs concurrently with this test).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if b, _ := os.ReadFile(scan1); string(b) != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("host1 was not asked to scan")
+		}
+	}
 	fakeSCSI(t, sys, dev, "1:0:7:2", "sdg")
 	send()
 	if err := <-done; err != nil {

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -79,6 +80,16 @@ func onlineCPUs(sys string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("list CPUs: %w", err)
 	}
+	// A CPU without a switch (the boot CPU) counts when the kernel lists
+	// it online; one the kernel is still adding has no switch yet either.
+	raw, err := os.ReadFile(filepath.Join(dir, "online"))
+	if err != nil {
+		return 0, fmt.Errorf("online CPUs: %w", err)
+	}
+	listed, err := spec.ParseList(string(raw))
+	if err != nil {
+		return 0, fmt.Errorf("online CPUs %q: %w", raw, err)
+	}
 	n := 0
 	for _, e := range entries {
 		if !isNumbered(e.Name(), "cpu") {
@@ -87,7 +98,9 @@ func onlineCPUs(sys string) (int, error) {
 		sw := filepath.Join(dir, e.Name(), "online")
 		data, err := os.ReadFile(sw)
 		if errors.Is(err, fs.ErrNotExist) {
-			n++ // the boot CPU has no switch: always online
+			if id, _ := strconv.Atoi(strings.TrimPrefix(e.Name(), "cpu")); slices.Contains(listed, id) {
+				n++
+			}
 			continue
 		}
 		if err != nil {
@@ -140,6 +153,9 @@ func onlineMemory(sys string) (uint64, error) {
 		}
 		sw := filepath.Join(dir, e.Name(), "state")
 		data, err := os.ReadFile(sw)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the kernel is still adding it: the next look counts it
+		}
 		if err != nil {
 			return 0, err
 		}

@@ -220,3 +220,32 @@ func TestOnlineCPUMemOnlinesWhatWasPlugged(t *testing.T) {
 		t.Errorf("the wait took %s, want about its 200ms timeout", d)
 	}
 }
+
+// TestOnlineCPUMemWaitsForWhatTheKernelIsStillAdding: a memory block or CPU
+// the kernel lists before its switch exists is being added, not an error and
+// not yet there; it counts once its switch appears.
+func TestOnlineCPUMemWaitsForWhatTheKernelIsStillAdding(t *testing.T) {
+	sys := fakeSys(t, []string{"", "1"}, []string{"online", "online", "online", "online"})
+	for _, d := range []string{"devices/system/memory/memory32", "devices/system/cpu/cpu2"} {
+		if err := os.MkdirAll(filepath.Join(sys, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc := &Service{cfg: Config{SysDir: sys}}
+	resp, err := svc.OnlineCPUMem(context.Background(), &agentapi.OnlineCPUMemRequest{Vcpus: 2, MemoryMib: 512, TimeoutMs: 1000})
+	if err != nil {
+		t.Fatalf("while a block and a CPU are half-added: %v", err)
+	}
+	if resp.Vcpus != 2 || resp.MemoryMib != 512 {
+		t.Errorf("half-added counted: %d vCPUs, %d MiB; want 2 and 512", resp.Vcpus, resp.MemoryMib)
+	}
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		_ = os.WriteFile(filepath.Join(sys, "devices/system/memory/memory32/state"), []byte("offline\n"), 0o644)
+		_ = os.WriteFile(filepath.Join(sys, "devices/system/cpu/cpu2/online"), []byte("0\n"), 0o644)
+	}()
+	resp, err = svc.OnlineCPUMem(context.Background(), &agentapi.OnlineCPUMemRequest{Vcpus: 3, MemoryMib: 640, TimeoutMs: 5000})
+	if err != nil || resp.Vcpus != 3 || resp.MemoryMib != 640 {
+		t.Fatalf("once added: %v, %v; want 3 vCPUs and 640 MiB", resp, err)
+	}
+}

@@ -19,6 +19,13 @@
 //   - sim: the simulated secure processor of the sim TEE, which the host
 //     serves on the virtio-serial port c8s.attest (guest/api/attest/v1).
 //
+// Before that, StartedAs settles which TEE the guest was started as: the
+// one c8s.tee names, once the hardware TEE the guest's kernel runs in
+// (Hardware: SEV-SNP, TDX or neither) agrees. A guest in SNP or TDX
+// hardware never runs as sim or as no TEE, one started as snp or tdx never
+// runs without that hardware: PID 1 powers the VM off with the reason on
+// its console (ErrHardwareMismatch).
+//
 // The guest only gathers evidence; verifying it is the host's business.
 package attest
 

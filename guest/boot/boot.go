@@ -5,6 +5,7 @@ package boot
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -96,7 +97,11 @@ func Main() {
 		}
 		log.L.WithField("guest_uptime", initsys.Uptime()).Debug("filesystems mounted")
 		tee, err := startedAs(cmdlinePath)
-		if err != nil {
+		if errors.Is(err, attest.ErrHardwareMismatch) {
+			// The hardware is not the TEE the measured command line
+			// names: the VM runs as neither.
+			fatal(err)
+		} else if err != nil {
 			// The evidence source fails closed on it; here it only
 			// means no host entropy.
 			log.L.WithError(err).Warn("read the TEE this VM was started as")
@@ -169,7 +174,9 @@ func Main() {
 	// A command line that cannot be read or names an unknown TEE leaves
 	// it unset: the evidence source then fails the same way, and the
 	// agent takes no container (requirePolicy fails closed).
-	if tee, err := startedAs(cmdlinePath); err != nil {
+	if tee, err := startedAs(cmdlinePath); errors.Is(err, attest.ErrHardwareMismatch) {
+		fatal(err)
+	} else if err != nil {
 		log.L.WithError(err).Error("the TEE this VM was started as is unknown")
 	} else {
 		cfg.TEE = tee
@@ -336,17 +343,21 @@ func freePageReporting(tee string, load func()) func() {
 	return load
 }
 
+// hardware is the hardware TEE the guest runs in, as its kernel shows it.
+var hardware attest.Hardware = attest.KernelHardware{Root: "/"}
+
 // startedAs returns the TEE the kernel command line in the file at path
 // names (teeparam.Key), or "" when it names none (a launcher that predates
-// the parameter). An unreadable command line or a bad value is an error,
-// not "none": the guest must not guess that it runs without a TEE.
+// the parameter), once the hardware agrees (attest.StartedAs; else
+// attest.ErrHardwareMismatch). An unreadable command line or a bad value is
+// an error, not "none": the guest must not guess that it runs without a
+// TEE.
 func startedAs(path string) (string, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("read the kernel command line for %s: %w", teeparam.Key, err)
 	}
-	tee, _, err := teeparam.FromCmdline(string(raw))
-	return tee, err
+	return attest.StartedAs(string(raw), hardware)
 }
 
 // kbsDial returns the dialer for the pod's key broker: streams over the

@@ -49,34 +49,7 @@ func needVM(t *testing.T) string {
 // killed at cleanup, and its console logged if the test failed.
 func bootVM(t *testing.T, imgDir, dir, params string, memMiB string, extra ...string) *testVM {
 	t.Helper()
-	initrd := agentInitrd(t, imgDir, dir)
-	vm := &testVM{dir: dir, sock: filepath.Join(dir, "agent.sock")}
-	consoleLog := filepath.Join(dir, "console.log")
-	args := []string{"-accel", "tcg", "-m", memMiB,
-		"-kernel", filepath.Join(imgDir, "vmlinuz"), "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 no_timer_check c8s.log_level=debug " + params, // no_timer_check: as launcher/vm.BaseKernelParams
-		"-nographic", "-no-reboot", "-nodefaults",
-		"-serial", "file:" + consoleLog,
-		"-device", "virtio-serial",
-		"-chardev", "socket,id=agent,path=" + vm.sock + ",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent,name=c8s.agent",
-	}
-	qemu := exec.Command("qemu-system-x86_64", append(args, extra...)...)
-	if err := qemu.Start(); err != nil {
-		t.Fatal(err)
-	}
-	qemuDone := make(chan error, 1)
-	vm.done = qemuDone
-	go func() { qemuDone <- qemu.Wait() }()
-	t.Cleanup(func() {
-		_ = qemu.Process.Kill()
-		<-qemuDone
-		if t.Failed() {
-			out, _ := os.ReadFile(consoleLog)
-			t.Logf("guest console:\n%s", out)
-		}
-	})
-
+	vm := startVM(t, imgDir, dir, params, memMiB, extra...)
 	booted := time.Now()
 	vm.agent, vm.io, vm.close = dialAgent(t, vm.sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -95,4 +68,40 @@ func bootVM(t *testing.T, imgDir, dir, params string, memMiB string, extra ...st
 		vm.close()
 		vm.agent, vm.io, vm.close = dialAgent(t, vm.sock)
 	}
+}
+
+// consoleLog is where startVM has QEMU write the guest's console.
+func consoleLog(dir string) string { return filepath.Join(dir, "console.log") }
+
+// startVM starts QEMU as bootVM does, without connecting to the agent.
+func startVM(t *testing.T, imgDir, dir, params string, memMiB string, extra ...string) *testVM {
+	t.Helper()
+	initrd := agentInitrd(t, imgDir, dir)
+	vm := &testVM{dir: dir, sock: filepath.Join(dir, "agent.sock")}
+	console := consoleLog(dir)
+	args := []string{"-accel", "tcg", "-m", memMiB,
+		"-kernel", filepath.Join(imgDir, "vmlinuz"), "-initrd", initrd,
+		"-append", "console=ttyS0 panic=-1 no_timer_check c8s.log_level=debug " + params, // no_timer_check: as launcher/vm.BaseKernelParams
+		"-nographic", "-no-reboot", "-nodefaults",
+		"-serial", "file:" + console,
+		"-device", "virtio-serial",
+		"-chardev", "socket,id=agent,path=" + vm.sock + ",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name=c8s.agent",
+	}
+	qemu := exec.Command("qemu-system-x86_64", append(args, extra...)...)
+	if err := qemu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	qemuDone := make(chan error, 1)
+	vm.done = qemuDone
+	go func() { qemuDone <- qemu.Wait() }()
+	t.Cleanup(func() {
+		_ = qemu.Process.Kill()
+		<-qemuDone
+		if t.Failed() {
+			out, _ := os.ReadFile(console)
+			t.Logf("guest console:\n%s", out)
+		}
+	})
+	return vm
 }

@@ -5,21 +5,48 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/c8s-dev/c8s/guest/attest"
 )
 
-// The guest takes the TEE it was started as from its kernel command line;
-// a line it cannot read or a bad value is an error, never "no TEE".
+// fakeHardware is an attest.Hardware in the hardware TEE tee ("" for none).
+type fakeHardware string
+
+func (f fakeHardware) TEE() (string, string, error) {
+	return string(f), "the fake's " + string(f), nil
+}
+
+// setHardware makes startedAs see hw until the test ends.
+func setHardware(t *testing.T, hw attest.Hardware) {
+	t.Helper()
+	saved := hardware
+	hardware = hw
+	t.Cleanup(func() { hardware = saved })
+}
+
+// The guest takes the TEE it was started as from its kernel command line,
+// once its hardware agrees; a line it cannot read or a bad value is an
+// error, never "no TEE".
 func TestStartedAs(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
-		cmdline, want, err string
+		cmdline string
+		hw      fakeHardware
+		want    string
+		err     string
 	}{
-		{"console=ttyS0 quiet panic=-1 no_timer_check c8s.tee=snp\n", "snp", ""},
-		{"console=ttyS0 c8s.tee=tdx c8s.log_level=debug\n", "tdx", ""},
-		{"console=ttyS0 panic=-1\n", "", ""},
-		{"console=ttyS0 c8s.tee=none\n", "", `unknown TEE "none"`},
-		{"c8s.tee=snp c8s.tee=sim\n", "", "more than once"},
+		{"console=ttyS0 quiet panic=-1 no_timer_check c8s.tee=snp\n", "snp", "snp", ""},
+		{"console=ttyS0 c8s.tee=tdx c8s.log_level=debug\n", "tdx", "tdx", ""},
+		{"console=ttyS0 c8s.tee=sim\n", "", "sim", ""},
+		{"console=ttyS0 panic=-1\n", "", "", ""},
+		{"console=ttyS0 c8s.tee=none\n", "", "", `unknown TEE "none"`},
+		{"c8s.tee=snp c8s.tee=sim\n", "snp", "", "more than once"},
+		// The host's attack: an SNP or TDX VM started as sim.
+		{"console=ttyS0 c8s.tee=sim\n", "snp", "", "started as sim"},
+		{"console=ttyS0 c8s.tee=sim\n", "tdx", "", "started as sim"},
+		{"console=ttyS0 c8s.tee=snp\n", "", "", "does not run in AMD SEV-SNP"},
 	} {
+		setHardware(t, tc.hw)
 		path := filepath.Join(dir, "cmdline")
 		if err := os.WriteFile(path, []byte(tc.cmdline), 0o644); err != nil {
 			t.Fatal(err)
@@ -27,16 +54,23 @@ func TestStartedAs(t *testing.T) {
 		got, err := startedAs(path)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("startedAs(%q) = %q, %v; want an error with %q", tc.cmdline, got, err, tc.err)
+				t.Errorf("startedAs(%q) in %q hardware = %q, %v; want an error with %q", tc.cmdline, tc.hw, got, err, tc.err)
 			}
 			continue
 		}
 		if err != nil || got != tc.want {
-			t.Errorf("startedAs(%q) = %q, %v; want %q", tc.cmdline, got, err, tc.want)
+			t.Errorf("startedAs(%q) in %q hardware = %q, %v; want %q", tc.cmdline, tc.hw, got, err, tc.want)
 		}
 	}
 	if _, err := startedAs(filepath.Join(dir, "missing")); err == nil {
 		t.Error("an unreadable command line passed as naming no TEE")
+	}
+}
+
+// The guest's own hardware is the kernel's view of it below "/".
+func TestHardwareIsTheKernels(t *testing.T) {
+	if hardware != (attest.KernelHardware{Root: "/"}) {
+		t.Fatalf("startedAs checks %#v, want the kernel's view below /", hardware)
 	}
 }
 

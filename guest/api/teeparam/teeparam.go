@@ -10,7 +10,10 @@
 // build records each TEE's digests over its own command line. The guest
 // reads it to pick its attestation provider (guest/attest.Detect): a VM
 // started as snp or tdx never takes evidence from the host-served sim
-// port, and a missing TEE device fails closed. The host cannot change the
+// port, and a missing TEE device fails closed. It also checks it against
+// the hardware its kernel runs in (guest/attest.StartedAs): an SNP or TDX
+// VM started as sim, or a VM started as snp or tdx without that hardware,
+// powers itself off. The host cannot change the
 // parameter without changing the measurement the relying party checks.
 package teeparam
 

@@ -117,6 +117,10 @@ type Plugin struct {
 	registered  os.FileInfo // the kubelet socket registered with
 	registers   int
 
+	// stat is os.Stat; tests interpose on it to order the plugin's looks
+	// at the directory against a kubelet restart.
+	stat func(string) (os.FileInfo, error)
+
 	pluginapi.UnimplementedDevicePluginServer
 }
 
@@ -150,6 +154,7 @@ func New(opts Options) (*Plugin, error) {
 		devices:     append([]Device(nil), opts.Devices...),
 		changed:     make(chan struct{}),
 		allocations: map[string]time.Time{},
+		stat:        os.Stat,
 	}, nil
 }
 
@@ -237,45 +242,73 @@ const retryMin = 50 * time.Millisecond
 // check restarts the server if its socket is gone and registers when the
 // kubelet socket is one the plugin has not registered with yet. It returns
 // false when something failed and should be retried.
+//
+// A starting kubelet removes the plugin sockets before it creates its own
+// (the device manager empties the directory, then listens), so check looks
+// at the kubelet's socket first: a new kubelet seen there means the
+// removal of the plugin's socket has happened and the second look sees it.
+// Looking the other way round, a restart between the two looks would
+// register a socket the new kubelet has just deleted, and the kubelet's
+// dial of it fails (after its timeout) before the plugin tries again.
 func (p *Plugin) check(ctx context.Context) bool {
-	if _, err := os.Stat(p.SocketPath()); err != nil {
+	kubeletPath := filepath.Join(p.opts.Dir, KubeletSocketName)
+	kubelet, kubeletErr := p.stat(kubeletPath)
+	if _, err := p.stat(p.SocketPath()); err != nil {
 		log.G(ctx).Infof("deviceplugin %s: socket %s is gone (kubelet restart?); serving a new one", p.opts.ResourceName, p.SocketPath())
 		p.stopServer()
 		if err := p.startServer(); err != nil {
 			log.G(ctx).WithError(err).Error("deviceplugin: cannot serve")
 			return false
 		}
-		p.mu.Lock()
-		p.registered = nil
-		p.mu.Unlock()
+		p.setRegistered(nil)
 	}
-	kubelet, err := os.Stat(filepath.Join(p.opts.Dir, KubeletSocketName))
-	if err != nil {
+	if kubeletErr != nil {
 		// No kubelet (yet, or it is restarting): its socket's creation
 		// wakes Run up, and whatever socket comes next is a new kubelet.
-		p.mu.Lock()
-		p.registered = nil
-		p.mu.Unlock()
+		p.setRegistered(nil)
 		return true
 	}
 	p.mu.Lock()
-	// Inode numbers are reused, so a re-created socket is recognised by
-	// its modification time too.
-	done := p.registered != nil && os.SameFile(p.registered, kubelet) && p.registered.ModTime().Equal(kubelet.ModTime())
+	done := sameSocket(p.registered, kubelet)
 	p.mu.Unlock()
 	if done {
 		return true
 	}
 	if err := p.register(ctx); err != nil {
+		// Not registered, even if the kubelet got the request: one that
+		// went away before answering is a restart, and the next kubelet
+		// is registered with afresh.
 		log.G(ctx).WithError(err).Warnf("deviceplugin %s: registration with the kubelet failed; retrying", p.opts.ResourceName)
 		return false
 	}
+	// The kubelet that answered is the one whose socket is there now (a
+	// socket replaced since the first look belongs to a kubelet that was
+	// dialled instead, and remembering the old one would register twice).
+	// Should yet another restart come in between, it removed the plugin's
+	// socket too, and the next check registers again.
+	now, err := p.stat(kubeletPath)
+	if err != nil {
+		now = nil
+	}
 	p.mu.Lock()
-	p.registered = kubelet
+	p.registered = now
 	p.registers++
 	p.mu.Unlock()
 	log.G(ctx).Infof("deviceplugin: registered %s (%s) with the kubelet", p.opts.ResourceName, p.opts.Socket)
 	return true
+}
+
+func (p *Plugin) setRegistered(fi os.FileInfo) {
+	p.mu.Lock()
+	p.registered = fi
+	p.mu.Unlock()
+}
+
+// sameSocket reports whether a and b are the same socket file. Inode
+// numbers are reused, so a re-created socket is told apart by its
+// modification time too.
+func sameSocket(a, b os.FileInfo) bool {
+	return a != nil && b != nil && os.SameFile(a, b) && a.ModTime().Equal(b.ModTime())
 }
 
 func (p *Plugin) startServer() error {

@@ -2,11 +2,13 @@ package deviceplugin
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,46 +24,107 @@ import (
 const wait = 30 * time.Second
 
 // fakeKubelet serves the kubelet's Registration service on kubelet.sock.
+// Like the kubelet, it answers a registration only once it has reached the
+// plugin at the endpoint named.
 type fakeKubelet struct {
 	pluginapi.UnimplementedRegistrationServer
-	reqs chan *pluginapi.RegisterRequest
+	reqs chan registration
 	srv  *grpc.Server
 	path string
+	// hang makes Register keep every request unanswered until the
+	// kubelet stops: a kubelet that goes away mid-registration.
+	hang bool
+}
+
+// registration is a request the fake kubelet received and what came of
+// reaching the plugin's endpoint.
+type registration struct {
+	*pluginapi.RegisterRequest
+	dialErr error
 }
 
 func startKubelet(t *testing.T, dir string) *fakeKubelet {
 	t.Helper()
-	k := &fakeKubelet{reqs: make(chan *pluginapi.RegisterRequest, 8), srv: grpc.NewServer(), path: filepath.Join(dir, KubeletSocketName)}
-	l, err := net.Listen("unix", k.path)
+	k, err := listenKubelet(dir, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pluginapi.RegisterRegistrationServer(k.srv, k)
-	go func() { _ = k.srv.Serve(l) }()
 	t.Cleanup(k.srv.Stop)
 	return k
 }
 
-func (k *fakeKubelet) Register(_ context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
-	k.reqs <- r
+// listenKubelet starts a fake kubelet; it is safe off the test goroutine.
+func listenKubelet(dir string, hang bool) (*fakeKubelet, error) {
+	k := &fakeKubelet{reqs: make(chan registration, 8), srv: grpc.NewServer(), path: filepath.Join(dir, KubeletSocketName), hang: hang}
+	l, err := net.Listen("unix", k.path)
+	if err != nil {
+		return nil, err
+	}
+	// Its socket goes in stop, before the server stops: unlinked on close,
+	// it could be the next kubelet's.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	pluginapi.RegisterRegistrationServer(k.srv, k)
+	go func() { _ = k.srv.Serve(l) }()
+	return k, nil
+}
+
+func (k *fakeKubelet) Register(ctx context.Context, r *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
+	err := k.reach(ctx, r.Endpoint)
+	k.reqs <- registration{r, err}
+	if k.hang {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "cannot reach the plugin at %s: %v", r.Endpoint, err)
+	}
 	return &pluginapi.Empty{}, nil
 }
 
+// reach asks the plugin at endpoint for its options, as the kubelet dials
+// a plugin that registers.
+func (k *fakeKubelet) reach(ctx context.Context, endpoint string) error {
+	conn, err := grpc.NewClient("unix://"+filepath.Join(filepath.Dir(k.path), endpoint), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	_, err = pluginapi.NewDevicePluginClient(conn).GetDevicePluginOptions(ctx, &pluginapi.Empty{})
+	return err
+}
+
+// await returns the next registration; the plugin must be serving the
+// endpoint it registered.
 func (k *fakeKubelet) await(t *testing.T) *pluginapi.RegisterRequest {
 	t.Helper()
 	select {
 	case r := <-k.reqs:
-		return r
+		if r.dialErr != nil {
+			t.Fatalf("the plugin registered endpoint %s, which the kubelet cannot reach: %v", r.Endpoint, r.dialErr)
+		}
+		return r.RegisterRequest
 	case <-time.After(wait):
 		t.Fatalf("the plugin did not register with the kubelet at %s within %v", k.path, wait)
 		return nil
 	}
 }
 
-// stop is the kubelet going away: its server stops and its socket goes.
+// none fails if the kubelet received a registration not yet awaited.
+func (k *fakeKubelet) none(t *testing.T) {
+	t.Helper()
+	select {
+	case r := <-k.reqs:
+		t.Fatalf("an extra registration: %+v (endpoint reached: %v)", r.RegisterRequest, r.dialErr)
+	default:
+	}
+}
+
+// stop is the kubelet going away: its socket goes and its server stops.
 func (k *fakeKubelet) stop() {
-	k.srv.Stop()
 	_ = os.Remove(k.path)
+	k.srv.Stop()
 }
 
 // shortDir is a temp dir short enough for unix socket paths.
@@ -75,12 +138,9 @@ func shortDir(t *testing.T) string {
 	return dir
 }
 
-func runPlugin(t *testing.T, opts Options) *Plugin {
+// startPlugin runs p until the test ends.
+func startPlugin(t *testing.T, p *Plugin) {
 	t.Helper()
-	p, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
@@ -90,7 +150,67 @@ func runPlugin(t *testing.T, opts Options) *Plugin {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return p
+}
+
+// looks records which paths the plugin stats, in order; before, when set,
+// runs first (on the plugin's goroutine) and may change the directory.
+type looks struct {
+	mu     sync.Mutex
+	paths  chan string
+	before func(path string)
+}
+
+// watchLooks makes p report its looks at the directory.
+func watchLooks(p *Plugin) *looks {
+	l := &looks{paths: make(chan string, 1024)}
+	p.stat = func(path string) (os.FileInfo, error) {
+		fi, err := os.Stat(path)
+		l.mu.Lock()
+		before := l.before
+		l.mu.Unlock()
+		if before != nil {
+			before(path)
+		}
+		l.paths <- path
+		return fi, err
+	}
+	return l
+}
+
+// settle returns once the plugin has run a whole check that began after
+// settle was called: it makes directory events and waits until two checks
+// began (a check looks at the kubelet's socket first; checks run one at a
+// time, so the first of the two has ended when the second begins).
+func (l *looks) settle(t *testing.T, dir string) {
+	t.Helper()
+	for len(l.paths) > 0 {
+		<-l.paths
+	}
+	kubelet := filepath.Join(dir, KubeletSocketName)
+	for i := range 2 {
+		name := filepath.Join(dir, fmt.Sprintf("event-%d", i))
+		if err := os.WriteFile(name, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(name)
+		for began := false; !began; {
+			select {
+			case path := <-l.paths:
+				began = path == kubelet
+			case <-time.After(wait):
+				t.Fatalf("the plugin did not look at the directory within %v of an event", wait)
+			}
+		}
+	}
+}
+
+func awaitRegistrations(t *testing.T, p *Plugin, want int) {
+	t.Helper()
+	for deadline := time.Now().Add(wait); p.Registrations() != want; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("registrations = %d, want %d", p.Registrations(), want)
+		}
+	}
 }
 
 func dialPlugin(t *testing.T, dir, endpoint string) pluginapi.DevicePluginClient {
@@ -120,9 +240,17 @@ func TestPluginRegistersServesAndReregisters(t *testing.T) {
 	dir := shortDir(t)
 	const res = "c8s.io/sim-slot"
 	// The plugin starts before the kubelet, as after a node reboot.
-	p := runPlugin(t, Options{ResourceName: res, Dir: dir, Devices: Devices(res, 3)})
+	p, err := New(Options{ResourceName: res, Dir: dir, Devices: Devices(res, 3)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	looks := watchLooks(p)
+	startPlugin(t, p)
 	k := startKubelet(t, dir)
 	req := k.await(t)
+	// The kubelet has the request before the plugin has the reply; a
+	// kubelet stopped in between would not have answered it.
+	awaitRegistrations(t, p, 1)
 	if req.ResourceName != res || req.Version != pluginapi.Version || req.Endpoint != "c8s-sim-slot.sock" {
 		t.Fatalf("registration = %+v", req)
 	}
@@ -183,6 +311,11 @@ func TestPluginRegistersServesAndReregisters(t *testing.T) {
 		t.Fatalf("allocating nothing: %v", err)
 	}
 
+	// Once registered, the plugin stays so: directory events do not make
+	// it register again.
+	looks.settle(t, dir)
+	k.none(t)
+
 	// The kubelet restarts: it goes away, deletes the plugin sockets and
 	// comes back with a new kubelet.sock.
 	k.stop()
@@ -194,12 +327,12 @@ func TestPluginRegistersServesAndReregisters(t *testing.T) {
 	if req2.ResourceName != res || req2.Endpoint != req.Endpoint {
 		t.Fatalf("re-registration = %+v", req2)
 	}
-	// The kubelet has the request before the plugin has the reply.
-	for deadline := time.Now().Add(wait); p.Registrations() != 2; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("registrations = %d, want 2", p.Registrations())
-		}
+	awaitRegistrations(t, p, 2)
+	looks.settle(t, dir)
+	if n := p.Registrations(); n != 2 {
+		t.Fatalf("registrations = %d after the restart settled, want 2", n)
 	}
+	k2.none(t)
 	// The old stream ended with the old server; a new one works.
 	if _, err := stream.Recv(); err == nil {
 		t.Fatal("the stream from before the restart still delivers")

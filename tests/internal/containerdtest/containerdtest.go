@@ -19,6 +19,11 @@
 //	})
 //	d.Ctr(t, "run", "--rm", "--runtime", "io.containerd.c8s.v2", image, "id", "echo", "hi")
 //
+// A test that checks what a container printed reads it from a file
+// (ctr run --log-uri file:///path): ctr's own stdout can miss the last
+// lines, as its client closes the output FIFOs on the task's exit before
+// it has read them to the end.
+//
 // Without the binaries (or without root) a test is skipped with the reason,
 // unless C8S_E2E_REQUIRED=1, in which case it fails.
 package containerdtest

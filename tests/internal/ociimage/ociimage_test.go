@@ -202,11 +202,11 @@ func TestImportAndRunWithContainerd(t *testing.T) {
 		if out := d.Ctr(t, "images", "ls", "--quiet"); !strings.Contains(out, DefaultName) {
 			t.Fatalf("image %s not listed after import: %s", DefaultName, out)
 		}
-		out := d.Ctr(t, "run", "--rm", DefaultName, "t1", "echo", "hi")
+		out := runOutput(t, d, "t1", "echo", "hi")
 		if out != "hi\n" {
 			t.Errorf("ctr run echo hi printed %q", out)
 		}
-		out = d.Ctr(t, "run", "--rm", DefaultName, "t2", "sh", "-c", "id -u; ls /bin/sh; hostname >/dev/null && echo ok")
+		out = runOutput(t, d, "t2", "sh", "-c", "id -u; ls /bin/sh; hostname >/dev/null && echo ok")
 		if got := strings.Fields(out); len(got) != 3 || got[0] != "0" || got[1] != "/bin/sh" || got[2] != "ok" {
 			t.Errorf("applets in the container printed %q", out)
 		}
@@ -229,6 +229,29 @@ func TestImportAndRunWithContainerd(t *testing.T) {
 	if pid := processMentioning(t, dir); pid != 0 {
 		t.Errorf("process %d started by the test daemon is still running", pid)
 	}
+}
+
+// runOutput runs a container of the image to its end with `ctr run --rm`
+// and returns what it printed (stdout and stderr).
+//
+// The output goes to a file the shim writes: ctr's own stdout can lose the
+// last lines. ctr deletes the task once the exit event arrives, and the
+// containerd client's Delete cancels the task's IO, which closes ctr's
+// ends of the stdout and stderr FIFOs before waiting for their copies, so
+// output still in a FIFO when the exit arrives is dropped (CI saw "ok" go
+// missing). With a log file, the shim's Delete drains the container's
+// pipes into the file before it returns, and ctr returns after that.
+func runOutput(t *testing.T, d *containerdtest.Daemon, id string, args ...string) string {
+	t.Helper()
+	log := filepath.Join(t.TempDir(), id+".log")
+	if out := d.Ctr(t, append([]string{"run", "--rm", "--log-uri", "file://" + log, DefaultName, id}, args...)...); out != "" {
+		t.Errorf("ctr run %s printed %q on its own stdout, want it all in the log", id, out)
+	}
+	out, err := os.ReadFile(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
 }
 
 // processMentioning returns a live (non-zombie) process whose command line

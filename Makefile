@@ -11,7 +11,7 @@ PREFIX       ?= /usr/local
 GOFLAGS_BUILD := -trimpath -buildvcs=false
 
 HOST_CMDS  := ./shim/cmd/containerd-shim-c8s-v2 ./launcher/cmd/c8s-launcher ./launcher/cmd/c8s-verify ./measurements/cmd/c8s-measure
-GUEST_CMDS := ./guest/cmd/c8s-agent ./guest/cmd/c8s-init
+GUEST_CMDS := ./guest/cmd/c8s-agent
 
 export PATH := $(TOOLS_BIN):$(PATH)
 # When this make started, so that `make demo` can print the time it took in all.

@@ -159,7 +159,7 @@ echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 # own (display only, from its console).
 echo "== pod start trace: median per phase over the $RUNS timed pods (ms; shim/task/trace.go)"
 trace_lines() { grep -F "msg=\"pod start trace\"" "$log" | grep -E "container=bench-[0-9]+( |$)"; }
-phases="shim_to_create config rootfs wire vm_start vm_prepare qemu_spawn host_side agent_ready outside_guest_clock guest_kernel_to_stage1 guest_stage1_to_agent guest_stage1_work guest_agent_exec_to_main guest_agent_to_serving guest_uptime_serving attest attach create create_to_start start run exit_to_delete teardown total"
+phases="shim_to_create config rootfs wire vm_start vm_prepare qemu_spawn host_side agent_ready outside_guest_clock guest_kernel_to_agent guest_stage1_work guest_agent_to_serving guest_uptime_serving attest attach create create_to_start start run exit_to_delete teardown total"
 if [[ -z $(trace_lines) ]]; then
 	echo "no trace lines in $log (is the shim logging at debug level?)"
 else
@@ -169,7 +169,9 @@ else
 		printf '  %-26s %6s   (runs: %s)\n' "$p" "$(median <<<"$vals")" "$(tr '\n' ' ' <<<"$vals")"
 	done
 	echo "  (vm_start = vm_prepare + qemu_spawn + host_side + the wait for the agent; agent_ready counts from QEMU's spawn;"
-	echo "   outside_guest_clock = agent_ready - guest_uptime_serving: firmware, kernel load and decompression, the first answer's round trip)"
+	echo "   outside_guest_clock = agent_ready - guest_uptime_serving: firmware, kernel load and decompression, the first answer's round trip;"
+	echo "   guest_kernel_to_agent ends at the agent's main (/init, Go runtime started); guest_stage1_work is the first stage in the agent's"
+	echo "   process, dm-verity root to switch (guest/stage1); guest_agent_to_serving counts from its end)"
 fi
 
 # ---------------------------------------------------------------------------

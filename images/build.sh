@@ -9,12 +9,13 @@
 #                     tree below), the kernel modules the agent loads
 #                     (/etc/c8s/modules), /etc/c8s/image.json; followed by its
 #                     dm-verity hash tree (veritysetup, fixed salt and UUIDs)
-#   initrd.img        the first stage: c8s-init and the modules it needs to map
-#                     rootfs.img through dm-verity and switch into it (zstd cpio),
-#                     followed by an uncompressed cpio of what runs from memory:
-#                     the agent, which c8s-init executes in the verified root, and
-#                     the runtime tree (crun and those libraries), which it mounts
-#                     read-only at RUNTIME_MOUNT there
+#   initrd.img        the modules the first stage needs to map rootfs.img through
+#                     dm-verity and switch into it (zstd cpio), followed by an
+#                     uncompressed cpio of what runs from memory: the agent as
+#                     /init, which runs the first stage in its own process
+#                     (guest/stage1) and goes on as the agent in the verified
+#                     root, and the runtime tree (crun and those libraries),
+#                     which the first stage mounts read-only at RUNTIME_MOUNT there
 #   initrd-plain.img  the unsealed initramfs of the same root tree (development,
 #                     and the baseline `make bench` compares sealed boots with)
 #   c8s.efi           a UKI: Debian's systemd-stub with kernel, initrd.img, the
@@ -30,8 +31,8 @@
 # Environment:
 #   SOURCE_DATE_EPOCH  timestamp for every file in the initramfs (default 0,
 #                      so that equal inputs give equal images whatever the commit)
-#   C8S_AGENT          the agent binary (default bin/c8s-agent)
-#   C8S_INIT           first-stage init (default bin/c8s-init)
+#   C8S_AGENT          the agent binary, /init of both initramfs (default
+#                      bin/c8s-agent)
 #   C8S_LAUNCHER       c8s-launcher, which says the kernel parameters every pod
 #                      VM boots with, and each TEE's own (default bin/c8s-launcher)
 #   SNP_FIRMWARE       an AmdSevX64 OVMF (with SNP_KERNEL_HASHES) whose SNP launch
@@ -75,7 +76,7 @@ MODULES=(
 	# free page reporting to the host, loaded in sim VMs only (guest/boot)
 	virtio_balloon
 )
-# Modules the first stage loads to reach the verified root.
+# Modules the first stage (guest/stage1) loads to reach the verified root.
 STAGE1_MODULES=(virtio_blk dm-verity erofs)
 
 # Fixed, documented inputs of the hash tree and file system, so that equal
@@ -105,7 +106,6 @@ die() {
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTDIR=$1
 AGENT=${C8S_AGENT:-$ROOT/bin/c8s-agent}
-STAGE1=${C8S_INIT:-$ROOT/bin/c8s-init}
 LAUNCHER=${C8S_LAUNCHER:-$ROOT/bin/c8s-launcher}
 CACHE=${C8S_CACHE:-$ROOT/_output/cache}
 SNP_FIXTURE=$ROOT/testdata/snp/ovmf_AmdSev_suffix.bin
@@ -122,12 +122,10 @@ for tool in go apt-get dpkg-deb depmod zstd xz ldd sha256sum readelf mkfs.erofs 
 	command -v "$tool" >/dev/null || die "$tool not found; run 'make deps' (hack/install-deps.sh)"
 done
 [[ -f "$UKI_STUB" ]] || die "$UKI_STUB not found; run 'make deps' (package systemd-boot-efi)"
-for bin in "$AGENT" "$STAGE1"; do
-	[[ -f "$bin" ]] || die "$bin not found; run 'make build' first"
-	if readelf -l "$bin" 2>/dev/null | grep -q 'Requesting program interpreter'; then
-		die "$bin is dynamically linked; it runs as init and must be static (CGO_ENABLED=0)"
-	fi
-done
+[[ -f "$AGENT" ]] || die "$AGENT not found; run 'make build' first"
+if readelf -l "$AGENT" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+	die "$AGENT is dynamically linked; it runs as init and must be static (CGO_ENABLED=0)"
+fi
 # The launcher's built-in parameters (launcher/vm.BaseKernelParams), from
 # the launcher itself; the verity parameters of the root are appended
 # (guest/api/verity).
@@ -259,12 +257,12 @@ install -m 0755 "$RUNC" "$R/usr/bin/runc"
 # main, 0.34 s for a first `crun --version`, against 0.04 s and 0.06 s from
 # memory (under -icount, issue 18). Each has one home: the root has
 # symlinks into RUNTIME_MOUNT, where the first stage mounts the initramfs's
-# runtime/ tree read-only (guest/stage1: Agent, RuntimeDir, RuntimeMount),
-# and nothing at those names otherwise.
+# runtime/ tree read-only (guest/stage1: Init, RuntimeDir, RuntimeMount),
+# and nothing at those names otherwise; the agent is the initramfs's /init.
 RUNTIME_MOUNT=/usr/lib/c8s/runtime
 M="$WORK/ram"
 mkdir -p "$M/runtime/usr/bin" "$R$RUNTIME_MOUNT"
-install -m 0755 "$AGENT" "$M/c8s-agent"
+install -m 0755 "$AGENT" "$M/init"
 install -m 0755 "$CRUN" "$M/runtime/usr/bin/crun"
 ln -s "$RUNTIME_MOUNT/usr/bin/crun" "$R/usr/bin/crun"
 while read -r lib; do
@@ -375,19 +373,23 @@ VERITY_PARAMS="c8s.root=/dev/vda c8s.rootfstype=erofs c8s.verity.roothash=$ROOT_
 CMDLINE="$BASE_CMDLINE $VERITY_PARAMS"
 SNP_CMDLINE="$CMDLINE ${TEE_PARAMS[snp]}"
 
-# --- initrd.img: the first stage ----------------------------------------------
+# --- initrd.img: the first stage's modules, then what runs from memory -------
+# The first archive holds no program: only the modules the first stage
+# loads (and their list), its mount points and /dev/console. The agent,
+# /init, runs the first stage in its own process (guest/stage1): one Go
+# runtime to start under emulation rather than a first-stage program's and
+# then the agent's (issue 18).
 S="$WORK/stage1"
 mkdir -p "$S"/{proc,sys,dev,newroot}
-install -m 0755 "$STAGE1" "$S/init"
 install_modules "$S" "${STAGE1_MODULES[@]}"
 cpio "$WORK/initrd.stage1" "$S"
 # What runs from memory (the agent, the runtime tree) follows as a second,
-# uncompressed archive: the kernel unpacks concatenated archives in order,
-# and an uncompressed one costs no decompression under emulation (kernel
-# to the agent serving, under -icount: 1.85 s uncompressed, 1.92 s as
-# lz4 -l, 2.19 s as zstd -3; lz4 would save about 11 MB of initrd, which
-# QEMU and the guest each hold a copy of). It is covered by the launch
-# measurement of initrd.img, as the first stage is.
+# uncompressed archive: the kernel unpacks concatenated archives in order
+# before it runs /init, and an uncompressed one costs no decompression
+# under emulation (kernel to the agent serving, under -icount: 1.85 s
+# uncompressed, 1.92 s as lz4 -l, 2.19 s as zstd -3; lz4 would save about
+# 11 MB of initrd, which QEMU and the guest each hold a copy of). The
+# launch measurement of initrd.img covers both archives.
 # The kernel wants each archive header 4-byte aligned: pad the zstd frame
 # with zeros, which the kernel skips between archives.
 "$WORK/bin/mkinitramfs" -root "$M" -o "$WORK/initrd.ram" -mtime "$SOURCE_DATE_EPOCH"

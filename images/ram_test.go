@@ -17,10 +17,11 @@ import (
 	"github.com/c8s-dev/c8s/measurements/snp"
 )
 
-// ramArchive splits a sealed initrd.img into its zstd first stage and the
-// uncompressed archive of what runs from memory that follows it, 4-byte
-// aligned (images/build.sh). It returns the offset of the second archive and
-// its entries.
+// ramArchive splits a sealed initrd.img into its zstd archive of the first
+// stage's modules and the uncompressed archive of what runs from memory
+// (the agent as /init, the runtime tree) that follows it, 4-byte aligned
+// (images/build.sh). It returns the offset of the second archive and its
+// entries.
 func ramArchive(t *testing.T, initrd []byte) (int, []newc.Entry) {
 	t.Helper()
 	if !bytes.HasPrefix(initrd, []byte{0x28, 0xb5, 0x2f, 0xfd}) {
@@ -35,13 +36,55 @@ func ramArchive(t *testing.T, initrd []byte) (int, []newc.Entry) {
 			continue
 		}
 		for _, e := range entries {
-			if e.Name == strings.TrimPrefix(stage1.Agent, "/") {
+			if e.Name == strings.TrimPrefix(stage1.Init, "/") {
 				return off, entries
 			}
 		}
 	}
-	t.Fatalf("initrd.img has no uncompressed archive with %s after its first stage", stage1.Agent)
+	t.Fatalf("initrd.img has no uncompressed archive with %s after its first archive", stage1.Init)
 	return 0, nil
+}
+
+// isProgram reports whether e is a regular file the kernel could execute:
+// executable by someone, or an ELF executable or shared object whatever its
+// mode (the modules are ELF too, but relocatable).
+func isProgram(e newc.Entry) bool {
+	const typeBits = 0o170000
+	if e.Mode&typeBits != newc.ModeRegular {
+		return false
+	}
+	const etExec, etDyn = 2, 3
+	elf := len(e.Body) >= 18 && bytes.HasPrefix(e.Body, []byte("\x7fELF")) && e.Body[5] == 1 // little-endian
+	return e.Mode&0o111 != 0 || elf && (e.Body[16] == etExec || e.Body[16] == etDyn)
+}
+
+// firstArchive decompresses the zstd archive at the start of a sealed
+// initrd.img (zstd, make deps) and returns its entries. zst may end in the
+// up to 3 zero bytes that align the next archive, which zstd(1) refuses.
+func firstArchive(t *testing.T, zst []byte) []newc.Entry {
+	t.Helper()
+	var (
+		out []byte
+		err error
+	)
+	for pad := 0; pad <= 3 && pad < len(zst); pad++ {
+		if pad > 0 && zst[len(zst)-pad] != 0 {
+			break
+		}
+		cmd := exec.Command("zstd", "-q", "-dc")
+		cmd.Stdin = bytes.NewReader(zst[:len(zst)-pad])
+		if out, err = cmd.Output(); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("zstd -d of initrd.img's first archive: %v (run make deps)", err)
+	}
+	entries, err := newc.ReadAll(bytes.NewReader(out))
+	if err != nil {
+		t.Fatalf("initrd.img's first archive: %v", err)
+	}
+	return entries
 }
 
 // extractRoot unpacks the erofs file system of rootfs.img into a temporary
@@ -56,11 +99,12 @@ func extractRoot(t *testing.T, rootfs string) string {
 }
 
 // TestWhatRunsFromMemory checks the layout the first stage relies on: the
-// measured initrd.img carries the agent the manifest names and the runtime
-// tree (crun and the libraries it links); the verified root has neither,
-// only an empty mount point and a symlink into it for each runtime file,
-// so that every byte the guest executes has one home, covered by the launch
-// measurement or by dm-verity.
+// measured initrd.img carries the agent the manifest names, as /init, and
+// the runtime tree (crun and the libraries it links), and its first archive
+// no program at all; the verified root has neither, only an empty mount
+// point and a symlink into it for each runtime file, so that every byte the
+// guest executes has one home, covered by the launch measurement or by
+// dm-verity.
 func TestWhatRunsFromMemory(t *testing.T) {
 	dir := imageDir(t)
 	m, err := manifest.Verify(dir)
@@ -73,16 +117,21 @@ func TestWhatRunsFromMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, entries := ramArchive(t, initrd)
+	off, entries := ramArchive(t, initrd)
+	for _, e := range firstArchive(t, initrd[:off]) {
+		if isProgram(e) {
+			t.Errorf("the first archive of initrd.img has a program, %s (mode %o): the agent, /init, is the initramfs's only one", e.Name, e.Mode)
+		}
+	}
 
 	var agent []byte
 	runtime := map[string]newc.Entry{} // path in the root -> entry
 	runtimePrefix := strings.TrimPrefix(stage1.RuntimeDir, "/") + "/"
 	for _, e := range entries {
 		switch {
-		case e.Name == strings.TrimPrefix(stage1.Agent, "/"):
+		case e.Name == strings.TrimPrefix(stage1.Init, "/"):
 			if e.Mode != newc.ModeRegular|0o755 {
-				t.Errorf("%s in initrd.img has mode %o, want a regular file 0755", stage1.Agent, e.Mode)
+				t.Errorf("%s in initrd.img has mode %o, want a regular file 0755", stage1.Init, e.Mode)
 			}
 			agent = e.Body
 		case strings.HasPrefix(e.Name, runtimePrefix) && e.Mode&newc.ModeRegular == newc.ModeRegular && e.Mode&newc.ModeDir != newc.ModeDir:
@@ -120,7 +169,7 @@ func TestWhatRunsFromMemory(t *testing.T) {
 	}
 	// One home: no regular file of the root has the agent's or a runtime
 	// file's bytes.
-	homes := map[[32]byte]string{sha256.Sum256(agent): stage1.Agent}
+	homes := map[[32]byte]string{sha256.Sum256(agent): stage1.Init}
 	for p, e := range runtime {
 		homes[sha256.Sum256(e.Body)] = stage1.RuntimeDir + p
 	}
@@ -188,7 +237,7 @@ func TestAgentChangesLaunchDigest(t *testing.T) {
 	off, entries := ramArchive(t, initrd)
 	var agent []byte
 	for _, e := range entries {
-		if e.Name == strings.TrimPrefix(stage1.Agent, "/") {
+		if e.Name == strings.TrimPrefix(stage1.Init, "/") {
 			agent = e.Body
 		}
 	}

@@ -1,16 +1,19 @@
 package images
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/c8s-dev/c8s/guest/stage1"
+	"github.com/c8s-dev/c8s/internal/newc"
 	"github.com/c8s-dev/c8s/manifest"
 )
 
-// sealedBoot boots the sealed image's kernel and first-stage initramfs with
+// sealedBoot boots the sealed image's kernel and initrd.img with
 // its rootfs.img as the root disk and the manifest's command line plus extra, until
 // the guest powers off.
 func sealedBoot(t *testing.T, extra string) bootResult {
@@ -41,13 +44,14 @@ func sealedBootWith(t *testing.T, initrd, extra string) bootResult {
 }
 
 // TestBootSealedImage boots the sealed image as the launcher does: the
-// first stage maps the verity root named on the command line, switches into
-// it and starts the agent, which powers off at once (c8s_poweroff=1, the
-// benchmark's baseline switch).
+// agent, /init, runs the first stage in its own process (it maps the verity
+// root named on the command line and switches into it) and then powers off
+// at once (c8s_poweroff=1, the benchmark's baseline switch, which it reads
+// only after the first stage).
 func TestBootSealedImage(t *testing.T) {
 	r := sealedBoot(t, "c8s_poweroff=1")
 	t.Logf("sealed boot to the agent took %v wall (TCG)", r.wall.Round(time.Millisecond))
-	if strings.Contains(r.console, "c8s-init: fatal") {
+	if strings.Contains(r.console, stage1.FailPrefix) {
 		t.Fatalf("the first stage failed; console:\n%s", r.console)
 	}
 	if !strings.Contains(r.console, "reboot: Power down") {
@@ -55,11 +59,12 @@ func TestBootSealedImage(t *testing.T) {
 	}
 }
 
-// TestSealedBootWithoutAgentFails boots the sealed image with only the
-// first stage of initrd.img, without the archive that carries the agent:
-// the first stage must refuse, saying so, and power off rather than look
-// for an agent elsewhere (the verified root has none).
-func TestSealedBootWithoutAgentFails(t *testing.T) {
+// TestSealedBootWithoutAgentRunsNothing boots the sealed image with only
+// the first archive of initrd.img, without the one that carries the agent:
+// that archive holds the first stage's modules and no program, so the
+// kernel finds no /init and stops (the command line names no root= for it
+// to mount the unverified disk instead); nothing of the initramfs runs.
+func TestSealedBootWithoutAgentRunsNothing(t *testing.T) {
 	dir := imageDir(t)
 	m, err := manifest.Verify(dir)
 	if err != nil {
@@ -71,15 +76,64 @@ func TestSealedBootWithoutAgentFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	off, _ := ramArchive(t, initrd)
-	stage1Only := filepath.Join(t.TempDir(), "initrd-stage1-only.img")
-	if err := os.WriteFile(stage1Only, initrd[:off], 0o644); err != nil {
+	firstOnly := filepath.Join(t.TempDir(), "initrd-first-archive-only.img")
+	if err := os.WriteFile(firstOnly, initrd[:off], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	r := sealedBootWith(t, stage1Only, "c8s_poweroff=1")
-	if !strings.Contains(r.console, "c8s-init: fatal: the initramfs carries no agent") {
-		t.Fatalf("the first stage did not refuse an initramfs without the agent; console:\n%s", r.console)
+	r := sealedBootWith(t, firstOnly, "c8s_poweroff=1")
+	if !strings.Contains(r.console, "Kernel panic") {
+		t.Fatalf("the kernel did not stop for want of an init; console:\n%s", r.console)
+	}
+	for _, s := range []string{"c8s-agent starting", stage1.FailPrefix} {
+		if strings.Contains(r.console, s) {
+			t.Fatalf("something ran without the initramfs's agent (%q on the console); console:\n%s", s, r.console)
+		}
+	}
+}
+
+// TestSealedBootWithoutRuntimeFails boots the sealed image with initrd.img's
+// second archive replaced by one that holds the agent alone, without the
+// runtime tree: the first stage must refuse, saying why on the console, and
+// power the VM off before anything else of the agent runs.
+func TestSealedBootWithoutRuntimeFails(t *testing.T) {
+	dir := imageDir(t)
+	m, err := manifest.Verify(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path, _ := m.Path(dir, manifest.RoleInitrd)
+	initrd, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	off, entries := ramArchive(t, initrd)
+	var buf bytes.Buffer
+	buf.Write(initrd[:off])
+	w := newc.NewWriter(&buf)
+	for _, e := range entries {
+		if e.Name == strings.TrimPrefix(stage1.Init, "/") {
+			if err := w.Write(e); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	agentOnly := filepath.Join(t.TempDir(), "initrd-agent-only.img")
+	if err := os.WriteFile(agentOnly, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// No c8s_poweroff: an agent that went on past a failed first stage
+	// would log its start.
+	r := sealedBootWith(t, agentOnly, "")
+	if want := stage1.FailPrefix + "c8s.root= is on the kernel command line, but this initramfs has no runtime tree"; !strings.Contains(r.console, want) {
+		t.Fatalf("the first stage did not refuse an initramfs without the runtime tree (want %q); console:\n%s", want, r.console)
+	}
+	if !strings.Contains(r.console, "reboot: Power down") {
+		t.Fatalf("the guest did not power off; console:\n%s", r.console)
 	}
 	if strings.Contains(r.console, "c8s-agent starting") {
-		t.Fatalf("an agent started without the initramfs's; console:\n%s", r.console)
+		t.Fatalf("the agent went on after the first stage failed; console:\n%s", r.console)
 	}
 }

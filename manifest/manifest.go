@@ -64,8 +64,9 @@ type Manifest struct {
 	// Verity describes the rootfs artefact's hash tree; nil for an unsealed
 	// image.
 	Verity *Verity `json:"verity,omitempty"`
-	// AgentSHA256 is the hex sha256 of the agent binary (the measured
-	// initramfs's /c8s-agent).
+	// AgentSHA256 is the hex sha256 of the agent binary (/init of the
+	// measured initrd.img, which runs the first stage; /init of
+	// initrd-plain.img too).
 	AgentSHA256 string `json:"agent_sha256"`
 	// SourceDateEpoch is the timestamp of every file in the initramfs.
 	SourceDateEpoch int64 `json:"source_date_epoch"`

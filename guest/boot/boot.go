@@ -1,6 +1,8 @@
-// Package boot is c8s-agent's main program: as the VM's PID 1 it sets up the
-// guest (initsys), starts the reaper, and serves the agent's ttrpc services
-// on the host channel until the VM is powered off. It never returns.
+// Package boot is c8s-agent's main program: as the VM's PID 1 it runs the
+// sealed image's first stage in its own process (guest/stage1: the
+// verified root becomes /), sets up the guest (initsys), starts the reaper,
+// and serves the agent's ttrpc services on the host channel until the VM is
+// powered off. It never returns.
 package boot
 
 import (
@@ -27,6 +29,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/kbs"
 	"github.com/c8s-dev/c8s/guest/ociruntime"
 	"github.com/c8s-dev/c8s/guest/reaper"
+	"github.com/c8s-dev/c8s/guest/stage1"
 )
 
 // PowerOffEnv, set through the kernel command line (c8s_poweroff=1; the
@@ -48,10 +51,21 @@ const (
 func Main() {
 	started := initsys.Uptime()
 	pid1 := os.Getpid() == 1
+	// sealed: the first stage made the verified root /, at uptime rootAt.
+	var (
+		sealed bool
+		rootAt time.Duration
+	)
 	if pid1 {
-		// The first stage executes the agent from an open file
-		// (execveat), whose kernel names the process after the file
-		// descriptor's number: give PID 1 its name back.
+		// Before anything else: in a sealed image, the first stage. It
+		// returns with the verified root as /, or with why not, and then
+		// nothing more may run.
+		var err error
+		if sealed, err = stage1.Run(); err != nil {
+			stage1.Fail(err)
+		}
+		rootAt = initsys.Uptime()
+		// The kernel named PID 1 after its file, /init.
 		_ = os.WriteFile("/proc/self/comm", []byte("c8s-agent"), 0)
 	}
 	if pid1 && os.Getenv(PowerOffEnv) == "1" {
@@ -82,8 +96,12 @@ func Main() {
 				log.L.Warnf("PID 1 received %v; ignoring it", sig)
 			}
 		}()
-		if err := initsys.SwitchRoot(); err != nil {
-			fatal(err)
+		if !sealed {
+			// The unsealed initramfs: containers need a root that
+			// pivot_root can leave (the first stage's is one).
+			if err := initsys.SwitchRoot(); err != nil {
+				fatal(err)
+			}
 		}
 		initsys.SetupConsoleLogging(level)
 		os.Setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
@@ -221,14 +239,12 @@ func Main() {
 	if err != nil {
 		fatal(err)
 	}
-	// The boot times (guest clock) end up in the host's start trace:
-	// the kernel's start to the first stage, to the agent, to serving.
+	// The boot times (guest clock) end up in the host's start trace
+	// (shim/sandbox.GuestBoot): the kernel's start to the agent's main,
+	// to the verified root in place, to serving.
 	fields := logrus.Fields{"channel": ch, "address": l.Addr().String(), "boot_agent": started, "guest_uptime": initsys.Uptime()}
-	if v, err := time.ParseDuration(os.Getenv(initsys.Stage1UptimeEnv)); err == nil {
-		fields["boot_stage1"] = v
-	}
-	if v, err := time.ParseDuration(os.Getenv(initsys.Stage1ExecEnv)); err == nil {
-		fields["boot_exec"] = v
+	if sealed {
+		fields["boot_root"] = rootAt
 	}
 	log.L.WithFields(fields).Info("serving")
 	for {

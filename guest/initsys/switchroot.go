@@ -9,20 +9,10 @@ import (
 )
 
 // SwitchedEnv marks an init that already runs on a root it can
-// pivot_root away from: the agent after SwitchRoot re-executed it, or after
-// the sealed image's first stage (guest/stage1) switched into the verified
-// root.
+// pivot_root away from: the agent after SwitchRoot re-executed it. (The
+// sealed image's first stage, guest/stage1, switches into the verified
+// root in the agent's own process, which then does not call SwitchRoot.)
 const SwitchedEnv = "C8S_SWITCHED_ROOT"
-
-// Stage1UptimeEnv carries the guest's uptime when the sealed image's first
-// stage started (a Go duration) to the agent, which logs it with its own
-// boot times on the console. The host shows them in the pod's start trace
-// and trusts them for nothing else.
-const Stage1UptimeEnv = "C8S_STAGE1_UPTIME"
-
-// Stage1ExecEnv carries the uptime when the first stage executed the agent,
-// likewise for display only.
-const Stage1ExecEnv = "C8S_STAGE1_EXEC"
 
 // SwitchRoot moves PID 1 off the kernel's initial rootfs and re-executes
 // it. The initial rootfs cannot be pivot_root'ed away from, and the OCI

@@ -1,42 +1,48 @@
-// Package stage1 is c8s-init, the first-stage init of a sealed guest image.
-// It runs as PID 1 from a minimal initramfs, and does only what is needed
-// to reach the measured root file system:
+// Package stage1 is the first stage of a sealed guest image. The agent
+// (guest/boot) is the sealed initramfs's /init, and as PID 1 it calls Run
+// before anything else, in its own process: one Go runtime from the kernel
+// to serving, rather than a first-stage program that executes the agent
+// (under emulation each Go runtime's start is code QEMU must translate
+// afresh; issue 18). Run does only what is needed to reach the measured
+// root file system:
 //
-//  1. mount /proc, /sys and /dev;
-//  2. read the dm-verity parameters from the (measured) kernel command line;
-//  3. load the few modules of the initramfs (virtio-blk, device-mapper,
-//     dm-verity, the root's file system);
-//  4. map the root disk through dm-verity and mount it read-only, and mount
+//  1. mount /proc and read the (measured) kernel command line; without
+//     c8s.root= it stops there (the unsealed initramfs, initrd-plain.img);
+//  2. mount /sys and /dev, and load the few modules of the initramfs
+//     (virtio-blk, device-mapper, dm-verity, the root's file system);
+//  3. map the root disk through dm-verity and mount it read-only, and mount
 //     the initramfs's runtime tree read-only at RuntimeMount in it;
-//  5. move /dev, /proc and /sys over, switch into it, and execute the agent
-//     there.
+//  4. remove the initramfs's files, move /dev, /proc and /sys over, and
+//     make the verified root / (MS_MOVE, chroot, chdir).
+//
+// It then returns, and the same process goes on as the agent.
 //
 // What the guest runs at every pod start lives in the measured initramfs
 // rather than in the verified root, so that it runs from memory: the agent
-// (Agent) and the OCI runtime with its libraries (RuntimeDir). Read through
+// (Init) and the OCI runtime with its libraries (RuntimeDir). Read through
 // dm-verity, every page of their first run was hashed on the way in: 0.89 s
-// of guest time from the agent's exec to its main and 0.34 s for crun's
+// of guest time from the agent's start to its main and 0.34 s for crun's
 // first start under emulation, against 0.04 s and 0.06 s from memory
-// (issue 18). The launch measurement covers them as it covers this
-// program. The first stage opens the agent before the switch, removes its
-// name, and executes the open file in the new root (execveat with
-// AT_EMPTY_PATH), so the agent that runs is the one the initramfs carries
-// whatever names the new root has. The root reaches the runtime through
-// symlinks into RuntimeMount (images/build.sh), which dangle unless this
-// mount is in place: a missing runtime fails closed.
+// (issue 18). The launch measurement covers them with the rest of
+// initrd.img. The agent that runs is the one the kernel started from the
+// initramfs, whatever names the verified root has. The root reaches the
+// runtime through symlinks into RuntimeMount (images/build.sh), which
+// dangle unless this mount is in place: a missing runtime fails closed.
 //
-// If any step fails, notably when the root does not verify against the root
-// hash, it writes the reason to the console (which the shim includes in the
-// pod's error) and powers the VM off. It never runs anything unverified.
+// The initramfs decides nothing from the host but through the measured
+// command line: a sealed initramfs (one with RuntimeDir) refuses to boot
+// without c8s.root=, and an initramfs without RuntimeDir refuses to boot
+// with it. If any step fails, notably when the root does not verify
+// against the root hash, Run returns why; the caller hands that to Fail,
+// which writes it to the console (the shim includes it in the pod's error)
+// and powers the VM off. Nothing unverified runs.
 package stage1
 
 import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -50,85 +56,110 @@ const (
 	NewRoot = "/newroot"
 	// MapperName is the device-mapper name of the verified root.
 	MapperName = "c8s-root"
-	// Agent is the agent binary in the measured initramfs, which the
-	// first stage executes as PID 1 in the verified root.
-	Agent = "/c8s-agent"
-	// AgentArg0 is the agent's argv[0].
-	AgentArg0 = "c8s-agent"
-	// RuntimeDir is the tree of the initramfs that holds the OCI runtime
-	// and the libraries it links, at their paths below it.
+	// Init is the agent binary in the measured initramfs, which the
+	// kernel runs as PID 1 and which runs the first stage.
+	Init = "/init"
+	// RuntimeDir is the tree of the sealed initramfs that holds the OCI
+	// runtime and the libraries it links, at their paths below it. Only
+	// the sealed initramfs has it.
 	RuntimeDir = "/runtime"
 	// RuntimeMount is where RuntimeDir appears, read-only, in the verified
 	// root, which has an empty directory there.
 	RuntimeMount = "/usr/lib/c8s/runtime"
+	// FailPrefix starts the console line that says why the first stage
+	// failed.
+	FailPrefix = "c8s-agent: first stage failed: "
 	// deviceWait bounds the wait for the root disk to appear.
 	deviceWait = 10 * time.Second
 )
 
-// Main runs the first stage. It does not return: it executes the agent in
-// the verified root, or reports why it could not and powers the VM off.
-func Main() {
-	fail(run())
+// apiMount is one of the API file systems the first stage mounts. Their
+// flags are those the agent mounts them with (initsys), which leaves
+// these mounts in place.
+type apiMount struct {
+	src, dst, fstype string
+	flags            uintptr
+	data             string
 }
 
-// run mounts the verified root and switches to it. It returns only when
-// that fails, and then always with the error.
-func run() error {
-	started := initsys.Uptime()
-	for _, m := range []struct{ src, dst, fstype string }{
-		{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"devtmpfs", "/dev", "devtmpfs"},
-	} {
-		if err := os.MkdirAll(m.dst, 0o755); err != nil {
-			return err
-		}
-		if err := unix.Mount(m.src, m.dst, m.fstype, unix.MS_NOSUID, ""); err != nil && !errors.Is(err, unix.EBUSY) {
-			return fmt.Errorf("mount %s: %w", m.dst, err)
-		}
+var (
+	procMount  = apiMount{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""}
+	rootMounts = []apiMount{
+		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+	}
+)
+
+// Run does the first stage when the kernel command line names a sealed
+// root (c8s.root=): it returns true once the verified root is /, with the
+// API file systems mounted in it. Without c8s.root= it returns false and
+// has mounted /proc alone (the unsealed initramfs). An error means the VM
+// must not go on: hand it to Fail.
+func Run() (bool, error) {
+	if err := mountAPI(procMount); err != nil {
+		return false, err
 	}
 	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
-		return err
+		return false, fmt.Errorf("read the kernel command line: %w", err)
 	}
-	p, ok, err := api.FromCmdline(string(cmdline))
-	if err != nil {
-		return fmt.Errorf("%w; the launcher takes these parameters from the image manifest", err)
+	p, sealed, err := plan(string(cmdline), isDir(RuntimeDir))
+	if err != nil || !sealed {
+		return false, err
 	}
-	if !ok {
-		return fmt.Errorf("no %s= on the kernel command line: this initramfs only boots a sealed (dm-verity) root; start the VM with the image manifest's root disk and command line", api.ParamRoot)
-	}
-	agent, err := os.Open(Agent)
-	if err != nil {
-		return fmt.Errorf("the initramfs carries no agent: %w; it is not a c8s sealed image's initrd.img (make image)", err)
+	for _, m := range rootMounts {
+		if err := mountAPI(m); err != nil {
+			return false, err
+		}
 	}
 	initsys.LoadModules(initsys.ModulesList, nil)
 	if err := waitBlock(p.Device, deviceWait); err != nil {
-		return err
+		return false, err
 	}
 	dev, err := verity.Open(MapperName, p, "/dev", 5*time.Second)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := os.MkdirAll(NewRoot, 0o755); err != nil {
-		return err
+		return false, err
 	}
 	if err := unix.Mount(dev.Path, NewRoot, p.FSType, unix.MS_RDONLY, ""); err != nil {
 		status, _ := verity.Status(MapperName)
-		return fmt.Errorf("the guest root file system on %s does not verify against root hash %s (mount %s as %s: %w; dm-verity status %q): the image on the host was modified, or the command line names another image",
+		return false, fmt.Errorf("the guest root file system on %s does not verify against root hash %s (mount %s as %s: %w; dm-verity status %q): the image on the host was modified, or the command line names another image",
 			p.Device, p.RootHash, dev.Path, p.FSType, err, status)
 	}
 	if err := mountRuntime(); err != nil {
-		return err
+		return false, err
 	}
-	return switchRoot(started, agent)
+	if err := switchRoot(); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
-// switchRoot moves the API file systems into NewRoot, makes it / and
-// executes agent there. The initramfs stays in memory but is no longer
-// reachable; its files are removed first to give the memory back (the
-// agent's pages stay while it runs from them). started, the uptime when
-// the first stage began, goes to the agent for its boot log.
-func switchRoot(started time.Duration, agent *os.File) error {
-	for _, f := range []string{"/init", "/lib", "/etc", Agent} {
+// plan decides from the kernel command line, and from whether the
+// initramfs is a sealed image's (it has RuntimeDir), whether to map a
+// verified root and with which parameters.
+func plan(cmdline string, sealedInitramfs bool) (api.Params, bool, error) {
+	p, ok, err := api.FromCmdline(cmdline)
+	switch {
+	case err != nil:
+		return api.Params{}, false, fmt.Errorf("%w; the launcher takes these parameters from the image manifest", err)
+	case ok && !sealedInitramfs:
+		return api.Params{}, false, fmt.Errorf("%s= is on the kernel command line, but this initramfs has no runtime tree %s: it is not a sealed image's initrd.img; boot initrd-plain.img without the manifest's verity parameters, or initrd.img with them", api.ParamRoot, RuntimeDir)
+	case !ok && sealedInitramfs:
+		return api.Params{}, false, fmt.Errorf("no %s= on the kernel command line: this initramfs only boots a sealed (dm-verity) root; start the VM with the image manifest's root disk and command line", api.ParamRoot)
+	}
+	return p, ok, nil
+}
+
+// switchRoot moves the API file systems into NewRoot and makes it / for
+// the process (MS_MOVE, chroot, chdir). The initramfs stays in memory but
+// is no longer reachable; its files are removed first to give the memory
+// back (the pages of the running binary stay while it maps them).
+// RuntimeDir stays: it is mounted in the new root.
+func switchRoot() error {
+	for _, f := range []string{Init, "/lib", "/etc"} {
 		_ = os.RemoveAll(f)
 	}
 	for _, d := range []string{"/dev", "/proc", "/sys"} {
@@ -143,38 +174,20 @@ func switchRoot(started time.Duration, agent *os.File) error {
 		return fmt.Errorf("move the new root onto /: %w", err)
 	}
 	if err := unix.Chroot("."); err != nil {
-		return err
+		return fmt.Errorf("chroot into the verified root: %w", err)
 	}
-	if err := unix.Chdir("/"); err != nil {
-		return err
-	}
-	env := append(os.Environ(), initsys.SwitchedEnv+"=1", initsys.Stage1UptimeEnv+"="+started.String(),
-		initsys.Stage1ExecEnv+"="+initsys.Uptime().String())
-	return fmt.Errorf("execute the initramfs's %s in the verified root: %w", Agent, execFile(agent, []string{AgentArg0}, env))
+	return unix.Chdir("/")
 }
 
-// execFile executes the open file f (execveat(2) with AT_EMPTY_PATH), so
-// that what runs is the file opened before the switch, whatever names the
-// new root has. It returns only on failure.
-func execFile(f *os.File, argv, env []string) error {
-	empty, err := syscall.BytePtrFromString("")
-	if err != nil {
+// mountAPI mounts m; one mounted already is left alone.
+func mountAPI(m apiMount) error {
+	if err := os.MkdirAll(m.dst, 0o755); err != nil {
 		return err
 	}
-	argvp, err := syscall.SlicePtrFromStrings(argv)
-	if err != nil {
-		return err
+	if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("mount %s: %w", m.dst, err)
 	}
-	envp, err := syscall.SlicePtrFromStrings(env)
-	if err != nil {
-		return err
-	}
-	_, _, errno := unix.Syscall6(unix.SYS_EXECVEAT, f.Fd(), uintptr(unsafe.Pointer(empty)),
-		uintptr(unsafe.Pointer(&argvp[0])), uintptr(unsafe.Pointer(&envp[0])), unix.AT_EMPTY_PATH, 0)
-	if errno != 0 {
-		return errno
-	}
-	return errors.New("execveat returned without an error")
+	return nil
 }
 
 // mountRuntime bind-mounts the initramfs's RuntimeDir read-only (no
@@ -188,6 +201,12 @@ func mountRuntime() error {
 		return fmt.Errorf("make the runtime tree at %s read-only: %w", RuntimeMount, err)
 	}
 	return nil
+}
+
+// isDir reports whether path is a directory.
+func isDir(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.IsDir()
 }
 
 // waitBlock waits for the block device node path.
@@ -206,9 +225,10 @@ func waitBlock(path string, wait time.Duration) error {
 	}
 }
 
-// fail reports err on the console and powers the VM off.
-func fail(err error) {
-	msg := fmt.Sprintf("c8s-init: fatal: %v\n", err)
+// Fail reports err on the console, after FailPrefix, and powers the VM
+// off. It never returns.
+func Fail(err error) {
+	msg := FailPrefix + err.Error() + "\n"
 	if c, cerr := os.OpenFile("/dev/console", os.O_WRONLY|unix.O_NOCTTY, 0); cerr == nil {
 		_, _ = c.WriteString(msg)
 		_ = c.Close()

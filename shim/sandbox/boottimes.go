@@ -30,12 +30,14 @@ type BootTimes struct {
 }
 
 // GuestBoot is the guest's uptime at the boot steps the agent logs on the
-// console (guest/boot, "serving"): the first stage's start, the agent's
-// start, and the agent serving its channel. Untrusted: display only.
+// console (guest/boot, "serving"): its main's start (the kernel ran it as
+// /init; the Go runtime has started), the verified root in place (the
+// sealed image's first stage, guest/stage1, which runs in the agent's
+// process), and the agent serving its channel. Untrusted: display only.
 type GuestBoot struct {
-	// Exec is when the first stage executed the agent; Agent is when the
-	// agent's main began (Exec to Agent is the Go runtime's start).
-	Stage1, Exec, Agent, Serving time.Duration
+	// Root is zero for a guest without a first stage (an unsealed
+	// initramfs).
+	Agent, Root, Serving time.Duration
 }
 
 // Fields returns the times as log fields, in milliseconds.
@@ -49,13 +51,13 @@ func (b BootTimes) Fields() log.Fields {
 	if g := b.Guest; g.Serving > 0 {
 		// Guest clock (CLOCK_BOOTTIME, from the kernel's timekeeping
 		// start): firmware and decompression come before it.
-		f["guest_kernel_to_stage1_ms"] = ms(g.Stage1)
-		f["guest_stage1_to_agent_ms"] = ms(g.Agent - g.Stage1)
-		if g.Exec > 0 {
-			f["guest_stage1_work_ms"] = ms(g.Exec - g.Stage1)
-			f["guest_agent_exec_to_main_ms"] = ms(g.Agent - g.Exec)
+		f["guest_kernel_to_agent_ms"] = ms(g.Agent)
+		up := g.Agent // the agent's own start-up begins
+		if g.Root > 0 {
+			f["guest_stage1_work_ms"] = ms(g.Root - g.Agent)
+			up = g.Root
 		}
-		f["guest_agent_to_serving_ms"] = ms(g.Serving - g.Agent)
+		f["guest_agent_to_serving_ms"] = ms(g.Serving - up)
 		f["guest_uptime_serving_ms"] = ms(g.Serving)
 		// The rest of the wait for the agent is what the guest clock
 		// does not see: the firmware, loading and decompressing the
@@ -84,8 +86,9 @@ func readGuestBoot(path string) GuestBoot {
 }
 
 // parseGuestBoot finds the last "serving" line of the agent's console log
-// (logrus text format) and reads its boot_stage1, boot_agent and
-// guest_uptime fields. Anything malformed reads as zero.
+// (logrus text format) and reads its boot_agent, boot_root and
+// guest_uptime fields. Anything malformed reads as zero, and so does a
+// line whose times go backwards.
 func parseGuestBoot(console []byte) GuestBoot {
 	var g GuestBoot
 	sc := bufio.NewScanner(bytes.NewReader(console))
@@ -106,20 +109,18 @@ func parseGuestBoot(console []byte) GuestBoot {
 				continue
 			}
 			switch k {
-			case "boot_stage1":
-				n.Stage1 = d
-			case "boot_exec":
-				n.Exec = d
 			case "boot_agent":
 				n.Agent = d
+			case "boot_root":
+				n.Root = d
 			case "guest_uptime":
 				n.Serving = d
 			}
 		}
-		if n.Exec != 0 && (n.Exec < n.Stage1 || n.Exec > n.Agent) {
-			n.Exec = 0
+		if n.Root != 0 && (n.Root < n.Agent || n.Root > n.Serving) {
+			n.Root = 0
 		}
-		if n.Serving >= n.Agent && n.Agent >= n.Stage1 {
+		if n.Agent > 0 && n.Serving >= n.Agent {
 			g = n
 		}
 	}

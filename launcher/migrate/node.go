@@ -13,12 +13,15 @@
 //     from its own layer cache, found or converted by diff ID and checked
 //     against the source's dm-verity roots, layers.go; other disks below
 //     its migration.shared_storage_root, storage.go), starts QEMU with the
-//     same machine and `-incoming defer`, loads its TLS identity into it
-//     (stream.go), then migrate-incoming on a TCP port. The VM is bound to
-//     the caller (peer.go). A failed source preflight destroys it again.
+//     same machine and `-incoming defer` (in sim, with the launch
+//     measurement its server made ahead, server.go warmLaunch), loads its
+//     TLS identity into it (stream.go), then migrate-incoming on a TCP
+//     port. The VM is bound to the caller (peer.go). A failed source
+//     preflight destroys it again. Meanwhile the source QEMU loads the
+//     source node's TLS identity (preloadSourceCreds).
 //  3. Migrate: Options.Ready lets the caller prepare the re-attestation
-//     (the shim dials the destination VM's agent channel); the source loads
-//     its TLS identity into its QEMU, migrates, and polls query-migrate
+//     (the shim dials the destination VM's agent channel); the source puts
+//     the stream under its TLS identity, migrates, and polls query-migrate
 //     (progress to Options.Progress) until QEMU's MIGRATION event or a
 //     poll shows the end, within Options.Timeout.
 //  4. Re-attest: Options.Reattest verifies fresh evidence from the VM on

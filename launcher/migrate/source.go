@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/containerd/log"
@@ -133,6 +134,10 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 		err error
 		at  time.Duration
 	}
+	// The source's stream credentials load while the destination starts
+	// its QEMU; prepareStream then points the stream at them, or removes
+	// them when the destination offers a plain stream.
+	credsLoaded := preloadSourceCreds(ctx, q, src.VM.StateDir(), dst, opts)
 	inc := make(chan incoming, 1)
 	go func() {
 		in, err := dst.Incoming(ctx, IncomingRequest{
@@ -146,6 +151,10 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	tPreflight := time.Since(t0)
 	got := <-inc
 	in, tIncoming := got.in, got.at
+	loaded := credsLoaded()
+	if loaded && (perr != nil || got.err != nil) {
+		resetStreamTLS(context.WithoutCancel(ctx), q)
+	}
 	if perr != nil {
 		if got.err == nil {
 			if err := dst.Delete(context.WithoutCancel(ctx), spec.ID); err != nil {
@@ -161,7 +170,7 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	if opts.Ready != nil {
 		opts.Ready(ctx, in)
 	}
-	if err := prepareStream(ctx, q, src.VM.StateDir(), dst, in, dnode.Name, opts); err != nil {
+	if err := prepareStream(ctx, q, src.VM.StateDir(), dst, in, dnode.Name, opts, loaded); err != nil {
 		return nil, r.do(ctx, err)
 	}
 	tStart := time.Since(t0)
@@ -206,19 +215,20 @@ func sourcePreflight(ctx context.Context, q *vm.QMP, src Source, dst *Client, sh
 }
 
 // prepareStream sets the source QEMU up for the stream the destination
-// expects: TLS with the source node's identity, or plain TCP only where
+// expects: TLS with the source node's identity (already loaded when
+// loaded, see preloadSourceCreds), or plain TCP only where
 // checkPlainStream allows it.
-func prepareStream(ctx context.Context, q executor, stateDir string, dst *Client, in IncomingResponse, node string, opts Options) error {
+func prepareStream(ctx context.Context, q executor, stateDir string, dst *Client, in IncomingResponse, node string, opts Options, loaded bool) error {
 	if opts.plainStream {
 		return nil
 	}
 	if !in.TLS {
+		if loaded {
+			resetStreamTLS(ctx, q)
+		}
 		return checkPlainStream(in.URI, node, dst.plainLoopback)
 	}
-	identity := dst.streamIdentity
-	if opts.streamIdentity != "" {
-		identity = opts.streamIdentity
-	}
+	identity := sourceIdentity(dst, opts)
 	if identity == "" {
 		return fmt.Errorf("node %s expects the migration stream under TLS, and no migration TLS identity is configured for the source (migrate.Dial sets the node's)", node)
 	}
@@ -231,7 +241,43 @@ func prepareStream(ctx context.Context, q executor, stateDir string, dst *Client
 	if err != nil {
 		return fmt.Errorf("node %s: %w", node, err)
 	}
+	if loaded {
+		return useSourceCreds(ctx, q, host)
+	}
 	return setupStreamTLS(ctx, q, stateDir, identity, endpointClient, host, "")
+}
+
+// sourceIdentity is the migration TLS identity the source presents.
+func sourceIdentity(dst *Client, opts Options) string {
+	if opts.streamIdentity != "" {
+		return opts.streamIdentity
+	}
+	return dst.streamIdentity
+}
+
+// preloadSourceCreds has the source QEMU load the node's stream
+// credentials in the background (loadSourceCreds), where the stream may
+// use them; the function it returns waits and says whether they are
+// loaded. Nothing is loaded for a plain stream or without an identity
+// (prepareStream names the problem if the destination wants TLS); a load
+// that fails is left to prepareStream's setupStreamTLS, which reports it.
+func preloadSourceCreds(ctx context.Context, q executor, stateDir string, dst *Client, opts Options) func() bool {
+	identity := sourceIdentity(dst, opts)
+	if opts.plainStream || identity == "" {
+		return func() bool { return false }
+	}
+	if ok, err := HasTLSIdentity(identity); err != nil || !ok {
+		return func() bool { return false }
+	}
+	done := make(chan bool, 1)
+	go func() {
+		err := loadSourceCreds(ctx, q, stateDir, identity)
+		if err != nil {
+			log.G(ctx).WithError(err).Debug("migrate: loading the stream credentials ahead")
+		}
+		done <- err == nil
+	}()
+	return sync.OnceValue(func() bool { return <-done })
 }
 
 func queryCapabilities(ctx context.Context, q *vm.QMP) ([]string, error) {

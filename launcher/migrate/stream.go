@@ -114,12 +114,40 @@ func streamResetCalls() []qmpCall {
 // setupStreamTLS copies the identity in identityDir for endpoint into
 // stateDir, has QEMU load it (streamTLSCalls) and removes the copy.
 func setupStreamTLS(ctx context.Context, q executor, stateDir, identityDir, endpoint, hostname, authz string) error {
-	dir := filepath.Join(stateDir, streamCredsDir)
+	return runStreamTLS(ctx, q, stateDir, identityDir, streamTLSCalls(endpoint, streamCredsPath(stateDir), hostname, authz), endpoint)
+}
+
+// loadSourceCreds is the first part of the source's setupStreamTLS: QEMU
+// loads the node's credentials, which no stream uses yet. Run calls it
+// while the destination starts; useSourceCreds then puts the stream under
+// them (resetStreamTLS removes them).
+func loadSourceCreds(ctx context.Context, q executor, stateDir, identityDir string) error {
+	calls := streamTLSCalls(endpointClient, streamCredsPath(stateDir), "", "")
+	return runStreamTLS(ctx, q, stateDir, identityDir, calls[:len(calls)-1], endpointClient)
+}
+
+// useSourceCreds is the rest of the source's setupStreamTLS, once
+// loadSourceCreds has loaded the credentials.
+func useSourceCreds(ctx context.Context, q executor, hostname string) error {
+	calls := streamTLSCalls(endpointClient, "", hostname, "")
+	c := calls[len(calls)-1]
+	if err := q.Execute(ctx, c.Execute, c.Arguments, nil); err != nil {
+		return fmt.Errorf("migration stream TLS: %s: %w", c.Execute, err)
+	}
+	return nil
+}
+
+func streamCredsPath(stateDir string) string { return filepath.Join(stateDir, streamCredsDir) }
+
+// runStreamTLS writes the credentials' copy for calls, runs them and
+// removes the copy.
+func runStreamTLS(ctx context.Context, q executor, stateDir, identityDir string, calls []qmpCall, endpoint string) error {
+	dir := streamCredsPath(stateDir)
 	if err := writeStreamCreds(dir, identityDir, endpoint); err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	for _, c := range streamTLSCalls(endpoint, dir, hostname, authz) {
+	for _, c := range calls {
 		if err := q.Execute(ctx, c.Execute, c.Arguments, nil); err != nil {
 			return fmt.Errorf("migration stream TLS: %s %s: %w", c.Execute, c.Arguments["qom-type"], err)
 		}

@@ -2,7 +2,6 @@ package sim
 
 import (
 	"context"
-	"fmt"
 	"net"
 
 	"github.com/containerd/log"
@@ -32,22 +31,15 @@ func NewHost(argv []string, spDir string, hostData [32]byte) (*Host, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := Measure(launch)
+	m, err := measuredLaunch(launch) // memo.go
 	if err != nil {
-		return nil, fmt.Errorf("measure the sim launch: %w", err)
+		return nil, err
 	}
 	sp, err := Open(spDir)
 	if err != nil {
 		return nil, err
 	}
-	svc := &Service{SP: sp, Measurement: m, HostData: hostData}
-	// A kernel that is not an EFI-stub PE image has no TDX-shaped boot
-	// log; its reports carry no RTMRs, which a policy checking the
-	// measured boot refuses.
-	if svc.EventLog, svc.RTMRs, err = BootLog(launch); err != nil {
-		log.L.WithError(err).Debug("sim: no modelled RTMRs for this launch")
-		svc.EventLog = nil
-	}
+	svc := &Service{SP: sp, Measurement: m.m, HostData: hostData, EventLog: m.eventLog, RTMRs: m.rtmrs}
 	return &Host{svc: svc}, nil
 }
 

@@ -31,6 +31,14 @@ const (
 // clients number their requests with increasing stream ids starting at 1, so
 // a request whose stream id does not increase starts a new connection. The
 // bytes of that request are kept for the next connection.
+//
+// The driver can report a host's arrival after its first bytes (see
+// device): a connection whose host the driver has not yet reported (or whose
+// previous host's departure it has not reported) waits for that report, up
+// to hostGrace, before it takes an EOF for the host's departure; otherwise
+// the host's first request would be read and its answer dropped with the
+// connection. A host that does leave then ends its connection hostGrace
+// later; a host that comes meanwhile is still told apart by its stream ids.
 type SerialListener struct {
 	path string
 	port *port
@@ -49,7 +57,12 @@ func NewSerialListener(path string) (*SerialListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newSerialListener(f, path), nil
+	dev, err := newFileDevice(f, path)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return newSerialListener(dev, path), nil
 }
 
 // openPort opens the virtio-serial port's character device for reading and
@@ -62,10 +75,16 @@ func openPort(path string) (*os.File, error) {
 	return f, nil
 }
 
-func newSerialListener(f *os.File, path string) *SerialListener {
+// hostGrace bounds how long a connection whose first bytes came before the
+// driver reported its host waits for that report (a control message the
+// guest handles in a workqueue, late on a loaded guest) before an EOF counts
+// as the host's departure.
+const hostGrace = 5 * time.Second
+
+func newSerialListener(dev device, path string) *SerialListener {
 	l := &SerialListener{
 		path:   path,
-		port:   &port{f: f},
+		port:   &port{dev: dev, hostGrace: hostGrace},
 		free:   make(chan struct{}, 1),
 		closed: make(chan struct{}),
 		// While no host is connected the port reports POLLHUP at once,
@@ -74,6 +93,7 @@ func newSerialListener(f *os.File, path string) *SerialListener {
 		// shim re-attesting a VM that migrated to this node.
 		hostPoll: 10 * time.Millisecond,
 	}
+	l.port.hostPoll = l.hostPoll
 	l.free <- struct{}{}
 	return l
 }
@@ -86,50 +106,54 @@ func (l *SerialListener) Accept() (net.Conn, error) {
 	case <-l.closed:
 		return nil, net.ErrClosed
 	}
-	if err := l.waitForData(); err != nil {
+	hostSeen, err := l.waitForData()
+	if err != nil {
 		l.free <- struct{}{}
 		return nil, err
 	}
-	l.port.newConnection()
+	l.port.newConnection(hostSeen)
 	return &serialConn{port: l.port, name: l.path, release: func() { l.free <- struct{}{} }}, nil
 }
 
-// waitForData returns once the port has data for a connection. While no
-// host is connected the port polls POLLHUP: keep waiting.
-func (l *SerialListener) waitForData() error {
+// waitForData returns once the port has data for a connection, and whether
+// the driver has reported its host. While no host is connected the port
+// polls readable and POLLHUP at once: a read then tells the first bytes of a
+// host the driver has not reported yet from nothing (EOF). Without that
+// read, every poll would start a connection that reads EOF at once, a busy
+// loop that starves the guest's workqueue, which then reports arriving
+// hosts later still.
+func (l *SerialListener) waitForData() (hostSeen bool, err error) {
 	if l.port.buffered() {
-		return nil
-	}
-	raw, err := l.port.f.SyscallConn()
-	if err != nil {
-		return err
+		// A new client's request, which ended the previous connection
+		// before the driver reported the old host's departure: the
+		// driver's reports of both hosts may still be to come.
+		return false, nil
 	}
 	for {
 		select {
 		case <-l.closed:
-			return net.ErrClosed
+			return false, net.ErrClosed
 		default:
 		}
-		var (
-			revents int16
-			perr    error
-		)
-		err := raw.Control(func(fd uintptr) {
-			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-			_, perr = unix.Poll(fds, int(l.hostPoll/time.Millisecond))
-			revents = fds[0].Revents
-		})
+		readable, hup, err := l.port.dev.poll(l.hostPoll)
 		if err != nil {
-			return err
-		}
-		if perr != nil && !errors.Is(perr, unix.EINTR) {
-			return fmt.Errorf("poll %s: %w", l.path, perr)
+			return false, err
 		}
 		switch {
-		case revents&unix.POLLIN != 0:
-			return nil
-		case revents&(unix.POLLHUP|unix.POLLERR) != 0:
-			time.Sleep(l.hostPoll)
+		case readable && !hup:
+			return true, nil
+		case readable || hup:
+			got, err := l.port.fillNow()
+			switch {
+			case errors.Is(err, errWouldBlock):
+				// The driver has just seen a host arrive.
+			case err != nil:
+				return false, err
+			case got:
+				return false, nil
+			default:
+				time.Sleep(l.hostPoll) // no host
+			}
 		}
 	}
 }
@@ -150,7 +174,9 @@ func (a serialAddr) String() string  { return string(a) }
 
 // port is the open device with the framing state of the current connection.
 type port struct {
-	f *os.File
+	dev device
+	// hostGrace and hostPoll: see SerialListener.
+	hostGrace, hostPoll time.Duration
 
 	mu sync.Mutex // one reader at a time; guards the fields below
 	// buf holds bytes read from the device not yet delivered.
@@ -161,6 +187,10 @@ type port struct {
 	lastStream uint32
 	// ended is set when the current connection has seen its end.
 	ended bool
+	// hostSeen is set once the driver has reported the current
+	// connection's host connected; until then an EOF may only mean that
+	// the report is still to come.
+	hostSeen bool
 }
 
 func (p *port) buffered() bool {
@@ -169,29 +199,76 @@ func (p *port) buffered() bool {
 	return len(p.buf) > 0
 }
 
-func (p *port) newConnection() {
+func (p *port) newConnection(hostSeen bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.inFrame, p.lastStream, p.ended = 0, 0, false
-	_ = p.f.SetWriteDeadline(time.Time{})
+	p.inFrame, p.lastStream, p.ended, p.hostSeen = 0, 0, false, hostSeen
+	_ = p.dev.SetWriteDeadline(time.Time{})
 }
 
-// fill reads more bytes from the device. On EOF (the host disconnected) the
-// partial data of the vanished host is dropped.
-func (p *port) fill() error {
+// fillNow reads what the device has without waiting: got reports data,
+// errWouldBlock a host connected with nothing sent yet; neither: no host.
+func (p *port) fillNow() (got bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	chunk := make([]byte, 64*1024)
-	n, err := p.f.Read(chunk)
+	n, _, err := p.dev.read(chunk, false)
 	p.buf = append(p.buf, chunk[:n]...)
-	if n > 0 {
-		return nil
+	return n > 0, err
+}
+
+// fill reads more bytes from the device, waiting for them. On EOF (the host
+// disconnected) the partial data of the vanished host is dropped.
+func (p *port) fill(closed func() bool) error {
+	chunk := make([]byte, 64*1024)
+	for {
+		n, connected, err := p.dev.read(chunk, true)
+		if connected {
+			p.hostSeen = true
+		}
+		p.buf = append(p.buf, chunk[:n]...)
+		if n > 0 {
+			return nil
+		}
+		if err == nil || errors.Is(err, unix.EPIPE) {
+			had := len(p.buf)
+			if !p.hostSeen && p.awaitHost(closed) {
+				// The host is there: its report was late.
+				if len(p.buf) > had {
+					return nil
+				}
+				continue
+			}
+			err = io.EOF
+		}
+		if errors.Is(err, io.EOF) {
+			p.buf = nil
+		}
+		return err
 	}
-	if err == nil || errors.Is(err, unix.EPIPE) {
-		err = io.EOF
+}
+
+// awaitHost waits, up to hostGrace, for the driver to report the host of a
+// connection that has read bytes the driver delivered before reporting their
+// host, and reports whether it did, or delivered more of its bytes.
+func (p *port) awaitHost(closed func() bool) bool {
+	chunk := make([]byte, 64*1024)
+	deadline := time.Now().Add(p.hostGrace)
+	for time.Now().Before(deadline) && !closed() {
+		time.Sleep(p.hostPoll)
+		n, _, err := p.dev.read(chunk, false)
+		p.buf = append(p.buf, chunk[:n]...)
+		switch {
+		case n > 0:
+			return true
+		case errors.Is(err, errWouldBlock):
+			p.hostSeen = true
+			return true
+		case err != nil:
+			return false
+		}
 	}
-	if errors.Is(err, io.EOF) {
-		p.buf = nil
-	}
-	return err
+	return false
 }
 
 // read delivers the current connection's bytes to b.
@@ -223,7 +300,7 @@ func (p *port) read(b []byte, closed func() bool) (int, error) {
 			p.inFrame = frameHeaderLen + int(length)
 			continue
 		}
-		if err := p.fill(); err != nil {
+		if err := p.fill(closed); err != nil {
 			p.ended = true
 			return 0, err
 		}
@@ -253,7 +330,7 @@ func (c *serialConn) Read(b []byte) (int, error) {
 	if err != nil && !c.ended.Swap(true) {
 		// A write blocked on the port (a disconnected host cannot take
 		// data) must not complete into the next host's connection.
-		_ = c.port.f.SetWriteDeadline(time.Now())
+		_ = c.port.dev.SetWriteDeadline(time.Now())
 	}
 	return n, err
 }
@@ -262,7 +339,7 @@ func (c *serialConn) Write(b []byte) (int, error) {
 	if c.isClosed() || c.ended.Load() {
 		return 0, net.ErrClosed
 	}
-	return c.port.f.Write(b)
+	return c.port.dev.Write(b)
 }
 
 // Close ends the connection; the port stays open for the next one.
@@ -278,6 +355,6 @@ func (c *serialConn) Close() error {
 
 func (c *serialConn) LocalAddr() net.Addr                { return serialAddr(c.name) }
 func (c *serialConn) RemoteAddr() net.Addr               { return serialAddr("host") }
-func (c *serialConn) SetDeadline(t time.Time) error      { return c.port.f.SetDeadline(t) }
-func (c *serialConn) SetReadDeadline(t time.Time) error  { return c.port.f.SetReadDeadline(t) }
-func (c *serialConn) SetWriteDeadline(t time.Time) error { return c.port.f.SetWriteDeadline(t) }
+func (c *serialConn) SetDeadline(t time.Time) error      { return c.port.dev.SetDeadline(t) }
+func (c *serialConn) SetReadDeadline(t time.Time) error  { return c.port.dev.SetReadDeadline(t) }
+func (c *serialConn) SetWriteDeadline(t time.Time) error { return c.port.dev.SetWriteDeadline(t) }

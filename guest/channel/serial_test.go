@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/containerd/ttrpc"
 	"golang.org/x/sys/unix"
@@ -32,7 +33,11 @@ func hostPair(t *testing.T) (*SerialListener, *os.File) {
 	guest := os.NewFile(uintptr(fds[0]), "guest")
 	host := os.NewFile(uintptr(fds[1]), "host")
 	t.Cleanup(func() { guest.Close(); host.Close() })
-	return newSerialListener(guest, "test-port"), host
+	dev, err := newFileDevice(guest, "test-port")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newSerialListener(dev, "test-port"), host
 }
 
 func frame(stream uint32, typ byte, payload string) []byte {
@@ -62,6 +67,9 @@ func readConn(t *testing.T, c net.Conn) []byte {
 
 func TestSerialNewClientStartsNewConnection(t *testing.T) {
 	l, host := hostPair(t)
+	// The second client leaves without the socket pair ever reporting it
+	// connected: its connection ends once hostGrace has passed.
+	l.port.hostGrace = 50 * time.Millisecond
 	first := append(frame(1, frameRequest, "a"), frame(3, frameRequest, "bb")...)
 	first = append(first, frame(1, 3, "data on stream 1")...) // data, not a new request
 	second := frame(1, frameRequest, "ccc")
@@ -96,8 +104,12 @@ func TestSerialNewClientStartsNewConnection(t *testing.T) {
 	}
 }
 
+// TestSerialHostDisconnectEndsConnection: a host that sent and left before
+// the guest took its bytes (a socket pair never reports a host: the
+// connection ends once hostGrace has passed).
 func TestSerialHostDisconnectEndsConnection(t *testing.T) {
 	l, host := hostPair(t)
+	l.port.hostGrace = 50 * time.Millisecond
 	whole := frame(1, frameRequest, "whole")
 	partial := frame(3, frameRequest, "partial")[:5] // not even a header
 	if _, err := host.Write(append(append([]byte{}, whole...), partial...)); err != nil {

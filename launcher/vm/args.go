@@ -219,13 +219,17 @@ func Args(spec Spec, backend tee.Backend) ([]string, error) {
 		// The first (only) virtio-blk disk: /dev/vda in the guest.
 		argv = append(argv, rootDiskArgs(rootDiskID, spec.Root.Path)...)
 	}
-	argv = append(argv, rngArgs("rng0")...)
-	argv = append(argv, scsiControllerArgs(scsiControllerID)...)
+	argv = append(argv, rngArgs("rng0", spec.Accel)...)
+	argv = append(argv, scsiControllerArgs(scsiControllerID, spec.Accel)...)
 	if spec.VsockCID != 0 {
 		argv = append(argv, vsockArgs("vsock0", spec.VsockCID)...)
 	}
 	if spec.VsockCID == 0 || len(pieces.Ports) > 0 {
-		argv = append(argv, virtioSerialArgs("serial0")...)
+		ports := len(pieces.Ports)
+		if spec.VsockCID == 0 {
+			ports++ // the agent's
+		}
+		argv = append(argv, virtioSerialArgs("serial0", ports, spec.Accel)...)
 	}
 	for i, name := range pieces.Ports {
 		argv = append(argv, serialPortArgs("serial0.0", fmt.Sprintf("port%d", i), fmt.Sprintf("charport%d", i),

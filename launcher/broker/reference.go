@@ -43,7 +43,7 @@ const SignatureSuffix = ".sig"
 // ReferenceFromManifest returns the reference values an image manifest
 // (manifest.json, manifest.Parse) gives TEE tee: digests.sim or
 // digests.snp by vCPU count; for tdx, MRTD with the predicted RTMR1 and
-// RTMR2 when the manifest has them.
+// RTMR2, which it must have.
 func ReferenceFromManifest(data []byte, tee, source string) (Reference, error) {
 	m, err := manifest.Parse(data)
 	if err != nil {
@@ -65,8 +65,10 @@ func ReferenceFromManifest(data []byte, tee, source string) (Reference, error) {
 		}
 		ref.RTMRs = make([]attest.Hex, 4)
 		for i, r := range map[int]string{1: d.RTMR1, 2: d.RTMR2} {
+			// RTMR1 and RTMR2 hold the kernel, its command line and the
+			// initrd: without them MRTD alone would admit any of these.
 			if r == "" {
-				continue
+				return Reference{}, fmt.Errorf("reference values %s: the manifest predicts no rtmr%d (digests.tdx.rtmr1, rtmr2): a TD's kernel, command line and initrd cannot be checked without it; rebuild the image with a current mkmanifest", source, i)
 			}
 			if ref.RTMRs[i], err = attest.ParseHex(r); err != nil || len(ref.RTMRs[i]) != digestSize {
 				return Reference{}, fmt.Errorf("reference values %s: rtmr%d %q is not a SHA-384 hex digest", source, i, r)

@@ -286,4 +286,18 @@ func TestReferenceFromManifestTDX(t *testing.T) {
 	if _, err := ReferenceFromManifest([]byte(`{"schema": "x"}`), "sim", "m.json"); err == nil {
 		t.Fatal("a malformed manifest was read")
 	}
+	// Without RTMR1 or RTMR2, MRTD alone would admit any kernel, command
+	// line and initrd: refused.
+	for _, d := range []manifest.TDXDigests{{MRTD: mrtd, RTMR2: r2}, {MRTD: mrtd, RTMR1: r1}} {
+		if err := m.SetTDX(d); err != nil {
+			t.Fatal(err)
+		}
+		b, err := m.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ref, err := ReferenceFromManifest(b, "tdx", "m.json"); err == nil || !strings.Contains(err.Error(), "predicts no rtmr") {
+			t.Errorf("a TDX manifest without rtmr1 or rtmr2 (%+v): %+v, err = %v", d, ref, err)
+		}
+	}
 }

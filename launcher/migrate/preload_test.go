@@ -79,6 +79,13 @@ func TestPreloadedSourceCreds(t *testing.T) {
 		if preloadSourceCreds(ctx, q, t.TempDir(), dst, Options{})() {
 			t.Fatal("a failed object-add counted as loaded")
 		}
+		// The add may have taken effect with its reply lost (a cancelled
+		// context): what it may have left is removed.
+		reset := &recorder{}
+		resetStreamTLS(ctx, reset)
+		if n := len(q.calls) - len(reset.calls); n < 1 || mustJSON(t, q.calls[n:]) != mustJSON(t, reset.calls) {
+			t.Fatalf("a failed load ran %s; want the credentials removed after it (%s)", mustJSON(t, q.calls), mustJSON(t, reset.calls))
+		}
 	})
 }
 

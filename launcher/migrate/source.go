@@ -274,6 +274,9 @@ func preloadSourceCreds(ctx context.Context, q executor, stateDir string, dst *C
 		err := loadSourceCreds(ctx, q, stateDir, identity)
 		if err != nil {
 			log.G(ctx).WithError(err).Debug("migrate: loading the stream credentials ahead")
+			// A failed or cancelled load may have left its object in
+			// QEMU (added, its reply lost): leave the node's key nowhere.
+			resetStreamTLS(context.WithoutCancel(ctx), q)
 		}
 		done <- err == nil
 	}()

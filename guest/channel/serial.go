@@ -191,6 +191,17 @@ type port struct {
 	// connection's host connected; until then an EOF may only mean that
 	// the report is still to come.
 	hostSeen bool
+	// chunk is the one read buffer (chunkBuf): a port waiting for its
+	// host reads every hostPoll, which must not allocate each time.
+	chunk []byte
+}
+
+// chunkBuf returns the port's read buffer. The caller holds mu.
+func (p *port) chunkBuf() []byte {
+	if p.chunk == nil {
+		p.chunk = make([]byte, 64*1024)
+	}
+	return p.chunk
 }
 
 func (p *port) buffered() bool {
@@ -211,7 +222,7 @@ func (p *port) newConnection(hostSeen bool) {
 func (p *port) fillNow() (got bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	chunk := make([]byte, 64*1024)
+	chunk := p.chunkBuf()
 	n, _, err := p.dev.read(chunk, false)
 	p.buf = append(p.buf, chunk[:n]...)
 	return n > 0, err
@@ -220,7 +231,7 @@ func (p *port) fillNow() (got bool, err error) {
 // fill reads more bytes from the device, waiting for them. On EOF (the host
 // disconnected) the partial data of the vanished host is dropped.
 func (p *port) fill(closed func() bool) error {
-	chunk := make([]byte, 64*1024)
+	chunk := p.chunkBuf()
 	for {
 		n, connected, err := p.dev.read(chunk, true)
 		if connected {
@@ -252,7 +263,7 @@ func (p *port) fill(closed func() bool) error {
 // connection that has read bytes the driver delivered before reporting their
 // host, and reports whether it did, or delivered more of its bytes.
 func (p *port) awaitHost(closed func() bool) bool {
-	chunk := make([]byte, 64*1024)
+	chunk := p.chunkBuf()
 	deadline := time.Now().Add(p.hostGrace)
 	for time.Now().Before(deadline) && !closed() {
 		time.Sleep(p.hostPoll)

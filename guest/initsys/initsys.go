@@ -45,6 +45,42 @@ var mounts = []mount{
 	{"cgroup2", "/sys/fs/cgroup", "cgroup2", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_RELATIME, "nsdelegate"},
 }
 
+// Mount mounts the API filesystem MountAll mounts at target, with the same
+// flags, unless target is a mount point already.
+func Mount(target string) error {
+	for _, m := range mounts {
+		if m.target == target {
+			return m.mount()
+		}
+	}
+	return fmt.Errorf("%s is not an API filesystem's mount point", target)
+}
+
+func (m mount) mount() error {
+	if err := os.MkdirAll(m.target, 0o755); err != nil {
+		return fmt.Errorf("create mount point %s: %w", m.target, err)
+	}
+	if mounted(m.target) {
+		return nil
+	}
+	err := unix.Mount(m.source, m.target, m.fstype, m.flags, m.data)
+	if err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err)
+	}
+	return nil
+}
+
+// mounted reports whether dir is a mount point: on another file system
+// than its parent. (A mount of proc, sysfs or devtmpfs over one already
+// there does not fail with EBUSY: it stacks another.)
+func mounted(dir string) bool {
+	var st, parent unix.Stat_t
+	if unix.Stat(dir, &st) != nil || unix.Stat(filepath.Dir(dir), &parent) != nil {
+		return false
+	}
+	return st.Dev != parent.Dev
+}
+
 // cgroupControllers are enabled for the containers' cgroups where the kernel
 // has them.
 var cgroupControllers = []string{"cpu", "memory", "pids", "io", "cpuset", "hugetlb"}
@@ -59,18 +95,12 @@ func SetupConsoleLogging(level logrus.Level) {
 }
 
 // MountAll mounts the API filesystems and cgroup2 and enables the cgroup
-// controllers. Mount points that are already mounted are left alone.
+// controllers. Mount points that are already mounted (the sealed image's
+// first stage mounted /proc, /sys and /dev) are left alone.
 func MountAll() error {
 	for _, m := range mounts {
-		if err := os.MkdirAll(m.target, 0o755); err != nil {
-			return fmt.Errorf("create mount point %s: %w", m.target, err)
-		}
-		err := unix.Mount(m.source, m.target, m.fstype, m.flags, m.data)
-		if errors.Is(err, unix.EBUSY) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err)
+		if err := m.mount(); err != nil {
+			return err
 		}
 	}
 	for _, l := range [][2]string{

@@ -39,7 +39,6 @@
 package stage1
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -73,30 +72,15 @@ const (
 	deviceWait = 10 * time.Second
 )
 
-// apiMount is one of the API file systems the first stage mounts. Their
-// flags are those the agent mounts them with (initsys), which leaves
-// these mounts in place.
-type apiMount struct {
-	src, dst, fstype string
-	flags            uintptr
-	data             string
-}
-
-var (
-	procMount  = apiMount{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""}
-	rootMounts = []apiMount{
-		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
-		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
-	}
-)
-
 // Run does the first stage when the kernel command line names a sealed
 // root (c8s.root=): it returns true once the verified root is /, with the
 // API file systems mounted in it. Without c8s.root= it returns false and
 // has mounted /proc alone (the unsealed initramfs). An error means the VM
 // must not go on: hand it to Fail.
 func Run() (bool, error) {
-	if err := mountAPI(procMount); err != nil {
+	// The API file systems get the flags the agent mounts them with
+	// (initsys), which then leaves these mounts in place.
+	if err := initsys.Mount("/proc"); err != nil {
 		return false, err
 	}
 	cmdline, err := os.ReadFile("/proc/cmdline")
@@ -107,8 +91,8 @@ func Run() (bool, error) {
 	if err != nil || !sealed {
 		return false, err
 	}
-	for _, m := range rootMounts {
-		if err := mountAPI(m); err != nil {
+	for _, d := range []string{"/sys", "/dev"} {
+		if err := initsys.Mount(d); err != nil {
 			return false, err
 		}
 	}
@@ -177,17 +161,6 @@ func switchRoot() error {
 		return fmt.Errorf("chroot into the verified root: %w", err)
 	}
 	return unix.Chdir("/")
-}
-
-// mountAPI mounts m; one mounted already is left alone.
-func mountAPI(m apiMount) error {
-	if err := os.MkdirAll(m.dst, 0o755); err != nil {
-		return err
-	}
-	if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
-		return fmt.Errorf("mount %s: %w", m.dst, err)
-	}
-	return nil
 }
 
 // mountRuntime bind-mounts the initramfs's RuntimeDir read-only (no

@@ -16,7 +16,6 @@ DEMO_PACKAGES=(
 	ovmf
 	busybox-static
 	runc
-	crun
 	cryptsetup-bin
 	erofs-utils
 	systemd-boot-efi
@@ -29,6 +28,11 @@ DEMO_PACKAGES=(
 	libc6-dev
 	make
 	git
+	# the guest's crun, built static from Debian's source (images/crun.sh)
+	curl
+	libseccomp-dev
+	libcap-dev
+	libyajl-dev
 )
 # What the rest of the build and every test need besides.
 TEST_PACKAGES=(
@@ -46,7 +50,6 @@ TEST_PACKAGES=(
 	openssl
 	linux-image-amd64
 	docker-registry
-	curl
 	iproute2
 	debootstrap
 	linux-perf # hack/bench-start.sh: host CPU per pod by process and thread

@@ -4,9 +4,9 @@
 # Builds the sealed c8s guest image into OUTDIR, reproducibly, from pinned
 # Debian packages and the guest binaries built by `make build`:
 #   vmlinuz           the kernel of KERNEL_PKG at KERNEL_VERSION
-#   rootfs.img        the guest root: an erofs file system holding runc, symlinks
-#                     to crun and the libraries crun and runc link (in the runtime
-#                     tree below), the kernel modules the agent loads
+#   rootfs.img        the guest root: an erofs file system holding runc and the
+#                     libraries it links, a symlink to crun (in the runtime tree
+#                     below), the kernel modules the agent loads
 #                     (/etc/c8s/modules), /etc/c8s/image.json; followed by its
 #                     dm-verity hash tree (veritysetup, fixed salt and UUIDs)
 #   initrd.img        the modules the first stage needs to map rootfs.img through
@@ -14,7 +14,7 @@
 #                     uncompressed cpio of what runs from memory: the agent as
 #                     /init, which runs the first stage in its own process
 #                     (guest/stage1) and goes on as the agent in the verified
-#                     root, and the runtime tree (crun and those libraries),
+#                     root, and the runtime tree (crun, static: images/crun.sh),
 #                     which the first stage mounts read-only at RUNTIME_MOUNT there
 #   initrd-plain.img  the unsealed initramfs of the same root tree (development,
 #                     and the baseline `make bench` compares sealed boots with)
@@ -141,9 +141,10 @@ for t in sim snp tdx; do
 	[[ -n "${TEE_PARAMS[$t]}" ]] || die "$LAUNCHER kernel-params -tee $t printed nothing"
 done
 RUNC=$(command -v runc) || die "runc not found; run 'make deps'"
-CRUN=$(command -v crun) || die "crun not found; run 'make deps'"
 
 mkdir -p "$OUTDIR" "$CACHE"
+# crun: Debian's source built static (images/crun.sh says why), cached.
+CRUN=$("$ROOT/images/crun.sh" "$CACHE") || die "cannot build the guest's crun (images/crun.sh)"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/c8s-image.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
@@ -250,8 +251,14 @@ R="$WORK/root"
 mkdir -p "$R"/{proc,sys,dev,run,tmp,mnt,etc/c8s,usr/bin,lib/modules/"$KREL"}
 chmod 1777 "$R/tmp"
 install -m 0755 "$RUNC" "$R/usr/bin/runc"
-# What runs from memory: the agent and crun with the libraries crun and runc
-# link are members of the measured initramfs (initrd.img), not of the
+# runc and the libraries it links live in the verified root: the guest runs
+# runc only where the image has no crun (guest/boot).
+while read -r lib; do
+	mkdir -p "$R$(dirname "$lib")"
+	install -m 0755 "$(readlink -f "$lib")" "$R$lib"
+done < <(ldd "$RUNC" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
+# What runs from memory: the agent and crun (static: it links nothing) are
+# members of the measured initramfs (initrd.img), not of the
 # verified root. Read through dm-verity, every page of their first run was
 # hashed on the way in: 0.89 s of guest time from the agent's exec to its
 # main, 0.34 s for a first `crun --version`, against 0.04 s and 0.06 s from
@@ -265,11 +272,6 @@ mkdir -p "$M/runtime/usr/bin" "$R$RUNTIME_MOUNT"
 install -m 0755 "$AGENT" "$M/init"
 install -m 0755 "$CRUN" "$M/runtime/usr/bin/crun"
 ln -s "$RUNTIME_MOUNT/usr/bin/crun" "$R/usr/bin/crun"
-while read -r lib; do
-	mkdir -p "$M/runtime$(dirname "$lib")" "$R$(dirname "$lib")"
-	install -m 0755 "$(readlink -f "$lib")" "$M/runtime$lib"
-	ln -s "$RUNTIME_MOUNT$lib" "$R$lib"
-done < <(for b in "$RUNC" "$CRUN"; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
 install_modules "$R" "${MODULES[@]}"
 # The public Web PKI roots: Debian's ca-certificates (the Mozilla set it
 # ships, in a fixed order, not the host's generated bundle, which local
@@ -299,10 +301,16 @@ declare -A owners=()
 while read -r f; do
 	pkg=$(owner "$f")
 	owners[$pkg]=1
-done < <(echo "$RUNC"; echo "$CRUN"; for b in "$RUNC" "$CRUN"; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
-for pkg in $(printf '%s\n' "${!owners[@]}" | sort); do
-	PACKAGES+=("$pkg=$(pkgver "$pkg")")
-done
+done < <(echo "$RUNC"; ldd "$RUNC" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | sort -u)
+# crun's source package, and the compiler and static libraries that went
+# into it (images/crun.sh lists them beside the binary).
+mapfile -t crun_packages <"$(dirname "$CRUN")/packages"
+while read -r p; do
+	PACKAGES+=("$p")
+done < <({
+	for pkg in "${!owners[@]}"; do echo "$pkg=$(pkgver "$pkg")"; done
+	printf '%s\n' "${crun_packages[@]}"
+} | sort -u -t= -k1,1)
 AGENT_SHA256=$(sha256sum "$AGENT" | cut -d' ' -f1)
 cat >"$R/etc/c8s/image.json" <<EOJ
 {

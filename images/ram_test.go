@@ -3,6 +3,7 @@ package images
 import (
 	"bytes"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"os"
 	"os/exec"
@@ -100,7 +101,7 @@ func extractRoot(t *testing.T, rootfs string) string {
 
 // TestWhatRunsFromMemory checks the layout the first stage relies on: the
 // measured initrd.img carries the agent the manifest names, as /init, and
-// the runtime tree (crun and the libraries it links), and its first archive
+// the runtime tree (crun alone, static), and its first archive
 // no program at all; the verified root has neither, only an empty mount
 // point and a symlink into it for each runtime file, so that every byte the
 // guest executes has one home, covered by the launch measurement or by
@@ -142,8 +143,27 @@ func TestWhatRunsFromMemory(t *testing.T) {
 	if got := hex.EncodeToString(sum[:]); got != m.AgentSHA256 {
 		t.Errorf("the agent in initrd.img has sha256 %s, the manifest says %s", got, m.AgentSHA256)
 	}
-	if _, ok := runtime["/usr/bin/crun"]; !ok {
+	crun, ok := runtime["/usr/bin/crun"]
+	if !ok {
 		t.Fatalf("initrd.img's runtime tree has no /usr/bin/crun; it has %d files", len(runtime))
+	}
+	// crun is static (images/crun.sh): no dynamic loader, no libraries to
+	// map at every create and start, and nothing else in the tree.
+	bin, err := elf.NewFile(bytes.NewReader(crun.Body))
+	if err != nil {
+		t.Fatalf("initrd.img's crun is not an ELF file: %v", err)
+	}
+	for _, p := range bin.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Errorf("initrd.img's crun is dynamically linked (it has a PT_INTERP): build it with images/crun.sh")
+		}
+	}
+	if len(runtime) != 1 {
+		names := make([]string, 0, len(runtime))
+		for p := range runtime {
+			names = append(names, p)
+		}
+		t.Errorf("initrd.img's runtime tree has %v; want crun alone", names)
 	}
 
 	root := extractRoot(t, rootfsPath)

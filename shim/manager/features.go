@@ -20,15 +20,16 @@ import (
 //   - what needs a peer on the host (a seccomp notify listener) is not.
 //
 // testdata/golden/features.json is the resulting document; the tests hold
-// it there and check the crun facts against the build host's crun, which
-// images/build.sh copies into the image.
+// it there and check the crun facts against images/crun.sh, which builds
+// the image's crun.
 const (
 	// guestCrunVersion and guestCrunCommit are `crun --version` of the
-	// image's crun: Debian 12's crun 1.8.1-1+deb12u1.
+	// image's crun: Debian 12's crun 1.8.1-1+deb12u1, built static
+	// (images/crun.sh).
 	guestCrunVersion = "1.8.1"
 	guestCrunCommit  = "f8a096be060b22ccd3d5f3ebe44108517fbf6c30"
-	// guestLibseccompVersion is Debian 12's libseccomp2, which the image
-	// carries for crun.
+	// guestLibseccompVersion is Debian 12's libseccomp, which
+	// images/crun.sh links into crun.
 	guestLibseccompVersion = "2.5.4"
 	// guestKernelSeries is the guest kernel (images/build.sh KERNEL_PKG).
 	// rro needs 5.12 (mount_setattr), idmapped tmpfs 6.3.

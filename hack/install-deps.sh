@@ -30,6 +30,7 @@ DEMO_PACKAGES=(
 	git
 	# the guest's crun, built static from Debian's source (images/crun.sh)
 	curl
+	pkgconf
 	libseccomp-dev
 	libcap-dev
 	libyajl-dev

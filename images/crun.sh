@@ -52,7 +52,7 @@ die() {
 
 [[ $# -eq 1 ]] || die "usage: images/crun.sh CACHE"
 CACHE=$1
-for tool in curl sha256sum xz tar gcc make ar strip readelf git dpkg-query; do
+for tool in curl sha256sum xz tar gcc make ar strip readelf git dpkg-query pkg-config; do
 	command -v "$tool" >/dev/null || die "$tool not found; run 'make deps' (hack/install-deps.sh)"
 done
 versions=""

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/containerd/errdefs"
@@ -141,5 +142,58 @@ func TestMaliciousHostOnlinesMemoryAfterInitData(t *testing.T) {
 	}
 	if _, err := svc.OnlineCPUMem(ctx, &agentapi.OnlineCPUMemRequest{TimeoutMs: 1}); !errdefs.IsFailedPrecondition(err) {
 		t.Fatalf("OnlineCPUMem in an SNP guest after SetInitData: %v, want refused", err)
+	}
+}
+
+// The host attests the pod (GetEvidence) before its first container; the
+// agent takes the launch digest from that evidence rather than reading
+// its own again. A VM launched with init data still takes no container
+// before SetInitData, whichever request read the digest first.
+func TestMaliciousHostAttestsThenSkipsInitData(t *testing.T) {
+	ctx := context.Background()
+	doc := []byte("version = \"0.1\"\n[agent_policy]\nallow_exec = false\n")
+	calls := 0
+	svc := &Service{cfg: Config{Evidence: snpEvidence(initdata.Digest(doc), &calls)}, containers: map[string]*container{}}
+	if _, err := svc.GetEvidence(ctx, &agentapi.GetEvidenceRequest{Nonce: []byte("host nonce")}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := svc.CreateContainer(ctx, &agentapi.CreateContainerRequest{ContainerId: "c1", Rootfs: rootfsReq()})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "init data") {
+		t.Fatalf("CreateContainer after GetEvidence, before SetInitData, in a VM launched with init data: %v, want failed precondition for the init data", err)
+	}
+	// Refused before the lookup, not NotFound.
+	if _, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "none", ExecId: "e0", Process: []byte(`{"args":["sh"]}`)}); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("ExecProcess after GetEvidence, before SetInitData: %v, want failed precondition", err)
+	}
+	if calls != 1 {
+		t.Errorf("evidence was read %d times, want once (the host's GetEvidence)", calls)
+	}
+}
+
+// A VM launched without init data: the evidence the host asked for says
+// so, and the first create reads no evidence of its own.
+func TestGetEvidenceSparesTheLaunchRead(t *testing.T) {
+	ctx := context.Background()
+	calls := 0
+	svc := &Service{cfg: Config{Evidence: snpEvidence([32]byte{}, &calls)}}
+	if _, err := svc.GetEvidence(ctx, &agentapi.GetEvidenceRequest{Nonce: []byte("n")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.requirePolicy(ctx, "create"); err != nil {
+		t.Fatalf("HOST_DATA zero: %v", err)
+	}
+	if calls != 1 {
+		t.Errorf("evidence was read %d times, want once", calls)
+	}
+	// Evidence whose launch digest cannot be read records nothing: the
+	// create reads its own, and fails closed on it.
+	short := &Service{cfg: Config{Evidence: func(context.Context, [64]byte) (*agentapi.GetEvidenceResponse, error) {
+		return &agentapi.GetEvidenceResponse{Kind: "snp", Provider: "sim", Report: make([]byte, 16)}, nil
+	}}}
+	if _, err := short.GetEvidence(ctx, &agentapi.GetEvidenceRequest{Nonce: []byte("n")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := short.requirePolicy(ctx, "create"); err == nil {
+		t.Fatal("evidence without a readable launch digest let a container through")
 	}
 }

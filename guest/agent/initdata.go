@@ -99,7 +99,8 @@ func (s *Service) execAllowed() bool {
 // exec or update until the host has handed it that init data, so that the
 // host cannot act under the allow-all policy of a pod without one by
 // skipping SetInitData or by calling ahead of it. The launch digest is read
-// from the guest's evidence once; a VM without a TEE, or launched without
+// from the guest's evidence once (or taken from the evidence the host
+// asked for first, noteLaunch); a VM without a TEE, or launched without
 // init data, has the allow-all policy from the start, except one started
 // as snp or tdx, which has policyapi.ZeroLaunchDefault (confidential.go).
 func (s *Service) requirePolicy(ctx context.Context, what string) error {
@@ -149,6 +150,29 @@ func (s *Service) requirePolicy(ctx context.Context, what string) error {
 		return s.enforceZeroLaunch()
 	}
 	return nil
+}
+
+// noteLaunch records what evidence from this guest's own TEE says of the
+// launch, as requirePolicy would read it: whether the VM was launched with
+// init data (a launch digest that is not zero) and the evidence's
+// provider. Whoever asked for the evidence (GetEvidence: the host, with
+// its nonce bound in) it comes from the TEE, and the launch digest is the
+// same in every report of the VM (launchDigest reads it from what the
+// guest read itself, never from a host-relayed quote). Evidence whose
+// digest cannot be read records nothing: requirePolicy then reads its
+// own, and fails closed.
+func (s *Service) noteLaunch(ev *agentapi.GetEvidenceResponse) {
+	digest, _, err := launchDigest(ev)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.launchKnown {
+		return
+	}
+	s.launchKnown, s.launchProvider = true, ev.Provider
+	s.launchMeasured = !bytes.Equal(digest, make([]byte, len(digest)))
 }
 
 // confidential reports whether this guest's evidence comes from TEE

@@ -351,8 +351,11 @@ func (s *Service) openLayer(ctx context.Context, l *layer, disk *agentapi.ScsiDi
 // it, and logs it the first time.
 func (s *Service) checkLayer(ctx context.Context, l *layer) error {
 	if l.corrupt != nil {
-		l.corrupt.Containers = l.userList()
-		return l.corrupt
+		// A copy: the one returned before may still be formatted by
+		// the request it failed.
+		e := *l.corrupt
+		e.Containers = l.userList()
+		return &e
 	}
 	if !l.dmOpen {
 		return nil

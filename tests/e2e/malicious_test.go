@@ -179,6 +179,12 @@ func testAgentPolicyPod(t *testing.T, h *hostEnv) {
 	ag, pf := p.sb.Agent, p.sb.PortForward()
 
 	t.Run("BeforeInitData", func(t *testing.T) {
+		// The host attests first, as the shim does: the agent takes
+		// the launch digest from that evidence (it spares the create
+		// reading its own), and the refusals below must still hold.
+		if _, err := ag.GetEvidence(c, &agent.GetEvidenceRequest{Nonce: []byte("malicious host attests first")}); err != nil {
+			t.Fatalf("GetEvidence: %v", err)
+		}
 		t.Run("CreateContainer", func(t *testing.T) {
 			p.createRefused(t, c, "early", "early", sandboxSpec(sandboxArgs...), "sandbox",
 				errdefs.ErrFailedPrecondition, `container "early" refused`, "SetInitData")

@@ -173,7 +173,7 @@ func TestArgsBootTrimsAndFreePageReporting(t *testing.T) {
 			if !strings.HasPrefix(appendArg, BaseKernelParams+" ") || !strings.Contains(BaseKernelParams, " "+InitcallBlacklist) {
 				t.Errorf("-append %q does not start with the base parameters and their %s", appendArg, InitcallBlacklist)
 			}
-			for _, fn := range []string{"trace_eval_init", "init_kprobe_trace", "latency_fsnotify_init", "bpf_dummy_struct_ops_init", "bpf_tcp_ca_kfunc_init"} {
+			for _, fn := range []string{"trace_eval_init", "init_kprobe_trace", "latency_fsnotify_init", "bpf_dummy_struct_ops_init", "bpf_tcp_ca_kfunc_init", "ftrace_check_for_weak_functions"} {
 				if !strings.Contains(appendArg, fn) {
 					t.Errorf("-append %q does not blacklist %s", appendArg, fn)
 				}

@@ -49,9 +49,11 @@ type Manifest struct {
 	// Runc names the Debian package runc in the initramfs comes from.
 	Runc Package `json:"runc"`
 	// Packages lists every Debian package whose files are in the image
-	// (kernel, crun, runc and the libraries they link), sorted by name
-	// after the kernel: the provenance needed to rebuild the image byte
-	// for byte.
+	// (kernel, runc and the libraries it links), and, as src:NAME, the
+	// Debian source packages built into it (crun, images/crun.sh) with
+	// the packages whose compiler and static libraries went into them,
+	// sorted by name after the kernel: the provenance needed to rebuild
+	// the image byte for byte.
 	Packages []Package `json:"packages"`
 	// Cmdline is the part of the kernel command line every TEE shares:
 	// the launcher's built-in parameters and, for a sealed image, the

@@ -203,7 +203,7 @@ func TestFeaturesMatchTheImage(t *testing.T) {
 		}
 	}
 	for _, f := range []string{"+CRIU", "+WASM", "+LIBKRUN", "+SYSTEMD"} {
-		if !regexp.MustCompile(`(?m)^for f in .*` + regexp.QuoteMeta(f) + `.*; do\n.*!=`).Match(crun) {
+		if !regexp.MustCompile(`(?m)^\s*for f in .*` + regexp.QuoteMeta(f) + `.*; do\n.*!=`).Match(crun) {
 			t.Errorf("images/crun.sh no longer refuses a crun built with %s: update the annotations", f)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	"github.com/c8s-dev/c8s/guest/api/teeparam"
 	"github.com/c8s-dev/c8s/guest/attest"
 )
 
@@ -118,6 +119,20 @@ func TestMaliciousHostOnlinesMemoryInACVM(t *testing.T) {
 		_, err := svc.OnlineCPUMem(ctx, &agentapi.OnlineCPUMemRequest{TimeoutMs: 1})
 		if got := errdefs.IsFailedPrecondition(err); got != refused {
 			t.Errorf("provider %s: OnlineCPUMem = %v, want refused %v", provider, err, refused)
+		}
+	}
+}
+
+// A guest started as snp or tdx is a confidential VM whatever provider its
+// evidence names: hot-plugged memory stays offline even if the evidence
+// read says "sim".
+func TestMaliciousHostOnlinesMemoryInAGuestStartedAsCVM(t *testing.T) {
+	ctx := context.Background()
+	for _, tee := range []string{teeparam.SNP, teeparam.TDX} {
+		calls := 0
+		svc := &Service{cfg: Config{TEE: tee, SysDir: t.TempDir(), Evidence: snpEvidence([32]byte{}, &calls)}}
+		if _, err := svc.OnlineCPUMem(ctx, &agentapi.OnlineCPUMemRequest{TimeoutMs: 1}); !errdefs.IsFailedPrecondition(err) {
+			t.Errorf("guest started as %s, evidence from %q: OnlineCPUMem = %v, want refused", tee, attest.NameSim, err)
 		}
 	}
 }

@@ -175,9 +175,14 @@ func (s *Service) noteLaunch(ev *agentapi.GetEvidenceResponse) {
 	s.launchMeasured = !bytes.Equal(digest, make([]byte, len(digest)))
 }
 
-// confidential reports whether this guest's evidence comes from TEE
-// hardware (not the sim TEE, not none), as requirePolicy read it.
+// confidential reports whether this guest is a confidential VM: started
+// as snp or tdx (the measured command line), or with evidence from TEE
+// hardware (not the sim TEE, not none) as requirePolicy read it. Either
+// alone is enough.
 func (s *Service) confidential() bool {
+	if s.hardwareTEE() {
+		return true
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.launchProvider != "" && s.launchProvider != attest.NameSim

@@ -1,7 +1,9 @@
 package attest
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
 
 	tdxclient "github.com/google/go-tdx-guest/client"
@@ -11,11 +13,28 @@ import (
 // TDX TDREPORT layout (Intel TDX module ABI, TDREPORT_STRUCT): a 256-byte
 // REPORTMACSTRUCT, a 239-byte TEE_TCB_INFO, 17 reserved bytes, then
 // TDINFO: ATTRIBUTES (8), XFAM (8), MRTD (48), MRCONFIGID (48), ...
+// REPORTMACSTRUCT: REPORTTYPE (4), reserved (12), CPUSVN (16),
+// TEE_TCB_INFO_HASH (48), TEE_INFO_HASH (48), then REPORTDATA (64).
 const (
 	TDReportSize       = tdxlabi.TdReportSize
+	tdReportDataOffset = 128
 	tdInfoOffset       = 512
 	TDReportMRConfigID = tdInfoOffset + 8 + 8 + 48
 )
+
+// checkTDReport checks that a TDREPORT binds reportData, as checkSNPReport
+// does for SNP: the agent hands it out as this request's evidence.
+func checkTDReport(report []byte, reportData [64]byte) error {
+	if len(report) != TDReportSize {
+		return fmt.Errorf("the TDREPORT is %d bytes, not the %d of a TDREPORT_STRUCT", len(report), TDReportSize)
+	}
+	got := report[tdReportDataOffset : tdReportDataOffset+len(reportData)]
+	if !bytes.Equal(got, reportData[:]) {
+		return fmt.Errorf("the TDREPORT's REPORTDATA is %s, not the requested %s (a report for another request?)",
+			hex.EncodeToString(got), hex.EncodeToString(reportData[:]))
+	}
+	return nil
+}
 
 // TDXGuestDevice is the TDX guest driver's ioctl device.
 const TDXGuestDevice = "/dev/tdx_guest"
@@ -60,6 +79,9 @@ func (p *TDXGuest) TDReport(ctx context.Context, reportData [64]byte) ([]byte, e
 		if res != uintptr(tdxlabi.TdxAttestSuccess) {
 			return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: status %d", p.path, res)
 		}
+		if err := checkTDReport(req.TdReport[:], reportData); err != nil {
+			return nil, fmt.Errorf("tdx-guest %s: %w", p.path, err)
+		}
 		return &Evidence{TDReport: req.TdReport[:]}, nil
 	})
 	if err != nil {
@@ -99,6 +121,9 @@ func (p *TDXGuest) Evidence(ctx context.Context, reportData [64]byte) (*Evidence
 		res, err := d.Ioctl(tdxlabi.IocTdxGetReport, &req)
 		if err != nil || res != uintptr(tdxlabi.TdxAttestSuccess) {
 			return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: status %d: %v", p.path, res, err)
+		}
+		if err := checkTDReport(req.TdReport[:], reportData); err != nil {
+			return nil, fmt.Errorf("tdx-guest %s: %w", p.path, err)
 		}
 		return &Evidence{Kind: KindTDX, Provider: NameTDXGuest, Report: quote, TDReport: req.TdReport[:]}, nil
 	})

@@ -40,12 +40,26 @@ func sampleQuoteFor(t *testing.T, n [64]byte) []byte {
 	return quote
 }
 
+// tdReportFor is go-tdx-guest's sample TDREPORT with n in its
+// REPORTDATA, as the TDX module answers a request for n.
+func tdReportFor(n [64]byte) []byte {
+	r := bytes.Clone(testdata.RawReport[:TDReportSize])
+	copy(r[tdReportDataOffset:], n[:])
+	return r
+}
+
 // fakeTDXGuest is go-tdx-guest's fake tdx-guest device, answering the
 // nonce with a TDREPORT and that report with a quote.
 func fakeTDXGuest(t *testing.T, n [64]byte, quote []byte) *tdxtest.Device {
 	t.Helper()
+	return fakeTDXGuestReport(t, n, tdReportFor(n), quote)
+}
+
+// fakeTDXGuestReport is fakeTDXGuest answering n with report.
+func fakeTDXGuestReport(t *testing.T, n [64]byte, report, quote []byte) *tdxtest.Device {
+	t.Helper()
 	tc := tdxtest.TestCase{Name: "nonce", Input: n, Quote: quote}
-	copy(tc.Report[:], testdata.RawReport)
+	copy(tc.Report[:], report)
 	d, err := tdxtest.TcDevice([]tdxtest.TestCase{tc})
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +98,7 @@ func TestTDXGuestQuote(t *testing.T) {
 	}
 	// The TDREPORT the guest read itself comes with the quote: the agent
 	// takes MRCONFIGID from it, not from the host-relayed quote.
-	if !bytes.Equal(ev.TDReport, testdata.RawReport[:TDReportSize]) {
+	if !bytes.Equal(ev.TDReport, tdReportFor(n)) {
 		t.Errorf("TDREPORT (%d bytes) is not the TDX module's", len(ev.TDReport))
 	}
 	if err := d.Open(""); err != nil {
@@ -103,11 +117,30 @@ func TestTDReportBesideAnotherProvider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(ev.Report, quote) || !bytes.Equal(ev.TDReport, testdata.RawReport[:TDReportSize]) {
+	if !bytes.Equal(ev.Report, quote) || !bytes.Equal(ev.TDReport, tdReportFor(n)) {
 		t.Fatalf("evidence: quote %d bytes, TDREPORT %d bytes; want the provider's quote and the device's TDREPORT", len(ev.Report), len(ev.TDReport))
 	}
 	if _, err := w.Evidence(context.Background(), nonce(6)); err == nil {
 		t.Fatal("a TDREPORT for other report data than the device answers: no error")
+	}
+}
+
+// A TDREPORT that does not carry the requested REPORTDATA (the sample's
+// own, as a stale or substituted report would) is not evidence for this
+// request, whichever way the guest read it.
+func TestTDReportForAnotherRequest(t *testing.T) {
+	n := nonce(7)
+	quote := sampleQuoteFor(t, n)
+	stale := bytes.Clone(testdata.RawReport[:TDReportSize])
+	if _, err := tdxProvider(fakeTDXGuestReport(t, n, stale, quote)).Evidence(context.Background(), n); err == nil || !strings.Contains(err.Error(), "REPORTDATA") {
+		t.Errorf("quote and TDREPORT through tdx-guest: err = %v, want the TDREPORT's REPORTDATA named", err)
+	}
+	w := withTDReport{Provider: quoteOnly{quote}, tdx: tdxProvider(fakeTDXGuestReport(t, n, stale, quote))}
+	if _, err := w.Evidence(context.Background(), n); err == nil || !strings.Contains(err.Error(), "REPORTDATA") {
+		t.Errorf("TDREPORT beside configfs-tsm: err = %v, want the TDREPORT's REPORTDATA named", err)
+	}
+	if err := checkTDReport(make([]byte, 16), n); err == nil {
+		t.Error("a 16-byte TDREPORT passed")
 	}
 }
 

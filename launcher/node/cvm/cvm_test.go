@@ -171,6 +171,9 @@ func tdxNode(t *testing.T) (*guestattest.TDXGuest, []byte) {
 	copy(in[:], rd)
 	tc := tdxtest.TestCase{Name: "node", Input: in, Quote: testdata.RawQuote}
 	copy(tc.Report[:], testdata.RawReport)
+	// The TDREPORT binds the same REPORTDATA (TDREPORT offset 128,
+	// REPORTMACSTRUCT.REPORTDATA): the provider checks it does.
+	copy(tc.Report[128:], rd)
 	d, err := tdxtest.TcDevice([]tdxtest.TestCase{tc})
 	if err != nil {
 		t.Fatal(err)

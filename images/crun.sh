@@ -59,7 +59,7 @@ die() {
 
 [[ $# -eq 1 ]] || die "usage: images/crun.sh CACHE"
 CACHE=$1
-for tool in curl sha256sum xz tar gcc make ar strip readelf git dpkg-query pkg-config; do
+for tool in curl sha256sum xz tar gcc-12 make ar strip readelf git dpkg-query pkg-config; do
 	command -v "$tool" >/dev/null || die "$tool not found; run 'make deps' (hack/install-deps.sh)"
 done
 versions=""
@@ -128,14 +128,20 @@ fetch "$orig" "$CRUN_ORIG_SHA256"
 fetch "$debian" "$CRUN_DEBIAN_SHA256"
 
 echo "images: building a static crun $CRUN_VERSION-$CRUN_DEBIAN_REVISION (Debian's source, once; cached)" >&2
+# A clean environment for every step from extraction on: nothing of the
+# caller's (CC, CPPFLAGS, LIBS, PKG_CONFIG_PATH, MAKEFLAGS, TAR_OPTIONS,
+# GIT_*, a PATH with other tools first, git configuration) reaches the
+# build. The compiler is the gcc-12 the cache key names, whatever
+# /usr/bin/gcc points to.
+clean=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$WORK" LC_ALL=C TZ=UTC SOURCE_DATE_EPOCH=0 GIT_CONFIG_NOSYSTEM=1 CC=gcc-12)
 src="$WORK/crun-$CRUN_VERSION"
-tar -C "$WORK" -xJf "$WORK/$orig"
-tar -C "$src" -xJf "$WORK/$debian"
+"${clean[@]}" tar -C "$WORK" -xJf "$WORK/$orig"
+"${clean[@]}" tar -C "$src" -xJf "$WORK/$debian"
 # Debian's patches, in the order of their series (git apply works outside
 # a repository; the ceiling keeps it from finding one above WORK).
 while read -r p; do
 	[[ -z $p || $p == \#* ]] && continue
-	(cd "$src" && GIT_CEILING_DIRECTORIES="$WORK" git apply -p1 "debian/patches/$p") || die "Debian's patch $p does not apply"
+	(cd "$src" && "${clean[@]}" GIT_CEILING_DIRECTORIES="$WORK" git apply -p1 "debian/patches/$p") || die "Debian's patch $p does not apply"
 done <"$src/debian/patches/series"
 
 # libyajl-dev names its static library libyajl_s.a.
@@ -145,9 +151,6 @@ ln -s "$(dpkg-query -L libyajl-dev | grep '/libyajl_s\.a$' | head -n1)" "$WORK/l
 
 cflags="-O2 -g0 -ffile-prefix-map=$src=crun-$CRUN_VERSION -fstack-protector-strong -fstack-clash-protection -fcf-protection -D_FORTIFY_SOURCE=2 -Wformat -Werror=format-security"
 ldflags="-L$WORK/lib -static-pie -Wl,-z,relro -Wl,-z,now"
-# A clean environment: nothing of the caller's (CC, CPPFLAGS, LIBS,
-# PKG_CONFIG_PATH, MAKEFLAGS, ...) reaches the build.
-clean=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$WORK" LC_ALL=C TZ=UTC SOURCE_DATE_EPOCH=0)
 (
 	cd "$src"
 	"${clean[@]}" ./configure --prefix=/usr --disable-systemd --disable-criu --disable-dl --disable-shared --enable-static \
@@ -156,7 +159,7 @@ clean=(env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$WORK" LC_ALL=C TZ=UTC SO
 	"${clean[@]}" make -C libocispec -j"$(nproc)" >>"$WORK/build.log" 2>&1
 	"${clean[@]}" make -j"$(nproc)" crun LDFLAGS="$ldflags" >>"$WORK/build.log" 2>&1
 ) || die "the crun build failed; its log: $(tail -n 20 "$WORK/build.log")"
-strip --strip-all -o "$WORK/crun" "$src/crun"
+"${clean[@]}" strip --strip-all -o "$WORK/crun" "$src/crun"
 
 check "$WORK/crun"
 

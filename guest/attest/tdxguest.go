@@ -71,23 +71,30 @@ func openTDXDevice(path string) (tdxclient.Device, error) {
 // seen by the host before the guest hands it out.
 func (p *TDXGuest) TDReport(ctx context.Context, reportData [64]byte) ([]byte, error) {
 	ev, err := p.use(ctx, func(d tdxclient.Device) (*Evidence, error) {
-		req := tdxlabi.TdxReportReq{ReportData: reportData}
-		res, err := d.Ioctl(tdxlabi.IocTdxGetReport, &req)
-		if err != nil {
-			return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: %w", p.path, err)
-		}
-		if res != uintptr(tdxlabi.TdxAttestSuccess) {
-			return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: status %d", p.path, res)
-		}
-		if err := checkTDReport(req.TdReport[:], reportData); err != nil {
-			return nil, fmt.Errorf("tdx-guest %s: %w", p.path, err)
-		}
-		return &Evidence{TDReport: req.TdReport[:]}, nil
+		r, err := p.tdReport(d, reportData)
+		return &Evidence{TDReport: r}, err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return ev.TDReport, nil
+}
+
+// tdReport reads the TDREPORT for reportData through the open device d
+// and checks that it binds reportData.
+func (p *TDXGuest) tdReport(d tdxclient.Device, reportData [64]byte) ([]byte, error) {
+	req := tdxlabi.TdxReportReq{ReportData: reportData}
+	res, err := d.Ioctl(tdxlabi.IocTdxGetReport, &req)
+	if err != nil {
+		return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: %w", p.path, err)
+	}
+	if res != uintptr(tdxlabi.TdxAttestSuccess) {
+		return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: status %d", p.path, res)
+	}
+	if err := checkTDReport(req.TdReport[:], reportData); err != nil {
+		return nil, fmt.Errorf("tdx-guest %s: %w", p.path, err)
+	}
+	return req.TdReport[:], nil
 }
 
 // withTDReport adds the TDREPORT from tdx to the TDX evidence of p.
@@ -117,14 +124,10 @@ func (p *TDXGuest) Evidence(ctx context.Context, reportData [64]byte) (*Evidence
 		if len(quote) == 0 {
 			return nil, fmt.Errorf("tdx-guest %s: empty quote", p.path)
 		}
-		req := tdxlabi.TdxReportReq{ReportData: reportData}
-		res, err := d.Ioctl(tdxlabi.IocTdxGetReport, &req)
-		if err != nil || res != uintptr(tdxlabi.TdxAttestSuccess) {
-			return nil, fmt.Errorf("tdx-guest %s: get TDREPORT: status %d: %v", p.path, res, err)
+		r, err := p.tdReport(d, reportData)
+		if err != nil {
+			return nil, err
 		}
-		if err := checkTDReport(req.TdReport[:], reportData); err != nil {
-			return nil, fmt.Errorf("tdx-guest %s: %w", p.path, err)
-		}
-		return &Evidence{Kind: KindTDX, Provider: NameTDXGuest, Report: quote, TDReport: req.TdReport[:]}, nil
+		return &Evidence{Kind: KindTDX, Provider: NameTDXGuest, Report: quote, TDReport: r}, nil
 	})
 }

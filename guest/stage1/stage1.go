@@ -11,7 +11,8 @@
 //  2. mount /sys and /dev, and load the few modules of the initramfs
 //     (virtio-blk, device-mapper, dm-verity, the root's file system);
 //  3. map the root disk through dm-verity and mount it read-only, and mount
-//     the initramfs's runtime tree read-only at RuntimeMount in it;
+//     the initramfs's runtime tree read-only at RuntimeMount in it (on
+//     ramfs, so that crun runs straight from it: checkRuntimeMount);
 //  4. remove the initramfs's files, move /dev, /proc and /sys over, and
 //     make the verified root / (MS_MOVE, chroot, chdir).
 //
@@ -115,6 +116,9 @@ func Run() (bool, error) {
 	if err := mountRuntime(); err != nil {
 		return false, err
 	}
+	if err := checkRuntimeMount(NewRoot + RuntimeMount); err != nil {
+		return false, err
+	}
 	if err := switchRoot(); err != nil {
 		return false, err
 	}
@@ -172,6 +176,37 @@ func mountRuntime() error {
 	}
 	if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("make the runtime tree at %s read-only: %w", RuntimeMount, err)
+	}
+	return nil
+}
+
+// checkRuntimeMount checks that crun will run straight from the runtime
+// tree mounted at path (runtimeFSProblem).
+func checkRuntimeMount(path string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return fmt.Errorf("statfs the runtime tree at %s: %w", path, err)
+	}
+	return runtimeFSProblem(path, int64(st.Type), int64(st.Flags))
+}
+
+// runtimeFSProblem says why a runtime tree at path on a file system of
+// type fsType, mounted with the statfs flags, is not one crun runs
+// straight from. On every call crun checks that its binary cannot be
+// written to (CVE-2019-5736; cloned_binary.c): a file on a read-only
+// mount passes, unless it answers F_GET_SEALS, as any tmpfs or hugetlbfs
+// file does; crun then takes it for an unsealed memfd, copies itself into
+// a sealed one and executes itself again, twice, at each create, start,
+// kill and delete. The initramfs is a tmpfs unless the kernel command line
+// says rootfstype=ramfs (launcher/vm.BaseKernelParams, measured): a tmpfs
+// here means a command line that is not the launcher's.
+func runtimeFSProblem(path string, fsType, flags int64) error {
+	if flags&unix.ST_RDONLY == 0 {
+		return fmt.Errorf("the runtime tree at %s is writable: it must be mounted read-only", path)
+	}
+	switch fsType {
+	case unix.TMPFS_MAGIC, unix.HUGETLBFS_MAGIC:
+		return fmt.Errorf("the runtime tree at %s is on tmpfs: crun would copy and execute itself again at every call (its check against CVE-2019-5736 takes tmpfs files for unsealed memfds); the kernel command line lacks rootfstype=ramfs, which every pod VM boots with (launcher/vm.BaseKernelParams)", path)
 	}
 	return nil
 }

@@ -1,8 +1,12 @@
 package stage1
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -49,6 +53,87 @@ func TestPlan(t *testing.T) {
 			}
 			if sealed != tc.wantSealed || p.Device != tc.wantDevice || p.HashStartBlock != tc.wantHashBlocks {
 				t.Fatalf("plan = %+v, %v; want device %q, hash start %d, sealed %v", p, sealed, tc.wantDevice, tc.wantHashBlocks, tc.wantSealed)
+			}
+		})
+	}
+}
+
+// TestRuntimeFSProblem checks which mounts of the runtime tree the first
+// stage accepts: read-only, and not on a file system whose files answer
+// F_GET_SEALS (crun would copy and execute itself again at every call).
+func TestRuntimeFSProblem(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fsType  int64
+		flags   int64
+		wantErr string
+	}{
+		{name: "ramfs, read-only", fsType: unix.RAMFS_MAGIC, flags: unix.ST_RDONLY | unix.ST_NOSUID | unix.ST_NODEV},
+		{name: "erofs, read-only", fsType: unix.EROFS_SUPER_MAGIC_V1, flags: unix.ST_RDONLY},
+		{name: "tmpfs, read-only", fsType: unix.TMPFS_MAGIC, flags: unix.ST_RDONLY, wantErr: "lacks rootfstype=ramfs"},
+		{name: "hugetlbfs, read-only", fsType: unix.HUGETLBFS_MAGIC, flags: unix.ST_RDONLY, wantErr: "is on tmpfs"},
+		{name: "ramfs, writable", fsType: unix.RAMFS_MAGIC, wantErr: "is writable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := runtimeFSProblem("/rt", tc.fsType, tc.flags)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("runtimeFSProblem = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("runtimeFSProblem = %v, want an error with %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestCheckRuntimeMount mounts a runtime tree as the first stage does (a
+// read-only bind) from a ramfs and from a tmpfs, and checks that statfs
+// tells them apart as runtimeFSProblem expects.
+func TestCheckRuntimeMount(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("TestCheckRuntimeMount mounts file systems: run it as root (make test does)")
+	}
+	for _, tc := range []struct {
+		fs      string
+		wantErr string
+	}{
+		{fs: "ramfs"},
+		{fs: "tmpfs", wantErr: "is on tmpfs"},
+	} {
+		t.Run(tc.fs, func(t *testing.T) {
+			dir := t.TempDir()
+			src, dst := filepath.Join(dir, "src"), filepath.Join(dir, "dst")
+			for _, d := range []string{src, dst} {
+				if err := os.Mkdir(d, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := unix.Mount(tc.fs, src, tc.fs, 0, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = unix.Unmount(src, unix.MNT_DETACH) })
+			if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = unix.Unmount(dst, unix.MNT_DETACH) })
+			if err := checkRuntimeMount(dst); err == nil || !strings.Contains(err.Error(), "is writable") {
+				t.Fatalf("a writable bind mount of %s: checkRuntimeMount = %v, want it refused as writable", tc.fs, err)
+			}
+			if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+				t.Fatal(err)
+			}
+			err := checkRuntimeMount(dst)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("a read-only bind mount of %s: checkRuntimeMount = %v, want nil", tc.fs, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("a read-only bind mount of %s: checkRuntimeMount = %v, want an error with %q", tc.fs, err, tc.wantErr)
 			}
 		})
 	}

@@ -178,6 +178,9 @@ func TestArgsBootTrimsAndFreePageReporting(t *testing.T) {
 					t.Errorf("-append %q does not blacklist %s", appendArg, fn)
 				}
 			}
+			if !strings.Contains(appendArg, " rootfstype=ramfs ") {
+				t.Errorf("-append %q does not make the initramfs a ramfs (guest/stage1 refuses the runtime tree on tmpfs)", appendArg)
+			}
 			if !strings.Contains(appendArg, " page_reporting.page_reporting_order=5") {
 				t.Errorf("-append %q does not lower the free page reporting order", appendArg)
 			}

@@ -59,6 +59,19 @@ func TestBootSealedImage(t *testing.T) {
 	}
 }
 
+// TestSealedBootOnTmpfsFails boots the sealed image with a command line
+// whose last rootfstype= makes the initramfs a tmpfs again (the kernel
+// keeps the last): the first stage refuses the runtime tree there, where
+// crun would copy and execute itself again at every call, and names the
+// parameter the launcher's command line has (launcher/vm.BaseKernelParams).
+// c8s_poweroff=1 ends a boot that got past the first stage at once.
+func TestSealedBootOnTmpfsFails(t *testing.T) {
+	r := sealedBoot(t, "rootfstype=tmpfs c8s_poweroff=1")
+	if !strings.Contains(r.console, stage1.FailPrefix) || !strings.Contains(r.console, "is on tmpfs") || !strings.Contains(r.console, "lacks rootfstype=ramfs") {
+		t.Fatalf("the first stage did not refuse a runtime tree on tmpfs; console:\n%s", r.console)
+	}
+}
+
 // TestSealedBootWithoutAgentRunsNothing boots the sealed image with only
 // the first archive of initrd.img, without the one that carries the agent:
 // that archive holds the first stage's modules and no program, so the

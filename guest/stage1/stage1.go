@@ -205,8 +205,10 @@ func runtimeFSProblem(path string, fsType, flags int64) error {
 		return fmt.Errorf("the runtime tree at %s is writable: it must be mounted read-only", path)
 	}
 	switch fsType {
-	case unix.TMPFS_MAGIC, unix.HUGETLBFS_MAGIC:
+	case unix.TMPFS_MAGIC:
 		return fmt.Errorf("the runtime tree at %s is on tmpfs: crun would copy and execute itself again at every call (its check against CVE-2019-5736 takes tmpfs files for unsealed memfds); the kernel command line lacks rootfstype=ramfs, which every pod VM boots with (launcher/vm.BaseKernelParams)", path)
+	case unix.HUGETLBFS_MAGIC:
+		return fmt.Errorf("the runtime tree at %s is on hugetlbfs: crun would copy and execute itself again at every call (its check against CVE-2019-5736 takes hugetlbfs files for unsealed memfds); it must be the initramfs's, on ramfs", path)
 	}
 	return nil
 }

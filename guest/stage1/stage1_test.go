@@ -71,7 +71,7 @@ func TestRuntimeFSProblem(t *testing.T) {
 		{name: "ramfs, read-only", fsType: unix.RAMFS_MAGIC, flags: unix.ST_RDONLY | unix.ST_NOSUID | unix.ST_NODEV},
 		{name: "erofs, read-only", fsType: unix.EROFS_SUPER_MAGIC_V1, flags: unix.ST_RDONLY},
 		{name: "tmpfs, read-only", fsType: unix.TMPFS_MAGIC, flags: unix.ST_RDONLY, wantErr: "lacks rootfstype=ramfs"},
-		{name: "hugetlbfs, read-only", fsType: unix.HUGETLBFS_MAGIC, flags: unix.ST_RDONLY, wantErr: "is on tmpfs"},
+		{name: "hugetlbfs, read-only", fsType: unix.HUGETLBFS_MAGIC, flags: unix.ST_RDONLY, wantErr: "is on hugetlbfs"},
 		{name: "ramfs, writable", fsType: unix.RAMFS_MAGIC, wantErr: "is writable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -144,26 +144,47 @@ func (e *env) qemus(t *testing.T) []int {
 	return pids
 }
 
-// assertNothingLeft checks that no QEMU, VM state dir (with its sockets),
-// root disk or mount of this test's pods is left.
+// assertNothingLeft checks that no QEMU, shim, VM state dir (with its
+// sockets), root disk or mount of this test's pods is left.
+//
+// The API, or a CRI call, can report a pod gone while containerd is still
+// cleaning up after its shim: it runs the shim binary's short-lived
+// `delete` action after the shim exits, and CRI unmounts a sandbox's
+// /dev/shm asynchronously. So every check is made on one snapshot, taken
+// again until a snapshot is clean or the deadline passes, and what the last
+// snapshot saw is reported. (Checking the shim twice, once to wait and once
+// to report, failed when the first look fell between the shim's exit and
+// containerd's `delete` run and the second saw that run.)
 func (e *env) assertNothingLeft(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(e.qemus(t)) > 0 && time.Now().Before(deadline) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		left := e.leftovers(t)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, l := range left {
+				t.Error(l)
+			}
+			return
+		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// leftovers takes one snapshot of what this test's pods may leave behind.
+func (e *env) leftovers(t *testing.T) []string {
+	t.Helper()
+	var left []string
 	if pids := e.qemus(t); len(pids) > 0 {
-		t.Errorf("QEMU processes left behind: %v", pids)
+		left = append(left, fmt.Sprintf("QEMU processes left behind: %v", pids))
 	}
 	// Shims of this daemon carry its socket in their command line.
-	shim := func() int { return processMatching(t, "containerd-shim-c8s-v2", "-address "+e.d.Address) }
-	for shim() != 0 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
+	if pid := processMatching(t, "containerd-shim-c8s-v2", "-address "+e.d.Address); pid != 0 {
+		left = append(left, fmt.Sprintf("shim process %d left behind", pid))
 	}
-	if pid := shim(); pid != 0 {
-		t.Errorf("shim process %d left behind", pid)
-	}
-	var left []string
+	var files []string
 	filepath.Walk(e.stateDir, func(path string, info os.FileInfo, err error) error {
 		if err != nil || path == e.stateDir {
 			return nil
@@ -172,34 +193,22 @@ func (e *env) assertNothingLeft(t *testing.T) {
 		if rel == "cache" || rel == "node" {
 			return filepath.SkipDir // node state (probe cache, sim identity) stays
 		}
-		left = append(left, rel)
+		files = append(files, rel)
 		return nil
 	})
-	if len(left) > 0 {
-		t.Errorf("left in the c8s state dir: %v", left)
+	if len(files) > 0 {
+		left = append(left, fmt.Sprintf("left in the c8s state dir: %v", files))
 	}
-	// containerd's CRI unmounts a deleted sandbox's /dev/shm asynchronously:
-	// give it until the deadline.
-	var mountsLeft []string
-	for {
-		mounts, err := os.ReadFile("/proc/self/mountinfo")
-		if err != nil {
-			t.Fatal(err)
-		}
-		mountsLeft = mountsLeft[:0]
-		for _, line := range strings.Split(string(mounts), "\n") {
-			if strings.Contains(line, e.d.Dir) {
-				mountsLeft = append(mountsLeft, line)
-			}
-		}
-		if len(mountsLeft) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, line := range mountsLeft {
-		t.Errorf("mount left behind: %s", line)
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, e.d.Dir) {
+			left = append(left, "mount left behind: "+line)
+		}
 	}
+	return left
 }
 
 // events collects containerd's task events while a test runs.

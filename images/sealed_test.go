@@ -22,8 +22,8 @@ func sealedBoot(t *testing.T, extra string) bootResult {
 }
 
 // sealedBootWith is sealedBoot with initrd (when not empty) in place of the
-// image's initrd.img.
-func sealedBootWith(t *testing.T, initrd, extra string) bootResult {
+// image's initrd.img, and QEMU's qemuArgs added.
+func sealedBootWith(t *testing.T, initrd, extra string, qemuArgs ...string) bootResult {
 	t.Helper()
 	dir := imageDir(t)
 	m, err := manifest.Verify(dir)
@@ -38,9 +38,9 @@ func sealedBootWith(t *testing.T, initrd, extra string) bootResult {
 		initrd, _ = m.Path(dir, manifest.RoleInitrd)
 	}
 	rootfs, _ := m.Path(dir, manifest.RoleRootfs)
-	return bootQEMU(t, "-kernel", kernel, "-initrd", initrd, "-append", m.Cmdline+" "+extra,
-		"-drive", "id=rootfs,file="+rootfs+",format=raw,if=none,readonly=on",
-		"-device", "virtio-blk-pci,drive=rootfs")
+	return bootQEMU(t, append([]string{"-kernel", kernel, "-initrd", initrd, "-append", m.Cmdline + " " + extra,
+		"-drive", "id=rootfs,file=" + rootfs + ",format=raw,if=none,readonly=on",
+		"-device", "virtio-blk-pci,drive=rootfs"}, qemuArgs...)...)
 }
 
 // TestBootSealedImage boots the sealed image as the launcher does: the
@@ -56,6 +56,27 @@ func TestBootSealedImage(t *testing.T) {
 	}
 	if !strings.Contains(r.console, "reboot: Power down") {
 		t.Fatalf("the guest did not power off cleanly; console:\n%s", r.console)
+	}
+	// TCG's default CPU (qemu64) has no SSSE3: the first stage does not
+	// try sha256_ssse3, which would refuse it.
+	if want := "dm-verity hashes with sha256-generic, the kernel's portable SHA-256: this CPU has no SSSE3"; !strings.Contains(r.console, want) {
+		t.Fatalf("the first stage did not say %q on qemu64; console:\n%s", want, r.console)
+	}
+}
+
+// TestSealedBootHashesWithCPUInstructions boots the sealed image on a CPU
+// with AVX2 (TCG's "max"; TCG 7.2 has no SHA instructions): the first stage
+// loads the initramfs's sha256_ssse3 before it maps the root, so dm-verity
+// hashes the root, and later the layer disks, with the CPU's vector code
+// rather than the portable C (several times slower on SNP and TDX hosts;
+// under TCG either is emulated, so this checks the choice, not the speed).
+func TestSealedBootHashesWithCPUInstructions(t *testing.T) {
+	r := sealedBootWith(t, "", "c8s_poweroff=1", "-cpu", "max")
+	if strings.Contains(r.console, stage1.FailPrefix) {
+		t.Fatalf("the first stage failed; console:\n%s", r.console)
+	}
+	if want := "dm-verity hashes with sha256-avx2 (module sha256_ssse3)"; !strings.Contains(r.console, want) {
+		t.Fatalf("the first stage did not say %q; console:\n%s", want, r.console)
 	}
 }
 

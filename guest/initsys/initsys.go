@@ -251,6 +251,9 @@ func moduleList(r io.Reader, base string) ([]string, error) {
 	return paths, sc.Err()
 }
 
+// Loaded reports whether the module in file path is loaded and live.
+func Loaded(path string) bool { return moduleLive(sysModuleDir, path) }
+
 // sysModuleDir is where the kernel lists its modules.
 var sysModuleDir = "/sys/module"
 

@@ -9,7 +9,9 @@
 //  1. mount /proc and read the (measured) kernel command line; without
 //     c8s.root= it stops there (the unsealed initramfs, initrd-plain.img);
 //  2. mount /sys and /dev, and load the few modules of the initramfs
-//     (virtio-blk, device-mapper, dm-verity, the root's file system);
+//     (virtio-blk, device-mapper, dm-verity, the root's file system, and
+//     first, on a CPU with SSSE3, sha256_ssse3: the CPU's SHA-256 code for
+//     dm-verity);
 //  3. map the root disk through dm-verity and mount it read-only, and mount
 //     the initramfs's runtime tree read-only at RuntimeMount in it (on
 //     ramfs, so that crun runs straight from it: checkRuntimeMount);
@@ -42,8 +44,11 @@ package stage1
 import (
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
+	"github.com/containerd/log"
+	"golang.org/x/sys/cpu"
 	"golang.org/x/sys/unix"
 
 	api "github.com/c8s-dev/c8s/guest/api/verity"
@@ -97,7 +102,7 @@ func Run() (bool, error) {
 			return false, err
 		}
 	}
-	initsys.LoadModules(initsys.ModulesList, nil)
+	initsys.LoadModules(initsys.ModulesList, stage1Modules(cpu.X86.HasSSSE3))
 	if err := waitBlock(p.Device, deviceWait); err != nil {
 		return false, err
 	}
@@ -105,6 +110,7 @@ func Run() (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	logVerityHash()
 	if err := os.MkdirAll(NewRoot, 0o755); err != nil {
 		return false, err
 	}
@@ -123,6 +129,43 @@ func Run() (bool, error) {
 		return false, err
 	}
 	return true, nil
+}
+
+// SHAModule is the initramfs's module of the CPU's SHA-256 code (SSSE3,
+// AVX, AVX2 and SHA-NI implementations), which dm-verity hashes with once
+// it is loaded; nothing else in the guest loads it.
+const SHAModule = "/arch/x86/crypto/sha256-ssse3.ko"
+
+// stage1Modules picks the first stage's modules: all of them, but for
+// SHAModule on a CPU without SSSE3 (TCG's qemu64, sim pods' CPU), which
+// every implementation it has needs: there it would only refuse to load
+// (ENODEV) after the kernel checked its signature, 40-50 ms of guest time
+// under emulation (issue 18).
+func stage1Modules(hasSSSE3 bool) func(path string) bool {
+	return func(path string) bool { return hasSSSE3 || !strings.HasSuffix(path, SHAModule) }
+}
+
+// logVerityHash says which SHA-256 implementation the verified root's
+// dm-verity table got when it was loaded (nothing has loaded since), and
+// which the layer disks' get: the CPU's (SHA-NI, AVX2, AVX or SSSE3) when
+// SHAModule loaded, as /proc/crypto says (verity.SelectedHash); else the
+// portable C one, several times slower on hardware. It decides nothing.
+func logVerityHash() {
+	if !initsys.Loaded(SHAModule) {
+		log.L.WithField("guest_uptime", initsys.Uptime()).Info("dm-verity hashes with sha256-generic, the kernel's portable SHA-256: this CPU has no SSSE3 for sha256_ssse3")
+		return
+	}
+	text, err := os.ReadFile(verity.ProcCrypto)
+	if err != nil {
+		log.L.WithError(err).Warn("which SHA-256 implementation dm-verity uses is unknown")
+		return
+	}
+	d, ok := verity.SelectedHash(text, api.HashAlgorithm)
+	if !ok {
+		log.L.Warnf("%s lists no %s implementation", verity.ProcCrypto, api.HashAlgorithm)
+		return
+	}
+	log.L.WithField("guest_uptime", initsys.Uptime()).Infof("dm-verity hashes with %s (module %s)", d.Driver, d.Module)
 }
 
 // plan decides from the kernel command line, and from whether the

@@ -138,3 +138,23 @@ func TestCheckRuntimeMount(t *testing.T) {
 		})
 	}
 }
+
+// The first stage tries the CPU's SHA-256 module only where it can load.
+func TestStage1Modules(t *testing.T) {
+	const base = "/lib/modules/6.12.107+deb12-cloud-amd64/kernel"
+	sha, blk := base+SHAModule, base+"/drivers/block/virtio_blk.ko"
+	for _, tc := range []struct {
+		ssse3    bool
+		path     string
+		wantLoad bool
+	}{
+		{true, sha, true},
+		{false, sha, false},
+		{true, blk, true},
+		{false, blk, true},
+	} {
+		if got := stage1Modules(tc.ssse3)(tc.path); got != tc.wantLoad {
+			t.Errorf("stage1Modules(SSSE3 %v)(%s) = %v, want %v", tc.ssse3, tc.path, got, tc.wantLoad)
+		}
+	}
+}

@@ -58,9 +58,13 @@ func TestBootSealedImage(t *testing.T) {
 		t.Fatalf("the guest did not power off cleanly; console:\n%s", r.console)
 	}
 	// TCG's default CPU (qemu64) has no SSSE3: the first stage does not
-	// try sha256_ssse3, which would refuse it.
+	// try sha256_ssse3, which would refuse it (and LoadModules would name
+	// it on the console).
 	if want := "dm-verity hashes with sha256-generic, the kernel's portable SHA-256: this CPU has no SSSE3"; !strings.Contains(r.console, want) {
 		t.Fatalf("the first stage did not say %q on qemu64; console:\n%s", want, r.console)
+	}
+	if strings.Contains(r.console, "sha256-ssse3.ko") {
+		t.Fatalf("the first stage tried sha256_ssse3 on a CPU without SSSE3; console:\n%s", r.console)
 	}
 }
 

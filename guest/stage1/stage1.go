@@ -102,7 +102,8 @@ func Run() (bool, error) {
 			return false, err
 		}
 	}
-	initsys.LoadModules(initsys.ModulesList, stage1Modules(cpu.X86.HasSSSE3))
+	ssse3 := cpu.X86.HasSSSE3
+	initsys.LoadModules(initsys.ModulesList, stage1Modules(ssse3))
 	if err := waitBlock(p.Device, deviceWait); err != nil {
 		return false, err
 	}
@@ -110,7 +111,7 @@ func Run() (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	logVerityHash()
+	logVerityHash(ssse3)
 	if err := os.MkdirAll(NewRoot, 0o755); err != nil {
 		return false, err
 	}
@@ -137,23 +138,28 @@ func Run() (bool, error) {
 const SHAModule = "/arch/x86/crypto/sha256-ssse3.ko"
 
 // stage1Modules picks the first stage's modules: all of them, but for
-// SHAModule on a CPU without SSSE3 (TCG's qemu64, sim pods' CPU), which
-// every implementation it has needs: there it would only refuse to load
-// (ENODEV) after the kernel checked its signature, 40-50 ms of guest time
-// under emulation (issue 18).
+// SHAModule on a CPU without SSSE3 (TCG's qemu64, sim pods' CPU). Each of
+// the module's implementations needs one of SSSE3, AVX, AVX2 or SHA-NI,
+// and every CPU with AVX or SHA-NI has SSSE3; on one without, the module
+// would only refuse to load (ENODEV) after the kernel checked its
+// signature, 41-55 ms of guest time under emulation (issue 18).
 func stage1Modules(hasSSSE3 bool) func(path string) bool {
 	return func(path string) bool { return hasSSSE3 || !strings.HasSuffix(path, SHAModule) }
 }
 
 // logVerityHash says which SHA-256 implementation the verified root's
 // dm-verity table got when it was loaded (nothing has loaded since), and
-// which the layer disks' get: the CPU's (SHA-NI, AVX2, AVX or SSSE3) when
-// SHAModule loaded, as /proc/crypto says (verity.SelectedHash); else the
-// portable C one, several times slower on hardware. It decides nothing.
-func logVerityHash() {
-	if !initsys.Loaded(SHAModule) {
+// which the layer disks' get: on a CPU with SSSE3, what /proc/crypto says
+// the crypto API gives (verity.SelectedHash), the CPU's code (SHA-NI,
+// AVX2, AVX or SSSE3) once SHAModule loaded; else the portable C one,
+// several times slower on hardware. It decides nothing.
+func logVerityHash(hasSSSE3 bool) {
+	if !hasSSSE3 {
 		log.L.WithField("guest_uptime", initsys.Uptime()).Info("dm-verity hashes with sha256-generic, the kernel's portable SHA-256: this CPU has no SSSE3 for sha256_ssse3")
 		return
+	}
+	if !initsys.Loaded(SHAModule) {
+		log.L.Warn("sha256_ssse3 did not load on this CPU with SSSE3 (see the module's error above)")
 	}
 	text, err := os.ReadFile(verity.ProcCrypto)
 	if err != nil {

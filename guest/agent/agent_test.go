@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	v1stats "github.com/containerd/cgroups/v3/cgroup1/stats"
 	v2stats "github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/cgroupstats"
 )
 
 func pipes() *agentapi.Stdio {
@@ -176,26 +176,41 @@ func TestExecSignalsPidsAndStats(t *testing.T) {
 	// The processes of the execs that ended above leave the cgroup's pid
 	// count once the kernel has released them, which can trail their exit
 	// status by a moment: ask again until the count settles, for a while.
+	// The count is Stats' pids.current on a unified hierarchy (the guest's);
+	// on a v1 host Stats is refused, and the count is ListPids'.
+	unified, err := cgroupstats.Unified(cgroupRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !unified {
+		_, err := e.agent.Stats(ctxT(t), &agentapi.StatsRequest{ContainerId: "c2"})
+		assertCode(t, err, codes.FailedPrecondition)
+	}
 	var pidsNow uint64
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		stats, err := e.agent.Stats(ctxT(t), &agentapi.StatsRequest{ContainerId: "c2"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := typeurl.UnmarshalAny(stats.GetStats())
-		if err != nil {
-			t.Fatalf("stats type %s: %v", stats.GetStats().GetTypeUrl(), err)
-		}
-		switch m := m.(type) {
-		case *v1stats.Metrics:
-			pidsNow = m.GetPids().GetCurrent()
-			if m.GetMemory().GetUsage().GetUsage() == 0 {
-				t.Fatal("v1 memory usage is 0")
+		if unified {
+			stats, err := e.agent.Stats(ctxT(t), &agentapi.StatsRequest{ContainerId: "c2"})
+			if err != nil {
+				t.Fatal(err)
 			}
-		case *v2stats.Metrics:
-			pidsNow = m.GetPids().GetCurrent()
-		default:
-			t.Fatalf("stats is %T", m)
+			m, err := typeurl.UnmarshalAny(stats.GetStats())
+			if err != nil {
+				t.Fatalf("stats type %s: %v", stats.GetStats().GetTypeUrl(), err)
+			}
+			v2, ok := m.(*v2stats.Metrics)
+			if !ok {
+				t.Fatalf("stats is %T, want cgroup v2 Metrics", m)
+			}
+			if v2.GetMemory().GetUsage() == 0 {
+				t.Fatal("memory usage is 0")
+			}
+			pidsNow = v2.GetPids().GetCurrent()
+		} else {
+			pids, err := e.agent.ListPids(ctxT(t), &agentapi.ListPidsRequest{ContainerId: "c2"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pidsNow = uint64(len(pids.GetProcesses()))
 		}
 		if pidsNow == 2 || time.Now().After(deadline) {
 			break

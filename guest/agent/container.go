@@ -11,16 +11,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/cgroups/v3"
-	"github.com/containerd/cgroups/v3/cgroup1"
-	"github.com/containerd/cgroups/v3/cgroup2"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/cgroupstats"
 	"github.com/c8s-dev/c8s/guest/ociruntime"
 	"github.com/c8s-dev/c8s/guest/policy"
 	"github.com/c8s-dev/c8s/guest/spec"
@@ -454,7 +451,8 @@ func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (
 }
 
 // Stats returns the cgroup metrics of the container: containerd's cgroup v2
-// Metrics on a unified hierarchy (the guest), v1 Metrics on a legacy one.
+// Metrics. The guest mounts a unified hierarchy only; on a v1 one (a test
+// host) Stats fails with FailedPrecondition.
 func (s *Service) Stats(ctx context.Context, req *agentapi.StatsRequest) (*agentapi.StatsResponse, error) {
 	c, err := s.lookup(req.GetContainerId())
 	if err != nil {
@@ -463,23 +461,16 @@ func (s *Service) Stats(ctx context.Context, req *agentapi.StatsRequest) (*agent
 	if err := s.evaluator().Stats(c.policy()); err != nil {
 		return nil, err
 	}
-	var metrics proto.Message
-	if cgroups.Mode() == cgroups.Unified {
-		m, err := cgroup2.Load(c.cgroup)
-		if err != nil {
-			return nil, fmt.Errorf("load cgroup %s of container %q: %w", c.cgroup, c.id, err)
-		}
-		if metrics, err = m.Stat(); err != nil {
-			return nil, fmt.Errorf("read cgroup %s of container %q: %w", c.cgroup, c.id, err)
-		}
-	} else {
-		cg, err := cgroup1.Load(cgroup1.StaticPath(c.cgroup))
-		if err != nil {
-			return nil, fmt.Errorf("load cgroup %s of container %q: %w", c.cgroup, c.id, err)
-		}
-		if metrics, err = cg.Stat(cgroup1.IgnoreNotExist); err != nil {
-			return nil, fmt.Errorf("read cgroup %s of container %q: %w", c.cgroup, c.id, err)
-		}
+	unified, err := cgroupstats.Unified(cgroupRoot)
+	if err != nil {
+		return nil, fmt.Errorf("stats of container %q: %w", c.id, err)
+	}
+	if !unified {
+		return nil, fmt.Errorf("stats of container %q: %s is not a cgroup v2 (unified) hierarchy: the agent reads cgroup v2 only, which the guest mounts: %w", c.id, cgroupRoot, errdefs.ErrFailedPrecondition)
+	}
+	metrics, err := cgroupstats.Read(filepath.Join(cgroupRoot, filepath.Clean("/"+c.cgroup)))
+	if err != nil {
+		return nil, fmt.Errorf("stats of container %q: %w", c.id, err)
 	}
 	a, err := typeurl.MarshalAny(metrics)
 	if err != nil {

@@ -242,6 +242,30 @@ func TestExecSignalsPidsAndStats(t *testing.T) {
 	e.assertGone(t, "c2")
 }
 
+// A container is known to the agent from the start of its create, but
+// has a cgroup only once create has adapted its spec. The host asking for
+// its stats in between (it can hold create there: it serves the image)
+// must not get the VM's root cgroup's figures, every container's and the
+// agent's, in its place.
+func TestMaliciousHostStatsDuringCreate(t *testing.T) {
+	e := newEnv(t)
+	var statsErr error
+	asked := false
+	testHookSharesStaged = func() {
+		asked = true
+		_, statsErr = e.agent.Stats(ctxT(t), &agentapi.StatsRequest{ContainerId: "mid"})
+	}
+	t.Cleanup(func() { testHookSharesStaged = nil })
+	e.create(t, "mid", e.spec(t, "true"), pipes(), nil)
+	testHookSharesStaged = nil
+	if !asked {
+		t.Fatal("the hook in the middle of create never ran")
+	}
+	assertCode(t, statsErr, codes.Unavailable)
+	e.remove(t, "mid")
+	e.assertGone(t, "mid")
+}
+
 func TestPodContainerJoinsSandboxNamespaces(t *testing.T) {
 	e := newEnv(t)
 	sbPid := e.create(t, "sandbox", e.spec(t, "sleep", "100000"), &agentapi.Stdio{}, func(r *agentapi.CreateContainerRequest) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -240,7 +241,9 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	}
 	plan.Spec.Mounts = append(plan.Spec.Mounts, s.secretMounts(grant)...)
 	plan.Spec.Mounts = append(plan.Spec.Mounts, s.meshMounts(ctx, grant)...)
+	c.mu.Lock()
 	c.cgroup = plan.Spec.Linux.CgroupsPath
+	c.mu.Unlock()
 	config, err := json.Marshal(plan.Spec)
 	if err != nil {
 		return nil, err
@@ -304,7 +307,7 @@ func (s *Service) killLeftovers(c *container, init *process) {
 	if !current {
 		return
 	}
-	if err := killCgroup(c.cgroup, leftoverKillTimeout); err != nil {
+	if err := killCgroup(c.cgroupPath(), leftoverKillTimeout); err != nil {
 		log.L.WithError(err).WithField("container", c.id).Warn("kill the processes left after the container's init exited")
 	}
 }
@@ -431,7 +434,7 @@ func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (
 	}
 	// The container's cgroup lists its processes whatever state it is in;
 	// `crun ps` crashes on a container that was created but not started.
-	pids, err := cgroupPids(c.cgroup)
+	pids, err := cgroupPids(c.cgroupPath())
 	if err != nil {
 		return nil, err
 	}
@@ -451,8 +454,7 @@ func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (
 }
 
 // Stats returns the cgroup metrics of the container: containerd's cgroup v2
-// Metrics. The guest mounts a unified hierarchy only; on a v1 one (a test
-// host) Stats fails with FailedPrecondition.
+// Metrics, read from the container's own cgroup only.
 func (s *Service) Stats(ctx context.Context, req *agentapi.StatsRequest) (*agentapi.StatsResponse, error) {
 	c, err := s.lookup(req.GetContainerId())
 	if err != nil {
@@ -461,14 +463,14 @@ func (s *Service) Stats(ctx context.Context, req *agentapi.StatsRequest) (*agent
 	if err := s.evaluator().Stats(c.policy()); err != nil {
 		return nil, err
 	}
-	unified, err := cgroupstats.Unified(cgroupRoot)
+	dir, err := statsDir(c)
 	if err != nil {
-		return nil, fmt.Errorf("stats of container %q: %w", c.id, err)
+		return nil, err
 	}
-	if !unified {
-		return nil, fmt.Errorf("stats of container %q: %s is not a cgroup v2 (unified) hierarchy: the agent reads cgroup v2 only, which the guest mounts: %w", c.id, cgroupRoot, errdefs.ErrFailedPrecondition)
+	metrics, err := cgroupstats.Read(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("stats of container %q: its cgroup %s is gone (the container was deleted meanwhile): %w", c.id, dir, errdefs.ErrNotFound)
 	}
-	metrics, err := cgroupstats.Read(filepath.Join(cgroupRoot, filepath.Clean("/"+c.cgroup)))
 	if err != nil {
 		return nil, fmt.Errorf("stats of container %q: %w", c.id, err)
 	}
@@ -477,4 +479,33 @@ func (s *Service) Stats(ctx context.Context, req *agentapi.StatsRequest) (*agent
 		return nil, err
 	}
 	return &agentapi.StatsResponse{Stats: &anypb.Any{TypeUrl: a.GetTypeUrl(), Value: a.GetValue()}}, nil
+}
+
+// statsDir returns the directory of c's cgroup for Stats. Until create has
+// set the container's cgroup there is none to read: an empty path would
+// name the VM's root cgroup, every container's and the agent's figures.
+// The guest mounts a unified hierarchy only; on a v1 one (a test host)
+// there are no cgroup v2 files to read.
+func statsDir(c *container) (string, error) {
+	cg := c.cgroupPath()
+	dir := filepath.Join(cgroupRoot, filepath.Clean("/"+cg))
+	if cg == "" || dir == filepath.Clean(cgroupRoot) {
+		return "", fmt.Errorf("stats of container %q: it is still being created and has no cgroup yet; ask again once it is created: %w", c.id, errdefs.ErrUnavailable)
+	}
+	unified, err := cgroupstats.Unified(cgroupRoot)
+	if err != nil {
+		return "", fmt.Errorf("stats of container %q: %w", c.id, err)
+	}
+	if !unified {
+		return "", fmt.Errorf("stats of container %q: %s is not a cgroup v2 (unified) hierarchy: the agent reads cgroup v2 only, which the guest mounts: %w", c.id, cgroupRoot, errdefs.ErrFailedPrecondition)
+	}
+	return dir, nil
+}
+
+// cgroupPath returns the container's cgroup path, "" until create has set
+// it.
+func (c *container) cgroupPath() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cgroup
 }

@@ -92,7 +92,7 @@ func (s *Service) awaitLayeredStart(ctx context.Context, c *container, p *proces
 		backoff = min(2*backoff, execPollMax)
 	}
 	if err := s.layersCorrupted(ctx, ls); err != nil {
-		if kerr := signalCgroup(c.cgroup, unix.SIGKILL); kerr != nil {
+		if kerr := signalCgroup(c.cgroupPath(), unix.SIGKILL); kerr != nil {
 			log.G(ctx).WithError(kerr).WithField("container", c.id).Warn("kill the container of a corrupted layer")
 		}
 		return fmt.Errorf("container %q failed to start: %w", c.id, err)

@@ -185,7 +185,7 @@ func (s *Service) WaitProcess(ctx context.Context, req *agentapi.ProcessRequest)
 		return nil, ctx.Err()
 	}
 	// The container's cgroup stays until it is deleted, after this answer.
-	oom := p.execID == "" && oomKilled(c.cgroup)
+	oom := p.execID == "" && oomKilled(c.cgroupPath())
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return &agentapi.WaitProcessResponse{ExitStatus: uint32(p.status), ExitedAt: timestamppb.New(p.exitedAt), OomKilled: oom}, nil
@@ -210,7 +210,7 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 		// The container's cgroup holds every process of it, created or
 		// running, init exited or not; `crun kill --all` refuses a stopped
 		// container whose leftovers still run.
-		if err := signalCgroup(c.cgroup, unix.Signal(sig)); err != nil {
+		if err := signalCgroup(c.cgroupPath(), unix.Signal(sig)); err != nil {
 			return nil, err
 		}
 		return &agentapi.Empty{}, nil

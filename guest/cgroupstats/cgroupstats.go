@@ -147,7 +147,7 @@ func (r *reader) file(name string) ([]byte, bool) {
 
 func (r *reader) fail(name string, err error) {
 	if r.err == nil {
-		r.err = fmt.Errorf("cgroup file %s: %w", filepath.Join(r.dir, name), err)
+		r.err = fmt.Errorf("cgroup file %s: %w (a kernel format this reader does not know: report it with the guest kernel's version)", filepath.Join(r.dir, name), err)
 	}
 }
 
@@ -256,8 +256,9 @@ func (r *reader) pressure(name string) *stats.PSIStats {
 	return psi
 }
 
-// io reads io.stat: one line per device, "MAJ:MIN key=value …". Keys the
-// Metrics have no field for (dbytes, dios) are left out.
+// io reads io.stat: one line per device, "MAJ:MIN key=value …". Only the
+// keys the Metrics have fields for are parsed; others (dbytes, dios, and
+// the debug keys some kernels add, signed or not) are left alone.
 func (r *reader) io() []*stats.IOEntry {
 	lines, _ := r.lines("io.stat")
 	var out []*stats.IOEntry
@@ -273,21 +274,25 @@ func (r *reader) io() []*stats.IOEntry {
 		}
 		for _, kv := range f[1:] {
 			k, s, _ := strings.Cut(kv, "=")
+			var field *uint64
+			switch k {
+			case "rbytes":
+				field = &e.Rbytes
+			case "wbytes":
+				field = &e.Wbytes
+			case "rios":
+				field = &e.Rios
+			case "wios":
+				field = &e.Wios
+			default:
+				continue
+			}
 			v, err := strconv.ParseUint(s, 10, 64)
 			if err != nil {
 				r.fail("io.stat", fmt.Errorf("field %q: %w", kv, err))
 				return nil
 			}
-			switch k {
-			case "rbytes":
-				e.Rbytes = v
-			case "wbytes":
-				e.Wbytes = v
-			case "rios":
-				e.Rios = v
-			case "wios":
-				e.Wios = v
-			}
+			*field = v
 		}
 		out = append(out, e)
 	}
@@ -325,15 +330,22 @@ func (r *reader) rdma(name string) []*stats.RdmaEntry {
 
 // hugetlb reads hugetlb.<size>.current, .max and the "max" count of
 // .events (its failcnt) for each huge page size the group has files for.
+// The names are matched as strings, never as patterns: the directory's
+// name is the container's, and a child group a container made inside its
+// own cgroup (a directory) is not a page size.
 func (r *reader) hugetlb() []*stats.HugeTlbStat {
-	names, err := filepath.Glob(filepath.Join(r.dir, "hugetlb.*.current"))
+	entries, err := os.ReadDir(r.dir)
 	if err != nil {
 		return nil
 	}
 	var out []*stats.HugeTlbStat
-	for _, n := range names {
-		size := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(n), "hugetlb."), ".current")
-		if strings.Contains(size, ".") { // hugetlb.<size>.rsvd.current
+	for _, de := range entries {
+		n := de.Name()
+		if de.IsDir() || !strings.HasPrefix(n, "hugetlb.") || !strings.HasSuffix(n, ".current") {
+			continue
+		}
+		size := strings.TrimSuffix(strings.TrimPrefix(n, "hugetlb."), ".current")
+		if size == "" || strings.Contains(size, ".") { // hugetlb.<size>.rsvd.current
 			continue
 		}
 		p := "hugetlb." + size

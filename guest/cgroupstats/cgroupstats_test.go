@@ -3,6 +3,7 @@ package cgroupstats
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/containerd/cgroups/v3/cgroup2/stats"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -135,6 +137,76 @@ func TestSameAsContainerdOnDistinctValues(t *testing.T) {
 	sameAsContainerd(t, dir)
 }
 
+// Hugetlb sizes are the group's hugetlb.<size>.current files, matched as
+// strings in a directory whose name may hold pattern characters (the
+// container's id); a child group a container made with such a name, and
+// the reservation files, are no page size. Failcnt is the events file's
+// "max" count.
+func TestHugetlb(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "c[*?")
+	for name, content := range map[string]string{
+		"hugetlb.2MB.current": "4194304\n", "hugetlb.2MB.max": "8388608\n", "hugetlb.2MB.events": "max 3\n",
+		"hugetlb.1GB.current": "0\n", "hugetlb.1GB.max": "max\n",
+		"hugetlb.2MB.rsvd.current": "0\n",
+	} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "hugetlb.x.current"), 0o755); err != nil { // a child cgroup
+		t.Fatal(err)
+	}
+	m, err := readFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*stats.HugeTlbStat{}
+	for _, h := range m.GetHugetlb() {
+		got[h.GetPagesize()] = h
+	}
+	if len(got) != 2 {
+		t.Fatalf("hugetlb sizes %v, want 1GB and 2MB", got)
+	}
+	if h := got["2MB"]; h.GetCurrent() != 4<<20 || h.GetMax() != 8<<20 || h.GetFailcnt() != 3 {
+		t.Errorf("2MB = %v, want current 4 MiB, max 8 MiB, failcnt 3", h)
+	}
+	if h := got["1GB"]; h.GetMax() != math.MaxUint64 || h.GetFailcnt() != 0 {
+		t.Errorf("1GB = %v, want max unlimited, failcnt 0 (no events file)", h)
+	}
+}
+
+// io.stat keys the Metrics have no field for are not parsed: some kernels
+// add debug keys with signed values.
+func TestIOStatSkipsOtherKeys(t *testing.T) {
+	dir := t.TempDir()
+	line := "8:16 rbytes=10 wbytes=20 rios=3 wios=4 dbytes=0 dios=0 use_delay=-1 cost.vrate=100.00\n"
+	if err := os.WriteFile(filepath.Join(dir, "io.stat"), []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := readFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := m.GetIo().GetUsage(); len(u) != 1 || u[0].GetMinor() != 16 || u[0].GetRbytes() != 10 || u[0].GetWbytes() != 20 || u[0].GetRios() != 3 || u[0].GetWios() != 4 {
+		t.Errorf("io.stat usage = %v, want 8:16 10/20 bytes, 3/4 ios", u)
+	}
+}
+
+// A file that cannot be read for another reason than its absence fails
+// the read, naming it, rather than reading as zero.
+func TestReadErrorIsNotZero(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "memory.current"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readFiles(dir); err == nil || !strings.Contains(err.Error(), "memory.current") {
+		t.Fatalf("err = %v, want the read error of memory.current", err)
+	}
+}
+
 func TestReadWithoutFiles(t *testing.T) {
 	m, err := readFiles(t.TempDir())
 	if err != nil {
@@ -184,7 +256,9 @@ func TestReadRefusesWhatIsNotCgroup2(t *testing.T) {
 	if !errors.Is(err, ErrNotUnified) {
 		t.Fatalf("Read(a temporary directory) = %v, want ErrNotUnified", err)
 	}
-	if _, err := Read(filepath.Join(t.TempDir(), "gone")); err == nil || errors.Is(err, ErrNotUnified) {
-		t.Fatalf("Read(a missing directory) = %v, want the statfs error", err)
+	// A group removed meanwhile (its container deleted): the agent tells
+	// it by fs.ErrNotExist.
+	if _, err := Read(filepath.Join(t.TempDir(), "gone")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Read(a missing directory) = %v, want fs.ErrNotExist", err)
 	}
 }

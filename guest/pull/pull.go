@@ -16,9 +16,13 @@
 // escape the directory (every path is resolved inside it with
 // openat2(RESOLVE_IN_ROOT)), and device nodes are not created.
 //
-// The image is unpacked into <dir>/<manifest hex>.partial and renamed to
-// <dir>/<manifest hex> only once every check passed: a failed pull leaves
-// nothing behind, and a directory of that name is an image that verified.
+// Each pull unpacks into a directory of its own, <dir>/<manifest
+// hex>.partial-<random>, renamed to <dir>/<manifest hex> only once every
+// check passed: a failed pull leaves nothing behind, and a directory of
+// that name is an image that verified. Two pulls of one image (two rules
+// that name it with other credentials or roots) never share what they
+// write: the host carries both streams, and one still unpacking must not
+// write into the tree the other verified.
 //
 // The registry protocol (ping, Basic and Bearer token authentication) is
 // go-containerregistry's transport; the requests for manifests and blobs,
@@ -398,11 +402,12 @@ func (c *client) pull(ctx context.Context, dir string) (*Image, error) {
 	if st, err := os.Stat(final); err == nil && st.IsDir() {
 		return img, nil
 	}
-	partial := final + ".partial"
-	if err := os.RemoveAll(partial); err != nil {
+	partial, err := os.MkdirTemp(dir, filepath.Base(final)+".partial-")
+	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(partial, 0o755); err != nil {
+	if err := os.Chmod(partial, 0o755); err != nil { // MkdirTemp's is 0700
+		_ = os.Remove(partial)
 		return nil, err
 	}
 	ok := false
@@ -418,6 +423,9 @@ func (c *client) pull(ctx context.Context, dir string) (*Image, error) {
 		}
 	}
 	if err := os.Rename(partial, final); err != nil {
+		if st, serr := os.Stat(final); serr == nil && st.IsDir() {
+			return img, nil // another pull of it verified first; ours goes
+		}
 		return nil, err
 	}
 	ok = true

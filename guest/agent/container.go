@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/cgroups/v3/cgroup2/stats"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
@@ -44,6 +45,39 @@ type container struct {
 	// layers are the image layers its root is stacked from, held from
 	// its create to its removal (layers.go).
 	layers []*layer
+	// removing is set once RemoveContainer has it. The container keeps
+	// its id (no new container takes it) until the runtime deleted it.
+	removing bool
+
+	// idMu and removed: see byID.
+	idMu    sync.RWMutex
+	removed bool
+}
+
+// byID runs f, which names the container by its id to the OCI runtime or
+// the kernel (its runtime calls, its cgroup), unless RemoveContainer has
+// it: once the runtime has deleted it, the id may name a new container,
+// and a request the policy decided for this one must not reach that one.
+// RemoveContainer waits for the calls of f already running (retire)
+// before the runtime deletes the container.
+func (c *container) byID(f func() error) error {
+	c.idMu.RLock()
+	defer c.idMu.RUnlock()
+	if c.removed {
+		return fmt.Errorf("container %q: %w", c.id, errRemoved)
+	}
+	return f()
+}
+
+// errRemoved is byID's refusal.
+var errRemoved = fmt.Errorf("it is being removed: %w", errdefs.ErrNotFound)
+
+// retire makes byID refuse, once the calls of it already running have
+// returned.
+func (c *container) retire() {
+	c.idMu.Lock()
+	c.removed = true
+	c.idMu.Unlock()
 }
 
 func (c *container) process(execID string) (*process, error) {
@@ -307,7 +341,7 @@ func (s *Service) killLeftovers(c *container, init *process) {
 	if !current {
 		return
 	}
-	if err := killCgroup(c.cgroupPath(), leftoverKillTimeout); err != nil {
+	if err := c.byID(func() error { return killCgroup(c.cgroupPath(), leftoverKillTimeout) }); err != nil && !errors.Is(err, errRemoved) {
 		log.L.WithError(err).WithField("container", c.id).Warn("kill the processes left after the container's init exited")
 	}
 }
@@ -339,7 +373,7 @@ func (s *Service) StartContainer(ctx context.Context, req *agentapi.StartContain
 	}
 	steps := newStepTimer()
 	defer steps.log(ctx, c.id, "container start steps")
-	if err := s.cfg.Runtime.Start(ctx, c.id, c.bundle); err != nil {
+	if err := c.byID(func() error { return s.cfg.Runtime.Start(ctx, c.id, c.bundle) }); err != nil {
 		return nil, s.layerFailure(ctx, c, err)
 	}
 	steps.mark("runtime_start")
@@ -360,20 +394,31 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 	}
 	s.mu.Lock()
 	c, ok := s.containers[id]
-	creating := false
+	creating, removing := false, false
 	if ok {
 		c.mu.Lock()
-		creating = c.init == nil
+		creating, removing = c.init == nil, c.removing
+		c.removing = !creating
 		c.mu.Unlock()
 	}
-	if creating {
-		s.mu.Unlock()
-		return nil, fmt.Errorf("container %q is still being created: %w", id, errdefs.ErrUnavailable)
-	}
-	delete(s.containers, id)
 	s.mu.Unlock()
-
+	switch {
+	case creating:
+		return nil, fmt.Errorf("container %q is still being created: %w", id, errdefs.ErrUnavailable)
+	case removing:
+		return nil, fmt.Errorf("container %q is being removed: %w", id, errdefs.ErrUnavailable)
+	}
 	if ok {
+		// The id stays taken until the runtime has deleted the
+		// container, and what names it by its id has returned (byID).
+		defer func() {
+			s.mu.Lock()
+			if s.containers[id] == c {
+				delete(s.containers, id)
+			}
+			s.mu.Unlock()
+		}()
+		c.retire()
 		c.mu.Lock()
 		procs := []*process{c.init}
 		for _, p := range c.execs {
@@ -434,8 +479,11 @@ func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (
 	}
 	// The container's cgroup lists its processes whatever state it is in;
 	// `crun ps` crashes on a container that was created but not started.
-	pids, err := cgroupPids(c.cgroupPath())
-	if err != nil {
+	var pids []int
+	if err := c.byID(func() (err error) {
+		pids, err = cgroupPids(c.cgroupPath())
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	execByPid := map[int]string{}
@@ -467,7 +515,11 @@ func (s *Service) Stats(ctx context.Context, req *agentapi.StatsRequest) (*agent
 	if err != nil {
 		return nil, err
 	}
-	metrics, err := cgroupstats.Read(dir)
+	var metrics *stats.Metrics
+	err = c.byID(func() (err error) {
+		metrics, err = cgroupstats.Read(dir)
+		return err
+	})
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("stats of container %q: its cgroup %s is gone (the container was deleted meanwhile): %w", c.id, dir, errdefs.ErrNotFound)
 	}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -92,7 +93,7 @@ func (s *Service) awaitLayeredStart(ctx context.Context, c *container, p *proces
 		backoff = min(2*backoff, execPollMax)
 	}
 	if err := s.layersCorrupted(ctx, ls); err != nil {
-		if kerr := signalCgroup(c.cgroupPath(), unix.SIGKILL); kerr != nil {
+		if kerr := c.byID(func() error { return signalCgroup(c.cgroupPath(), unix.SIGKILL) }); kerr != nil && !errors.Is(kerr, errRemoved) {
 			log.G(ctx).WithError(kerr).WithField("container", c.id).Warn("kill the container of a corrupted layer")
 		}
 		return fmt.Errorf("container %q failed to start: %w", c.id, err)

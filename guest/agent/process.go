@@ -157,19 +157,35 @@ func (s *Service) ExecProcess(ctx context.Context, req *agentapi.ExecProcessRequ
 		return nil, fmt.Errorf("exec %q in container %q refused: %w", execID, c.id, err)
 	}
 	stdio := stdioOf(req.GetStdio())
-	rp, err := s.cfg.Runtime.Exec(ctx, c.id, execID, c.bundle, proc, stdio)
+	var p *process
+	// The runtime finds the container by its id: the policy decided for
+	// c, and the exec must not reach a container that took c's id after
+	// c's removal. The exec is c's (or failed) before RemoveContainer
+	// goes on.
+	err = c.byID(func() error {
+		rp, err := s.cfg.Runtime.Exec(ctx, c.id, execID, c.bundle, proc, stdio)
+		if err != nil {
+			err = s.layerFailure(ctx, c, err)
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if err != nil {
+			delete(c.execs, execID)
+			return err
+		}
+		// An exec's output is what the host allowed it for.
+		p = newProcess(c.id, execID, rp, stdio, true)
+		c.execs[execID] = p
+		return nil
+	})
 	if err != nil {
-		err = s.layerFailure(ctx, c, err)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		delete(c.execs, execID)
+		c.mu.Lock()
+		if q, ok := c.execs[execID]; ok && q == nil {
+			delete(c.execs, execID) // refused by byID: still reserved
+		}
+		c.mu.Unlock()
 		return nil, err
 	}
-	// An exec's output is what the host allowed it for.
-	p := newProcess(c.id, execID, rp, stdio, true)
-	c.execs[execID] = p
 	return &agentapi.ExecProcessResponse{Pid: uint32(p.pid)}, nil
 }
 
@@ -210,7 +226,7 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 		// The container's cgroup holds every process of it, created or
 		// running, init exited or not; `crun kill --all` refuses a stopped
 		// container whose leftovers still run.
-		if err := signalCgroup(c.cgroupPath(), unix.Signal(sig)); err != nil {
+		if err := c.byID(func() error { return signalCgroup(c.cgroupPath(), unix.Signal(sig)) }); err != nil {
 			return nil, err
 		}
 		return &agentapi.Empty{}, nil
@@ -220,8 +236,9 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 	}
 	if p.execID == "" {
 		// crun kill also handles a created-but-not-started container.
-		if err := s.cfg.Runtime.Kill(ctx, c.id, c.bundle, sig, false); err != nil {
-			if p.exited() {
+		if err := c.byID(func() error { return s.cfg.Runtime.Kill(ctx, c.id, c.bundle, sig, false) }); err != nil {
+			if errors.Is(err, errRemoved) || p.exited() {
+				// Removed: the runtime's delete kills it.
 				return &agentapi.Empty{}, nil
 			}
 			// The init of a created container is crun's own process

@@ -80,6 +80,9 @@ func (j *sandboxJoin) release() {
 // close them under the runtime (and their numbers name other files). The
 // caller holds sc.mu. A sandbox whose init has exited is refused.
 func joinFrom(sc *container, who string) (*sandboxJoin, error) {
+	if sc.removing {
+		return nil, fmt.Errorf("%s would join the namespaces of sandbox %q, which is being removed: %w", who, sc.id, errdefs.ErrFailedPrecondition)
+	}
 	if sc.init.exited() {
 		return nil, fmt.Errorf("%s would join the namespaces of sandbox %q, whose init has exited (its pid may name another process of the VM now): %w", who, sc.id, errdefs.ErrFailedPrecondition)
 	}

@@ -136,7 +136,9 @@ func (s *Service) UpdateContainer(ctx context.Context, req *agentapi.UpdateConta
 	if p.exited() {
 		return nil, fmt.Errorf("container %q has exited: %w", c.id, errdefs.ErrFailedPrecondition)
 	}
-	if err := s.cfg.Runtime.Update(ctx, c.id, c.bundle, res); err != nil {
+	if err := c.byID(func() error { return s.cfg.Runtime.Update(ctx, c.id, c.bundle, res) }); errors.Is(err, errRemoved) {
+		return nil, err
+	} else if err != nil {
 		return nil, fmt.Errorf("%w: %w", err, errdefs.ErrFailedPrecondition)
 	}
 	log.G(ctx).WithField("container", c.id).WithField("resources", string(mustMarshal(res))).Info("container resources updated")

@@ -75,8 +75,14 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 	}
 	s.setPullBroker(doc, r.InitData, tee) // pull.go: pull_auth credentials
 	s.mu.Lock()
-	s.policy, s.policySet = doc.Agent, true
-	s.eval = policy.New(doc.Policy, logDenial)
+	// Handed again (a re-attestation hands the same document, the digest
+	// check above made sure), the policy in force stays, with what its
+	// evaluator holds of the pod: its one sandbox, its emptyDir pod. A
+	// fresh evaluator would forget them.
+	if !s.policySet {
+		s.policy, s.policySet = doc.Agent, true
+		s.eval = policy.New(doc.Policy, logDenial)
+	}
 	s.mu.Unlock()
 	s.setMesh(doc, r.InitData)
 	l := log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("allow_devices", doc.Agent.AllowDevices).WithField("secrets", len(doc.KBS.Secrets))

@@ -218,6 +218,9 @@ func ownerReferences(b *broker.Broker, o kbsFlags, base *attest.Policy) (string,
 		b.References = append(b.References, ref)
 	}
 	if base != nil {
+		if err := bootPinned(base, o.tee, o.policyPath); err != nil {
+			return "", err
+		}
 		ref := broker.Reference{Source: o.policyPath, TEE: o.tee, Measurements: base.Measurements, MRTD: base.MRTD, RTMRs: base.RTMRs}
 		if (o.tee == "tdx" && len(ref.MRTD) > 0) || (o.tee != "tdx" && len(ref.Measurements) > 0) {
 			b.References = append(b.References, ref)
@@ -260,6 +263,11 @@ func nodeReferences(b *broker.Broker, o kbsFlags, base *attest.Policy) (string, 
 	if b.Verifier, err = attest.NewVerifier(trust); err != nil {
 		return "", err
 	}
+	if base != nil {
+		if err := bootPinned(base, tee, o.policyPath); err != nil {
+			return "", err
+		}
+	}
 	if base == nil {
 		m, err := manifest.Load(cfg.ManifestPath())
 		if err != nil {
@@ -271,6 +279,21 @@ func nodeReferences(b *broker.Broker, o kbsFlags, base *attest.Policy) (string, 
 		b.Policy.MinTCB, b.Policy.AllowDebug = cfg.Attestation.MinTCB, cfg.Attestation.AllowDebug
 	}
 	return tee, nil
+}
+
+// bootPinned refuses a --policy under which the broker would serve a TD
+// whatever it booted: MRTD is the TD's firmware only. Its kernel, initrd
+// and command line (the guest's dm-verity root) are RTMR1 and RTMR2,
+// pinned directly or through tdx_boot, whose event log the verifier
+// replays to them (as reference values from a manifest must pin them).
+func bootPinned(p *attest.Policy, tee, path string) error {
+	if tee != "tdx" || len(p.MRTD) == 0 || p.TDXBoot != nil {
+		return nil
+	}
+	if len(p.RTMRs) > 2 && len(p.RTMRs[1]) > 0 && len(p.RTMRs[2]) > 0 {
+		return nil
+	}
+	return fmt.Errorf("--policy %s: mrtd without tdx_boot or rtmrs[1] and rtmrs[2]: MRTD covers only the TD's firmware, so the broker would serve a TD that booted any kernel, initrd and command line (any dm-verity root); add tdx_boot (`c8s-measure tdx` prints it) or the image manifest's rtmr1 and rtmr2", path)
 }
 
 // errNoPins refuses to serve pods whose init data nobody pinned: the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -30,7 +31,9 @@ func TestKBSCollateralFlag(t *testing.T) {
 	body := q.GetTdQuoteBody()
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "policy.json")
-	if err := os.WriteFile(policy, []byte(`{"mrtd":"`+attest.Hex(body.GetMrTd()).String()+`"}`), 0o600); err != nil {
+	rtmrs := body.GetRtmrs()
+	if err := os.WriteFile(policy, fmt.Appendf(nil, `{"mrtd":"%s","rtmrs":["","%s","%s",""]}`,
+		attest.Hex(body.GetMrTd()), attest.Hex(rtmrs[1]), attest.Hex(rtmrs[2])), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	want := &attest.Policy{MRTD: body.GetMrTd(), Nonce: body.GetReportData()}
@@ -65,5 +68,37 @@ func TestKBSCollateralFlag(t *testing.T) {
 	o.registerVerification(fs)
 	if err := fs.Parse([]string{"--collateral", "/var/lib/c8s/collateral"}); err != nil || o.collateralDir != "/var/lib/c8s/collateral" {
 		t.Fatalf("--collateral parsed to %q: %v", o.collateralDir, err)
+	}
+}
+
+// TestKBSRefusesTDXPolicyWithoutBoot: a --policy that pins a TD's MRTD,
+// its firmware, and neither its tdx_boot nor RTMR1 and RTMR2 would have
+// the broker serve a TD running any kernel, initrd and command line: the
+// broker does not start, and says what to add.
+func TestKBSRefusesTDXPolicyWithoutBoot(t *testing.T) {
+	mrtd, r := strings.Repeat("ab", 48), strings.Repeat("cd", 48)
+	for _, c := range []struct {
+		name, policy string
+		refused      bool
+	}{
+		{"mrtd only", `{"mrtd":"` + mrtd + `"}`, true},
+		{"rtmr1 only", `{"mrtd":"` + mrtd + `","rtmrs":["","` + r + `"]}`, true},
+		{"rtmr2 only", `{"mrtd":"` + mrtd + `","rtmrs":["","","` + r + `"]}`, true},
+		{"rtmr1 and rtmr2", `{"mrtd":"` + mrtd + `","rtmrs":["","` + r + `","` + r + `"]}`, false},
+		{"tdx_boot", `{"mrtd":"` + mrtd + `","tdx_boot":{"kernel":"` + r + `","load_options":"` + r + `"}}`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			policy := filepath.Join(t.TempDir(), "policy.json")
+			if err := os.WriteFile(policy, []byte(c.policy), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err := newKBSBroker(kbsFlags{tee: "tdx", policyPath: policy, anyInitData: true}, io.Discard)
+			switch {
+			case c.refused && (err == nil || !strings.Contains(err.Error(), "tdx_boot") || !strings.Contains(err.Error(), policy)):
+				t.Fatalf("%s: %v, want a refusal naming the policy and tdx_boot", c.policy, err)
+			case !c.refused && err != nil:
+				t.Fatalf("%s: %v", c.policy, err)
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/c8s-dev/c8s/guest/api/teeparam"
+	"github.com/c8s-dev/c8s/guest/api/verity"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm/accel"
@@ -313,6 +314,12 @@ func checkSpec(spec Spec) error {
 		// Given twice, the guest refuses to guess its TEE; given once, it
 		// would contradict hypervisor.tee.
 		errs = append(errs, fmt.Errorf("vm: hypervisor.kernel_params %q sets %s: the TEE backend sets it from hypervisor.tee", h.KernelParams, teeparam.Key))
+	}
+	for _, f := range strings.Fields(h.KernelParams) {
+		if k, _, _ := strings.Cut(f, "="); verity.IsParam(k) {
+			// The guest refuses a root parameter given twice.
+			errs = append(errs, fmt.Errorf("vm: hypervisor.kernel_params sets %s: the image's manifest gives the dm-verity root's parameters", k))
+		}
 	}
 	if h.DefaultVCPUs == 0 || h.DefaultMemoryMiB == 0 {
 		errs = append(errs, errors.New("vm: default_vcpus and default_memory must be positive"))

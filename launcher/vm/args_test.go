@@ -122,6 +122,7 @@ func TestArgsErrors(t *testing.T) {
 		{"relative-disk", func(s *Spec) { s.Disks[0].Path = "disk.img" }, sim, "must be absolute"},
 		{"no-kernel", func(s *Spec) { s.Hypervisor.Kernel = "" }, sim, "make image"},
 		{"kernel-params-set-tee", func(s *Spec) { s.Hypervisor.KernelParams = "debug c8s.tee=snp" }, sim, "sets c8s.tee"},
+		{"kernel-params-set-root", func(s *Spec) { s.Hypervisor.KernelParams = "debug c8s.verity.roothash=ee" }, sim, "sets c8s.verity.roothash"},
 		{"no-backend", func(*Spec) {}, nil, "no TEE backend"},
 		{"nic-without-tap", func(s *Spec) { s.NICs = []NetDevice{{MAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}}} }, sim, "no open tap"},
 		{"fs-bad-tag", func(s *Spec) { s.SharedFS = &SharedFS{Socket: "/run/fs.sock", Tag: "a,b"} }, sim, "shared fs tag"},

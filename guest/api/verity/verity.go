@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -99,15 +100,26 @@ func (p Params) KernelParams() []string {
 // FromCmdline parses the parameters out of a kernel command line. ok is
 // false when the command line names no verity root (c8s.root absent); an
 // error means it names one but the parameters are incomplete or malformed.
+//
+// Each parameter may appear once: which root boots must not depend on
+// which of two values wins, nor on what follows the image's own
+// parameters (the launcher appends a node's kernel_params there).
 func FromCmdline(cmdline string) (p Params, ok bool, err error) {
 	vals := map[string]string{}
+	var repeated []string
 	for _, f := range strings.Fields(cmdline) {
 		k, v, _ := strings.Cut(f, "=")
+		if _, seen := vals[k]; seen && IsParam(k) && !slices.Contains(repeated, k) {
+			repeated = append(repeated, k)
+		}
 		vals[k] = v
 	}
 	dev, ok := vals[ParamRoot]
 	if !ok {
 		return Params{}, false, nil
+	}
+	if len(repeated) > 0 {
+		return Params{}, true, fmt.Errorf("verity: %s= given more than once on the kernel command line: each of the root's parameters may be given once", strings.Join(repeated, "=, "))
 	}
 	p = Params{Device: dev, FSType: vals[ParamFSType], RootHash: vals[ParamRootHash], Salt: vals[ParamSalt]}
 	for _, f := range []struct {
@@ -152,4 +164,13 @@ func (p Params) Sectors() uint64 { return p.DataBlocks * (BlockSize / 512) }
 // block dataBlocks on.
 func Layer(device, rootHash string, dataBlocks uint64) Params {
 	return Params{Device: device, FSType: "ext4", RootHash: rootHash, DataBlocks: dataBlocks, HashStartBlock: dataBlocks}
+}
+
+// IsParam reports whether k names one of the root's kernel parameters.
+func IsParam(k string) bool {
+	switch k {
+	case ParamRoot, ParamFSType, ParamRootHash, ParamSalt, ParamBlocks, ParamHashStart:
+		return true
+	}
+	return false
 }

@@ -45,6 +45,11 @@ func TestFromCmdlineRejects(t *testing.T) {
 		{"overlap", ParamHashStart, ParamHashStart + "=50", "overlaps"},
 		{"bad fs", ParamFSType, ParamFSType + "=vfat", "not erofs"},
 		{"bad device", ParamRoot, ParamRoot + "=vda", "not a /dev path"},
+		// A second value, which would otherwise win over the image's.
+		{"root hash twice", "", ParamRootHash + "=" + strings.Repeat("e", 64), ParamRootHash + "= given more than once"},
+		{"device twice", "", ParamRoot + "=/dev/vdb", ParamRoot + "= given more than once"},
+		{"blocks twice", "", ParamBlocks + "=50", ParamBlocks + "= given more than once"},
+		{"same value twice", "", sample().KernelParams()[5], ParamHashStart + "= given more than once"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var fields []string
@@ -54,9 +59,6 @@ func TestFromCmdlineRejects(t *testing.T) {
 				}
 			}
 			if tc.add != "" {
-				fields = append(fields, tc.add)
-			}
-			if tc.drop == ParamRoot {
 				fields = append(fields, tc.add)
 			}
 			_, ok, err := FromCmdline(strings.Join(fields, " "))

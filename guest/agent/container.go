@@ -80,6 +80,16 @@ func (c *container) retire() {
 	c.idMu.Unlock()
 }
 
+// freeID frees c's id once what the runtime and the agent held of c is
+// gone.
+func (s *Service) freeID(c *container) {
+	s.mu.Lock()
+	if s.containers[c.id] == c {
+		delete(s.containers, c.id)
+	}
+	s.mu.Unlock()
+}
+
 func (c *container) process(execID string) (*process, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -164,11 +174,14 @@ func (s *Service) CreateContainer(ctx context.Context, req *agentapi.CreateConta
 	p, err := s.create(ctx, c, req, join, joined, steps)
 	join.release() // the runtime has joined them, or failed
 	if err != nil {
+		// The id stays taken until what the create left is gone.
+		c.mu.Lock()
+		c.removing = true
+		c.mu.Unlock()
+		c.retire()
+		defer s.freeID(c)
 		s.stopMesh(id)
 		s.evaluator().ReleaseSandbox(c.policy())
-		s.mu.Lock()
-		delete(s.containers, id)
-		s.mu.Unlock()
 		if cerr := s.cleanup(ctx, id, c.bundle); cerr != nil {
 			log.G(ctx).WithError(cerr).Warnf("clean up after failed create of container %s", id)
 		}
@@ -397,9 +410,14 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 	creating, removing := false, false
 	if ok {
 		c.mu.Lock()
-		creating, removing = c.init == nil, c.removing
+		creating, removing = c.init == nil && !c.removing, c.removing
 		c.removing = !creating
 		c.mu.Unlock()
+	} else {
+		// Only leftovers to clean up (the runtime's state, a bundle): a
+		// create of the id meanwhile would have them cleaned up under it.
+		c = &container{id: id, execs: map[string]*process{}, removing: true}
+		s.containers[id] = c
 	}
 	s.mu.Unlock()
 	switch {
@@ -408,16 +426,10 @@ func (s *Service) RemoveContainer(ctx context.Context, req *agentapi.RemoveConta
 	case removing:
 		return nil, fmt.Errorf("container %q is being removed: %w", id, errdefs.ErrUnavailable)
 	}
+	// The id stays taken until the runtime has deleted the container,
+	// and what names it by its id has returned (byID).
+	defer s.freeID(c)
 	if ok {
-		// The id stays taken until the runtime has deleted the
-		// container, and what names it by its id has returned (byID).
-		defer func() {
-			s.mu.Lock()
-			if s.containers[id] == c {
-				delete(s.containers, id)
-			}
-			s.mu.Unlock()
-		}()
 		c.retire()
 		c.mu.Lock()
 		procs := []*process{c.init}

@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 )
 
 func TestOOMKilledReadsMemoryEvents(t *testing.T) {
@@ -36,5 +39,40 @@ func TestOOMKilledReadsMemoryEvents(t *testing.T) {
 		if got := oomKilled(cg); got != want {
 			t.Errorf("oomKilled(%q) = %v, want %v", cg, got, want)
 		}
+	}
+}
+
+// TestWaitOfRemovedContainerReadsNoCgroup: once a container's removal has
+// begun, its cgroup path may come to name a new container of its id: its
+// WaitProcess must not report that one's OOM kill.
+func TestWaitOfRemovedContainerReadsNoCgroup(t *testing.T) {
+	root := t.TempDir()
+	old := cgroupRoot
+	cgroupRoot = root
+	t.Cleanup(func() { cgroupRoot = old })
+	if err := os.MkdirAll(filepath.Join(root, "c8s/x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "c8s/x/memory.events"), []byte("oom 1\noom_kill 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	close(done)
+	c := &container{id: "x", cgroup: "/c8s/x", execs: map[string]*process{}, init: &process{done: done}}
+	s := &Service{containers: map[string]*container{"x": c}}
+	wait := func() bool {
+		t.Helper()
+		r, err := s.WaitProcess(context.Background(), &agentapi.ProcessRequest{ContainerId: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.GetOomKilled()
+	}
+	if !wait() {
+		t.Fatal("the container's own OOM kill is not reported")
+	}
+	c.retire()
+	if wait() {
+		t.Error("a container being removed reported the OOM kill its cgroup path now names")
 	}
 }

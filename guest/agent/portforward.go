@@ -171,12 +171,15 @@ func (p *portForward) podSandbox() (*container, error) {
 	}
 	for id, c := range s.containers {
 		c.mu.Lock()
-		init, grant := c.init, c.grant
+		init, grant, removing := c.init, c.grant, c.removing
 		c.mu.Unlock()
 		if governed && !grant.PodSandbox() || !governed && c.sandboxID != id {
 			continue
 		}
 		switch {
+		case removing:
+			// Its init's pid may soon name another process.
+			err = fmt.Errorf("port-forward: the pod's sandbox %q is being removed: %w", id, errdefs.ErrFailedPrecondition)
 		case init == nil:
 			err = fmt.Errorf("port-forward: the pod's sandbox %q is still being created: %w", id, errdefs.ErrUnavailable)
 		case init.exited():
@@ -199,6 +202,9 @@ func (p *portForward) podNetns() (string, func(), error) {
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
+	if sb.removing {
+		return "", func() {}, fmt.Errorf("port-forward: the pod's sandbox %q is being removed: %w", sb.id, errdefs.ErrFailedPrecondition)
+	}
 	if sb.ns == nil { // not created by this agent (tests)
 		return fmt.Sprintf("/proc/%d/ns/net", sb.init.pid), func() {}, nil
 	}

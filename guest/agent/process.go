@@ -201,7 +201,11 @@ func (s *Service) WaitProcess(ctx context.Context, req *agentapi.ProcessRequest)
 		return nil, ctx.Err()
 	}
 	// The container's cgroup stays until it is deleted, after this answer.
-	oom := p.execID == "" && oomKilled(c.cgroupPath())
+	oom := false
+	if p.execID == "" {
+		// Not once removed: the cgroup path may name a new container.
+		_ = c.byID(func() error { oom = oomKilled(c.cgroupPath()); return nil })
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return &agentapi.WaitProcessResponse{ExitStatus: uint32(p.status), ExitedAt: timestamppb.New(p.exitedAt), OomKilled: oom}, nil

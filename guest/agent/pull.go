@@ -150,22 +150,26 @@ func (s *Service) sandboxOf(c *container) *container {
 }
 
 // netnsOf returns a copy of the network namespace sandbox sc holds, or
-// nil (the VM's own namespace).
-func netnsOf(sc *container) *os.File {
+// nil (the VM's own namespace) without a sandbox. A sandbox being removed
+// has none to give: the pull is not run in the VM's instead.
+func netnsOf(sc *container) (*os.File, error) {
 	if sc == nil {
-		return nil
+		return nil, nil
 	}
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
+	if sc.removing {
+		return nil, fmt.Errorf("the pod's sandbox %q is being removed: %w", sc.id, errdefs.ErrFailedPrecondition)
+	}
 	f := sc.ns[specs.NetworkNamespace]
 	if f == nil {
-		return nil
+		return nil, nil
 	}
 	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("copy the network namespace of sandbox %q: %w", sc.id, err)
 	}
-	return os.NewFile(uintptr(fd), f.Name())
+	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
 // pullKey tells pulls apart: two rules may name one image with other
@@ -190,7 +194,12 @@ func (s *Service) pullFor(ctx context.Context, img policy.PullImage, sc *contain
 	}
 	j := &pullJob{img: img, done: make(chan struct{}), start: time.Now()}
 	st.jobs[key] = j
-	netns := netnsOf(sc)
+	netns, err := netnsOf(sc)
+	if err != nil {
+		j.err = err
+		close(j.done)
+		return j
+	}
 	ctx = log.WithLogger(context.WithoutCancel(ctx), log.G(ctx).WithField("image", key))
 	go s.runPull(ctx, j, netns)
 	return j

@@ -33,8 +33,10 @@ create)
   while [ $# -gt 1 ]; do case "$1" in --bundle) B=$2; shift 2;; --pid-file) P=$2; shift 2;; *) shift;; esac; done
   mkdir -p "$ROOT/$id"
   grep -o '"io.kubernetes.cri.container-name":"[^"]*"' "$B/config.json" > "$ROOT/$id/name"
+  echo '{}' > "$ROOT/$id/state.json"
+  if [ -e "$ROOT/create-fail" ]; then rm "$ROOT/create-fail"; exit 1; fi
   sleep 1000 </dev/null >/dev/null 2>&1 &
-  printf %s $! > "$P"; echo $! > "$ROOT/$id/pid"; echo '{}' > "$ROOT/$id/state.json" ;;
+  printf %s $! > "$P"; echo $! > "$ROOT/$id/pid" ;;
 exec)
   while [ $# -gt 1 ]; do case "$1" in --pid-file) P=$2; shift 2;; *) shift;; esac; done
   touch "$ROOT/exec-waiting"
@@ -43,7 +45,8 @@ exec)
   sleep 0 </dev/null >/dev/null 2>&1 &
   printf %s $! > "$P" ;;
 delete)
-  kill -9 "$(cat "$ROOT/$id/pid")" 2>/dev/null; rm -rf "$ROOT/$id" ;;
+  if [ -e "$ROOT/delete-hold" ]; then touch "$ROOT/delete-waiting"; while [ ! -e "$ROOT/delete-go" ]; do sleep 0.01; done; fi
+  kill -9 "$(cat "$ROOT/$id/pid" 2>/dev/null)" 2>/dev/null; rm -rf "$ROOT/$id" ;;
 esac
 `
 
@@ -54,7 +57,15 @@ esac
 // the exec would run in "quiet" under the decision made for "app". The
 // removal must wait for the exec, and the id stay taken until the runtime
 // has deleted the container.
-func TestMaliciousHostExecRacesRemoveAndRecreate(t *testing.T) {
+// slowHarness is an agent under a policy (policyDoc) whose OCI runtime is
+// slowExecRuntime, rooted at root.
+type slowHarness struct {
+	svc  *Service
+	root string
+}
+
+func newSlowHarness(t *testing.T) *slowHarness {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the agent holds the container's namespaces: needs root")
 	}
@@ -77,23 +88,49 @@ func TestMaliciousHostExecRacesRemoveAndRecreate(t *testing.T) {
 	calls := 0
 	svc.secrets = []secretMount{{resource: "kbs:///default/key/db", source: filepath.Join(base, "db"), destination: "/run/secrets/db"}}
 	svc.cfg.Evidence = snpEvidence(initdata.Digest(doc), &calls)
-	ctx := ctxT(t)
-	if _, err := svc.SetInitData(ctx, &agentapi.SetInitDataRequest{InitData: doc}); err != nil {
+	if _, err := svc.SetInitData(ctxT(t), &agentapi.SetInitDataRequest{InitData: doc}); err != nil {
 		t.Fatal(err)
 	}
-	spec := func(name string) []byte {
-		return mustJSON(t, specs.Spec{
-			Version:     "1.0.2",
-			Annotations: map[string]string{policy.AnnotationContainerType: "container", policy.AnnotationContainerName: name, policy.AnnotationImageName: "example/app:1"},
-			Process:     &specs.Process{Args: []string{"sh", "-c", "sleep 1000"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"}, Cwd: "/"},
-			Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
-				MaskedPaths: policyapi.DefaultMaskedPaths, ReadonlyPaths: policyapi.DefaultReadonlyPaths},
-		})
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	create := func(name string) error {
-		_, err := svc.CreateContainer(ctx, &agentapi.CreateContainerRequest{ContainerId: "x", Spec: spec(name), Rootfs: rootfsReq(), Stdio: pipes()})
-		return err
+	return &slowHarness{svc: svc, root: root}
+}
+
+// create creates container id as the policy's container name.
+func (h *slowHarness) create(t *testing.T, id, name string) error {
+	_, err := h.svc.CreateContainer(ctxT(t), &agentapi.CreateContainerRequest{ContainerId: id, Rootfs: rootfsReq(), Stdio: pipes(), Spec: mustJSON(t, specs.Spec{
+		Version:     "1.0.2",
+		Annotations: map[string]string{policy.AnnotationContainerType: "container", policy.AnnotationContainerName: name, policy.AnnotationImageName: "example/app:1"},
+		Process:     &specs.Process{Args: []string{"sh", "-c", "sleep 1000"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"}, Cwd: "/"},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: "pid"}, {Type: "network"}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
+			MaskedPaths: policyapi.DefaultMaskedPaths, ReadonlyPaths: policyapi.DefaultReadonlyPaths},
+	})})
+	return err
+}
+
+// touch creates the runtime's control file name.
+func (h *slowHarness) touch(t *testing.T, name string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(h.root, name), nil, 0o644); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// await waits for the runtime's file name to appear.
+func (h *slowHarness) await(t *testing.T, name string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !fileExists(filepath.Join(h.root, name)); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the runtime never made %s", name)
+		}
+	}
+}
+
+func TestMaliciousHostExecRacesRemoveAndRecreate(t *testing.T) {
+	h := newSlowHarness(t)
+	svc, root, ctx := h.svc, h.root, ctxT(t)
+	create := func(name string) error { return h.create(t, "x", name) }
 	echo := mustJSON(t, specs.Process{Args: []string{"echo", "allowed"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Cwd: "/"})
 	exec := func(id string) error {
 		_, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "x", ExecId: id, Process: echo, Stdio: pipes()})
@@ -134,10 +171,8 @@ func TestMaliciousHostExecRacesRemoveAndRecreate(t *testing.T) {
 			}
 		}
 	}
-	if err := os.WriteFile(filepath.Join(root, "exec-go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	err = <-execDone
+	h.touch(t, "exec-go")
+	err := <-execDone
 	log, _ := os.ReadFile(filepath.Join(root, "exec.log"))
 	if strings.Contains(string(log), `"quiet"`) {
 		t.Fatalf("the exec the policy allowed in app ran in quiet, whose rule allows no exec (exec: %v; runtime: %s)", err, log)
@@ -186,5 +221,84 @@ func TestRemovedContainerRefusesByID(t *testing.T) {
 	ran := false
 	if err := c.byID(func() error { ran = true; return nil }); !errdefs.IsNotFound(err) || ran {
 		t.Fatalf("byID after retire: %v (ran: %v), want NotFound without running", err, ran)
+	}
+}
+
+// TestMaliciousHostCreateDuringCleanup: while the agent cleans up after a
+// failed create of x, or the leftovers of an x it does not hold, the host
+// creates x again. Its id must stay taken until the cleanup is done: the
+// cleanup's runtime delete and layer release by id would otherwise act on
+// the new x.
+func TestMaliciousHostCreateDuringCleanup(t *testing.T) {
+	h := newSlowHarness(t)
+	ctx := ctxT(t)
+	for _, c := range []struct {
+		name    string
+		cleanUp func() error
+	}{
+		{"failed create", func() error {
+			h.touch(t, "create-fail")
+			if err := h.create(t, "x", "app"); err == nil {
+				return fmt.Errorf("the create the runtime failed succeeded")
+			}
+			return nil
+		}},
+		{"leftovers", func() error {
+			if err := os.MkdirAll(filepath.Join(h.root, "x"), 0o755); err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(h.root, "x", "state.json"), []byte("{}"), 0o644); err != nil {
+				return err
+			}
+			_, err := h.svc.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{ContainerId: "x"})
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, f := range []string{"delete-hold", "delete-go", "delete-waiting"} {
+				_ = os.Remove(filepath.Join(h.root, f))
+			}
+			h.touch(t, "delete-hold")
+			done := make(chan error, 1)
+			go func() { done <- c.cleanUp() }()
+			h.await(t, "delete-waiting")
+			for range 2 {
+				if err := h.create(t, "x", "quiet"); !errdefs.IsAlreadyExists(err) {
+					t.Errorf("create x while the agent cleans up an x: %v, want already exists", err)
+				}
+			}
+			h.touch(t, "delete-go")
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			_ = os.Remove(filepath.Join(h.root, "delete-hold"))
+			if err := h.create(t, "x", "quiet"); err != nil {
+				t.Fatalf("create x once the cleanup is done: %v", err)
+			}
+			if _, err := h.svc.RemoveContainer(ctx, &agentapi.RemoveContainerRequest{ContainerId: "x"}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestMaliciousHostUsesSandboxBeingRemoved: while the pod's sandbox is
+// being removed its init is killed, and its pid may come to name another
+// process (the VM's own network namespace is never the pod's). Neither
+// port-forward nor a pull may use it then.
+func TestMaliciousHostUsesSandboxBeingRemoved(t *testing.T) {
+	sb := &container{id: "sb", sandboxID: "sb", execs: map[string]*process{},
+		init: &process{pid: os.Getpid(), done: make(chan struct{})}}
+	s := &Service{containers: map[string]*container{"sb": sb}}
+	pf := &portForward{s: s}
+	if _, _, err := pf.podNetns(); err != nil {
+		t.Fatalf("port-forward into the running sandbox: %v", err)
+	}
+	sb.removing = true // as RemoveContainer marks it, before the runtime's delete
+	if path, _, err := pf.podNetns(); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("port-forward into a sandbox being removed: netns %q, %v; want failed precondition", path, err)
+	}
+	if f, err := netnsOf(sb); !errdefs.IsFailedPrecondition(err) || f != nil {
+		t.Errorf("a pull in a sandbox being removed: %v, %v; want failed precondition", f, err)
 	}
 }

@@ -1,8 +1,10 @@
 package attest
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -87,6 +89,16 @@ func (v *Verifier) VerifyTDXEvidence(quote, eventLog []byte, p *Policy) (_ *TDXC
 			hint = "the quote's header or TD report was altered after it was signed"
 		}
 		return nil, failure(KindSignature, "TDX quote signature", err, hint)
+	}
+	// Whoever signed the quote: with the PCK chain alone, any enclave the
+	// host runs with the provisioning key's attribute has its attestation
+	// key certified, and signs what it likes.
+	pl, err := tdxPlatformOf(q)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkTDQE(pl.QE); err != nil {
+		return nil, err
 	}
 	tcb, err := v.checkTDXCollateral(q, p)
 	if err != nil {
@@ -279,4 +291,42 @@ func intelRootCert() (*x509.Certificate, error) {
 	}
 	blk, _ := pem.Decode(intelRootPEM)
 	return x509.ParseCertificate(blk.Bytes)
+}
+
+// Intel's TD quoting enclave, as its identity in Intel's PCS names it
+// (TDX QE identity v2, id TD_QE: testdata/tdx/dcap-qvl/collateral-*/
+// tdx_qe_identity.json). Collateral judges the same fields again with
+// Intel's current file, and the enclave's TCB level too.
+var (
+	tdQEMRSigner       = mustDecodeHex("dc9e2a7c6f948f17474e34a7fc43ed030f7c1563f1babddf6340c82e0e54a8c5")
+	tdQEAttributes     = mustDecodeHex("11000000000000000000000000000000")
+	tdQEAttributesMask = mustDecodeHex("fbffffffffffffff0000000000000000")
+)
+
+// tdQEProdID is the TD quoting enclave's ISVPRODID (a var for the tests).
+var tdQEProdID uint32 = 2
+
+// checkTDQE refuses a quote whose quoting enclave (its report, which the
+// PCK signed and the quote's signature key is bound to) is not Intel's TD
+// quoting enclave, or runs as a debug enclave.
+func checkTDQE(qe qeReport) error {
+	switch {
+	case !bytes.Equal(qe.MRSigner, tdQEMRSigner):
+		return mismatch("QE MRSIGNER", hex.EncodeToString(tdQEMRSigner), hex.EncodeToString(qe.MRSigner),
+			"the quote was signed by an enclave the host ran, not Intel's TD quoting enclave")
+	case qe.ISVProdID != tdQEProdID:
+		return mismatch("QE ISVPRODID", fmt.Sprint(tdQEProdID), fmt.Sprint(qe.ISVProdID), "the quote was not signed by Intel's TD quoting enclave")
+	case !maskedEqual(qe.Attributes, tdQEAttributesMask, tdQEAttributes):
+		return mismatch("QE ATTRIBUTES", hex.EncodeToString(tdQEAttributes), hex.EncodeToString(qe.Attributes),
+			"the quoting enclave runs with attributes Intel does not accept (a debug enclave?)")
+	}
+	return nil
+}
+
+func mustDecodeHex(s string) []byte {
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		panic(err)
+	}
+	return b
 }

@@ -112,8 +112,9 @@ func (g *gen) pin(who, ref string) error {
 }
 
 // pinLayers pins the image's layers in r (policy Container.Layers), or
-// warns that the container's files are not pinned.
-func (g *gen) pinLayers(r *rule, who, ref string, img *Image) {
+// warns that the container's files are not pinned (refuses with
+// Options.Strict, unless the guest pulls and verifies the image itself).
+func (g *gen) pinLayers(r *rule, who, ref string, img *Image, pulled bool) error {
 	if img == nil || len(img.Layers) == 0 {
 		how := "only its config is known"
 		if img == nil {
@@ -121,8 +122,11 @@ func (g *gen) pinLayers(r *rule, who, ref string, img *Image) {
 		} else if img.Layers != nil {
 			how = "the image has no layers"
 		}
-		g.warn("%s: THE FILES OF IMAGE %q ARE NOT PINNED (%s): the rule has no layers, so the guest runs whatever root the host attaches; give --image %s=LAYOUT with the image's layers (`c8s-measure image` prints them)", who, ref, how, ref)
-		return
+		if g.o.Strict && !pulled {
+			return fmt.Errorf("%s: the files of image %q are not pinned (%s; --strict): the guest would run whatever root the host attaches; give --image %s=LAYOUT with the image's layers (`c8s-measure image` prints them)", who, ref, how, ref)
+		}
+		g.warn("%s: THE FILES OF IMAGE %q ARE NOT PINNED (%s): the rule has no layers, so the guest runs whatever root the host attaches; give --image %s=LAYOUT with the image's layers (`c8s-measure image` prints them; --strict refuses this)", who, ref, how, ref)
+		return nil
 	}
 	r.c.Layers = slices.Clone(img.Layers)
 	for i := range img.Layers {
@@ -131,6 +135,7 @@ func (g *gen) pinLayers(r *rule, who, ref string, img *Image) {
 			r.note(fmt.Sprintf("layers[%d]", i), "layer %d of %d: blob %s, %s, %d bytes", i+1, len(img.Layers), b.Digest, b.MediaType, b.Size)
 		}
 	}
+	return nil
 }
 
 func exactAll(ss []string) []policyapi.Pattern {
@@ -178,7 +183,10 @@ func (g *gen) container(c *corev1.Container, where string) (*rule, error) {
 	if img == nil {
 		g.warn("container %s: no image config (--image %s=LAYOUT): its env is taken to be only containerd's default PATH, and its STOPSIGNAL SIGTERM; an image that sets other variables is refused at CreateContainer", c.Name, c.Image)
 	}
-	g.pinLayers(r, "container "+c.Name, c.Image, img)
+	_, pulled := g.o.Pull[c.Name]
+	if err := g.pinLayers(r, "container "+c.Name, c.Image, img, pulled); err != nil {
+		return nil, err
+	}
 	if err := g.pull(r, c.Name, c.Image); err != nil {
 		return nil, err
 	}

@@ -98,7 +98,8 @@ type Options struct {
 	// pod spec (or SandboxImage) writes it, or by container name.
 	Images  map[string]*Image
 	Layouts map[string]string
-	// Strict refuses images not pinned by digest.
+	// Strict refuses images not pinned by digest, and images whose files
+	// are not pinned (no layers) unless the guest pulls them.
 	Strict bool
 	// Exec lists, per container name, more argv (patterns) the host may
 	// exec, and ExecStdin the containers whose execs may have stdin.

@@ -1,6 +1,7 @@
 package policygen
 
 import (
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"strings"
 	"testing"
 
@@ -42,6 +43,12 @@ func TestRefuses(t *testing.T) {
 			[]string{"cannot pin the working dir of container app", "set workingDir", "cannot pin the user of container app", "set securityContext.runAsUser"}},
 		"unpinned image, strict": {strings.Replace(pod(pinned), "@sha256:"+strings.Repeat("ab", 32), ":1.0", 1), Options{Strict: true},
 			[]string{`image "ghcr.io/example/app:1.0" is not pinned by digest (--strict)`}},
+		"unpinned files, strict": {pod(pinned), Options{Strict: true},
+			[]string{`container app: the files of image "ghcr.io/example/app@sha256:`, `are not pinned (no image was given; --strict)`, "give --image"}},
+		"the sandbox's files, strict": {pod(pinned), Options{Strict: true, SandboxImage: "registry.example/pause@sha256:" + strings.Repeat("cd", 32), Images: map[string]*Image{
+			"app": {Source: "t", Layers: []policyapi.Layer{{Digest: "sha256:" + strings.Repeat("12", 32), Verity: strings.Repeat("34", 32), Blocks: 1}}},
+			"registry.example/pause@sha256:" + strings.Repeat("cd", 32): {Source: "t", Config: ocispec.ImageConfig{Entrypoint: []string{"/pause"}}}}},
+			[]string{`the sandbox: the files of image "registry.example/pause@sha256:`, `are not pinned (only its config is known; --strict)`}},
 		"envFrom a ConfigMap not in the input": {pod(pinned + "      envFrom:\n        - configMapRef:\n            name: cfg\n"), Options{},
 			[]string{"cannot pin the env of container app: envFrom[0] takes its variable names from ConfigMap cfg, which is not in the input"}},
 		"envFrom a Secret not in the input": {pod(pinned + "      envFrom:\n        - secretRef:\n            name: s\n"), Options{},

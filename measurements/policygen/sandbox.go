@@ -48,7 +48,9 @@ func (g *gen) sandbox() (*rule, error) {
 		return nil, fmt.Errorf("cannot pin the sandbox container: no image config for sandbox image %s; pass --image %s=LAYOUT", ref, ref)
 	}
 	r.c.Image = exact(ref)
-	g.pinLayers(r, "the sandbox", ref, img)
+	if err := g.pinLayers(r, "the sandbox", ref, img, false); err != nil {
+		return nil, err
+	}
 	args := append(slices.Clone(img.Config.Entrypoint), img.Config.Cmd...)
 	if len(args) == 0 {
 		return nil, fmt.Errorf("sandbox image %s has neither entrypoint nor cmd: containerd refuses it", ref)

@@ -25,6 +25,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/teeparam"
 	"github.com/c8s-dev/c8s/guest/policy"
 	"github.com/c8s-dev/c8s/guest/rootfs"
+	"github.com/c8s-dev/c8s/guest/spec"
 )
 
 // What a guest started as a TEE keeps from the host (Config.TEE, from the
@@ -315,12 +316,16 @@ func (s *Service) makeEmptyDirs(dirs []string) error {
 		if err := os.Mkdir(filepath.Dir(d), 0o711); err != nil && !errors.Is(err, os.ErrExist) {
 			return err
 		}
-		if err := os.Mkdir(d, 0o777); errors.Is(err, os.ErrExist) {
+		mode := os.FileMode(0o777)
+		if d == filepath.Join(root, spec.PodShm) {
+			mode = 0o777 | os.ModeSticky // as /dev/shm
+		}
+		if err := os.Mkdir(d, mode); errors.Is(err, os.ErrExist) {
 			continue
 		} else if err != nil {
 			return err
 		}
-		if err := os.Chmod(d, 0o777); err != nil { // past the umask
+		if err := os.Chmod(d, mode); err != nil { // past the umask
 			return err
 		}
 	}

@@ -168,6 +168,56 @@ func TestEmptyDirInGuestMemory(t *testing.T) {
 	}
 }
 
+// TestMaliciousHostPodShmInGuestMemory: containerd binds its shm directory
+// of the sandbox (a tmpfs of the host's) on every container's /dev/shm,
+// and the host shares it. In a guest started as a TEE the pod's /dev/shm
+// is a directory of the guest's tmpfs instead: what the containers put in
+// POSIX shared memory never reaches the host, and they share it.
+func TestMaliciousHostPodShmInGuestMemory(t *testing.T) {
+	e := newEnv(t)
+	e.startedAsTEE(t, teeparam.Sim)
+	share := t.TempDir()
+	e.svc.cfg.SharedDir, e.svc.cfg.MountShared = share, func(string, string) error { return nil }
+	if err := os.Mkdir(filepath.Join(share, "s-0"), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(share, "s-0", "from-host"), []byte("host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const src = "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/0123/shm"
+	bind := specs.Mount{Destination: "/dev/shm", Type: "bind", Source: src, Options: []string{"rbind", "rw"}}
+	run := func(id, script string) string {
+		t.Helper()
+		s := e.spec(t, "sh", "-c", script)
+		s.Mounts = append(s.Mounts, bind)
+		e.create(t, id, s, pipes(), func(r *agentapi.CreateContainerRequest) {
+			r.SharedMounts = []*agentapi.SharedMount{{Source: src, Name: "s-0"}}
+		})
+		e.start(t, id)
+		if st := e.wait(t, id, ""); st != 0 {
+			t.Fatalf("%s: exit %d: %s", id, st, e.readAll(t, id, "", true))
+		}
+		out := e.readAll(t, id, "", false)
+		e.remove(t, id)
+		e.assertGone(t, id)
+		return out
+	}
+	if out := run("a", "echo secret >/dev/shm/seg && ls -ld /dev/shm"); !strings.HasPrefix(out, "drwxrwxrwt") {
+		t.Errorf("the pod's /dev/shm: %q, want mode 1777", out)
+	}
+	if out := run("b", "cat /dev/shm/seg; ls /dev/shm"); out != "secret\nseg\n" {
+		t.Errorf("a second container of the pod reads %q from /dev/shm, want the first's write and no host file", out)
+	}
+	var fs unix.Statfs_t
+	dir := filepath.Join(e.svc.cfg.EmptyDirDir, ".pod", "shm")
+	if err := unix.Statfs(dir, &fs); err != nil || fs.Type != unix.TMPFS_MAGIC {
+		t.Errorf("the pod's /dev/shm %s: %v, filesystem %#x, want a guest tmpfs", dir, err, fs.Type)
+	}
+	if _, err := os.Stat(filepath.Join(share, "s-0", "seg")); err == nil {
+		t.Error("the shared memory reached the host's share")
+	}
+}
+
 // A host that swaps a share entry for a symlink after the agent checked
 // it (virtiofsd serves the share; the host writes it at will) would have
 // the runtime bind whatever guest path the link names, such as the pod's

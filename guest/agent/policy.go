@@ -79,6 +79,8 @@ func mountKinds(mounts []specs.Mount, origins []spec.MountOrigin) []policyapi.Mo
 			kinds[i] = policyapi.KindShared
 		case spec.OriginEmptyDir:
 			kinds[i] = policyapi.KindEmptyDir
+		case spec.OriginPodShm:
+			kinds[i] = policyapi.KindPodShm
 		default:
 			kinds[i] = policyapi.KindGuest
 		}

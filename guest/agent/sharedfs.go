@@ -31,6 +31,9 @@ func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest, bundle stri
 		if _, _, ok := spec.EmptyDirVolume(m.GetSource()); ok && s.emptyDirRoot() != "" {
 			continue
 		}
+		if spec.SandboxShm(m.GetSource()) && s.emptyDirRoot() != "" {
+			continue // the pod's /dev/shm is in guest memory (spec.PodShm)
+		}
 		shared = append(shared, m)
 	}
 	if len(shared) == 0 {

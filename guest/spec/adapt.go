@@ -84,9 +84,10 @@ type Options struct {
 	OnlineCPUs, OnlineMems string
 	// EmptyDirs, when set, is the guest directory (a tmpfs) that holds the
 	// pod's emptyDir volumes: a bind of a kubelet emptyDir
-	// (EmptyDirVolume) becomes a bind of EmptyDirs/<pod uid>/<name>,
-	// whatever the host shares or passes for it. Empty: an emptyDir is a
-	// host path like any other.
+	// (EmptyDirVolume) becomes a bind of EmptyDirs/<pod uid>/<name>, and
+	// a bind of the sandbox's shm directory (SandboxShm) one of
+	// EmptyDirs/PodShm, whatever the host shares or passes for them.
+	// Empty: both are host paths like any other.
 	EmptyDirs string
 }
 
@@ -121,6 +122,10 @@ const (
 	// OriginEmptyDir: a bind of a kubelet emptyDir volume, replaced by
 	// its directory in guest memory (Options.EmptyDirs).
 	OriginEmptyDir
+	// OriginPodShm: a bind of containerd's shm directory of the pod's
+	// sandbox (SandboxShm), replaced by the pod's /dev/shm in guest
+	// memory (PodShm below Options.EmptyDirs).
+	OriginPodShm
 )
 
 // sandboxShared are the namespaces a pod's containers join from the sandbox
@@ -275,6 +280,15 @@ func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount,
 			out, origins = append(out, m), append(origins, OriginEmptyDir)
 			continue
 		}
+		// The pod's POSIX shared memory and semaphores: never on the host.
+		if SandboxShm(m.Source) && o.EmptyDirs != "" {
+			m.Source = filepath.Join(o.EmptyDirs, PodShm)
+			if !slices.Contains(dirs, m.Source) {
+				dirs = append(dirs, m.Source)
+			}
+			out, origins = append(out, m), append(origins, OriginPodShm)
+			continue
+		}
 		if f, ok := byPath[m.Source]; ok {
 			guest, done := made[m.Source]
 			if !done {
@@ -327,7 +341,30 @@ func EmptyDirVolume(p string) (podUID, name string, ok bool) {
 			return "", "", false
 		}
 	}
+	if strings.HasPrefix(podUID, ".") { // PodShm's; no pod uid (a UUID) is
+		return "", "", false
+	}
 	return podUID, name, true
+}
+
+// PodShm is the pod's /dev/shm below Options.EmptyDirs: a directory no
+// emptyDir can name (EmptyDirVolume refuses a pod uid starting with ".").
+const PodShm = ".pod/shm"
+
+// SandboxShm reports whether host path p is the shm directory containerd's
+// CRI makes for a pod sandbox (<its state dir>/sandboxes/<id>/shm), which
+// it binds on /dev/shm in the pod's containers: a tmpfs of the host's.
+func SandboxShm(p string) bool {
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		return false
+	}
+	parts := strings.Split(p, "/")
+	n := len(parts)
+	if n < 4 || parts[n-1] != "shm" || parts[n-3] != "sandboxes" {
+		return false
+	}
+	id := parts[n-2]
+	return id != "" && id != "." && id != ".."
 }
 
 // safeName turns a host path into one file name component.

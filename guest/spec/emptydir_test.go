@@ -78,3 +78,60 @@ func TestAdaptEmptyDir(t *testing.T) {
 		t.Errorf("without Options.EmptyDirs: origins %v, emptyDirs %v", plan.Origins, plan.EmptyDirs)
 	}
 }
+
+func TestSandboxShm(t *testing.T) {
+	for _, p := range []string{
+		"/run/containerd/io.containerd.grpc.v1.cri/sandboxes/0123abcd/shm",
+		"/var/run/k3s/containerd/io.containerd.grpc.v1.cri/sandboxes/x/shm",
+	} {
+		if !SandboxShm(p) {
+			t.Errorf("SandboxShm(%q) = false", p)
+		}
+	}
+	for _, p := range []string{
+		"/run/containerd/io.containerd.grpc.v1.cri/sandboxes/0123abcd/shm/",
+		"/run/containerd/io.containerd.grpc.v1.cri/sandboxes/../shm",
+		"/run/containerd/io.containerd.grpc.v1.cri/sandboxes/0123abcd/hostname",
+		"/run/containerd/io.containerd.grpc.v1.cri/containers/0123abcd/shm",
+		"run/containerd/io.containerd.grpc.v1.cri/sandboxes/0123abcd/shm",
+		"/dev/shm",
+	} {
+		if SandboxShm(p) {
+			t.Errorf("SandboxShm(%q) = true", p)
+		}
+	}
+	// PodShm's directory is no emptyDir's.
+	if uid, name, ok := EmptyDirVolume("/var/lib/kubelet/pods/.pod/volumes/kubernetes.io~empty-dir/shm"); ok {
+		t.Errorf("an emptyDir of pod uid %q named %q would be the pod's /dev/shm", uid, name)
+	}
+}
+
+// In a guest that keeps emptyDirs in its memory, containerd's bind of the
+// sandbox's shm directory becomes one of the pod's /dev/shm there, whatever
+// the host shares for that path: POSIX shared memory and semaphores never
+// reach the host. Elsewhere it is a host path like any other.
+func TestAdaptPodShm(t *testing.T) {
+	const src = "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/0123/shm"
+	raw, _ := json.Marshal(&specs.Spec{
+		Process: &specs.Process{Args: []string{"sh"}},
+		Mounts:  []specs.Mount{{Destination: "/dev/shm", Type: "bind", Source: src, Options: []string{"rbind", "rw"}}},
+	})
+	o := Options{
+		ContainerID: "c", Rootfs: "/run/c8s/containers/c/rootfs", FilesDir: "/run/c8s/containers/c/files",
+		Exists: guestHas(), Shared: map[string]string{src: "/run/c8s/containers/c/shares/c-0"},
+		EmptyDirs: "/run/c8s/emptydir",
+	}
+	plan, err := Adapt(raw, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "/run/c8s/emptydir/.pod/shm"
+	if len(plan.Spec.Mounts) != 1 || plan.Spec.Mounts[0].Source != want || plan.Origins[0] != OriginPodShm ||
+		len(plan.EmptyDirs) != 1 || plan.EmptyDirs[0] != want {
+		t.Fatalf("mounts %+v, origins %v, dirs %v: want the pod's /dev/shm in guest memory", plan.Spec.Mounts, plan.Origins, plan.EmptyDirs)
+	}
+	o.EmptyDirs = ""
+	if plan, err = Adapt(raw, o); err != nil || plan.Origins[0] != OriginShared {
+		t.Errorf("without Options.EmptyDirs: origins %v, %v; want the host's share", plan.Origins, err)
+	}
+}

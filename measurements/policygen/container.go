@@ -466,7 +466,7 @@ func (g *gen) mounts(r *rule, c *corev1.Container, img *Image) ([]policyapi.Moun
 		}
 		out = append(out, m)
 	}
-	add(policyapi.Mount{Destination: devShm, Kind: policyapi.KindShared}, "containerd binds the sandbox's shm directory, which a virtio-fs node shares")
+	add(policyapi.Mount{Destination: devShm, Kind: policyapi.KindPodShm}, "containerd binds the sandbox's shm directory; the guest gives the pod's /dev/shm in its memory instead")
 	dests := map[string]bool{}
 	for _, vm := range c.VolumeMounts {
 		dest := path.Clean(vm.MountPath)

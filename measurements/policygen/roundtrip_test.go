@@ -101,7 +101,7 @@ func sandboxRequest(uid, gid uint32, sysctl map[string]string) *request {
 		},
 		Linux: func() *specs.Linux { l := linux(false); l.Sysctl = sysctl; return l }(),
 	}, mounts: append(podMounts(),
-		bind("/dev/shm", "/run/c8s/containers/sandbox/shares/sandbox-0", policyapi.KindShared, true),
+		bind("/dev/shm", "/run/c8s/emptydir/.pod/shm", policyapi.KindPodShm, true),
 		bind("/etc/resolv.conf", "/run/c8s/containers/sandbox/files/0-resolv.conf", policyapi.KindFile, true),
 	)}
 }
@@ -119,7 +119,7 @@ func containerRequest(id, name, image string, p *specs.Process, extra ...mount) 
 		bind("/dev/termination-log", "/run/c8s/containers/"+id+"/files/1-termination-log", policyapi.KindFile, false),
 		bind("/etc/hostname", "/run/c8s/containers/"+id+"/files/2-hostname", policyapi.KindFile, false),
 		bind("/etc/resolv.conf", "/run/c8s/containers/"+id+"/files/3-resolv.conf", policyapi.KindFile, false),
-		bind("/dev/shm", "/run/c8s/containers/"+id+"/shares/"+id+"-4", policyapi.KindShared, false),
+		bind("/dev/shm", "/run/c8s/emptydir/.pod/shm", policyapi.KindPodShm, false),
 	), extra...)}
 }
 

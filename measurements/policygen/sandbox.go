@@ -101,8 +101,8 @@ func (g *gen) sandbox() (*rule, error) {
 		}
 	}
 	r.c.Sysctls = exactAll(sysctls)
-	r.c.Mounts = []policyapi.Mount{{Destination: devShm, Kind: policyapi.KindShared, ReadOnly: true}}
-	r.note("mounts[0]", "containerd binds the sandbox's shm directory, which a virtio-fs node shares")
+	r.c.Mounts = []policyapi.Mount{{Destination: devShm, Kind: policyapi.KindPodShm, ReadOnly: true}}
+	r.note("mounts[0]", "containerd binds the sandbox's shm directory; the guest gives the pod's /dev/shm in its memory instead")
 	return r, nil
 }
 

@@ -291,6 +291,14 @@ const (
 	// VM, never a host path or a virtio-fs share. A guest started without
 	// a TEE gives an emptyDir as the host shares it (shared), or drops it.
 	KindEmptyDir MountKind = "emptydir"
+	// KindPodShm is the pod's /dev/shm held in guest memory: in a guest
+	// started as a TEE, containerd's shm directory of the pod's sandbox
+	// (<its state dir>/sandboxes/<id>/shm, a tmpfs of the host's) is
+	// replaced by one directory of the guest's emptyDir tmpfs, shared by
+	// the pod's containers, so that their POSIX shared memory and
+	// semaphores never reach the host. A guest started without a TEE
+	// gives it as the host shares it (shared).
+	KindPodShm MountKind = "podshm"
 	// Filesystems the container's runtime creates.
 	KindProc   MountKind = "proc"
 	KindSysfs  MountKind = "sysfs"
@@ -301,7 +309,7 @@ const (
 )
 
 // Kinds are the mount kinds a rule may name.
-var Kinds = []MountKind{KindFile, KindShared, KindGuest, KindEmptyDir, KindProc, KindSysfs, KindTmpfs, KindDevpts, KindMqueue, KindCgroup}
+var Kinds = []MountKind{KindFile, KindShared, KindGuest, KindEmptyDir, KindPodShm, KindProc, KindSysfs, KindTmpfs, KindDevpts, KindMqueue, KindCgroup}
 
 // FSKind is the kind of a mount of filesystem type fstype that is not a
 // bind, or "" for a type no rule may allow (a disk's filesystem, virtiofs,

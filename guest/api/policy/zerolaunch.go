@@ -55,6 +55,7 @@ func ZeroLaunchDefault() *Policy {
 			Mounts: []Mount{
 				{Destination: anywhere, Kind: KindTmpfs},
 				{Destination: anywhere, Kind: KindEmptyDir},
+				{Destination: anywhere, Kind: KindPodShm},
 				{Destination: anywhere, Kind: KindFile},
 			},
 		},

@@ -318,7 +318,8 @@ func (g *gen) args(r *rule, c *corev1.Container, img *Image, lookup func(string)
 			continue
 		}
 		r.c.Args = append(r.c.Args, policyapi.Pattern(policyapi.RegexPrefix+v.s))
-		r.note(fmt.Sprintf("args[%d]", i), "expands service variables")
+		r.note(fmt.Sprintf("args[%d]", i), "a $(VAR) whose value is a pattern")
+		g.warn("container %s: ARGS[%d] IS A PATTERN (%s): a $(VAR) in the command whose value the generator cannot know (a Secret's, a field the node or the cluster fills in) lets the host choose that part of the command line; pin the variable's value or keep it out of the command", c.Name, i, v.s)
 	}
 	return nil
 }

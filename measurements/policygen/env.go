@@ -354,6 +354,17 @@ func (g *gen) fieldValue(path string) value {
 	case "status.hostIPs", "status.podIPs":
 		return reValue(`[0-9a-f.:,]+`)
 	}
+	// A label or annotation the pod's template states is what its pods
+	// carry (one a controller or the cluster adds is not known here).
+	for prefix, m := range map[string]map[string]string{"metadata.labels": g.w.meta.Labels, "metadata.annotations": g.w.meta.Annotations} {
+		if key, ok := strings.CutPrefix(path, prefix+"['"); ok {
+			if key, ok := strings.CutSuffix(key, "']"); ok {
+				if v, ok := m[key]; ok {
+					return exactValue(v)
+				}
+			}
+		}
+	}
 	return reValue(reAny)
 }
 

@@ -1,10 +1,13 @@
 package policygen
 
 import (
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"slices"
 	"strings"
 	"testing"
 
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/c8s-dev/c8s/guest/api/initdata"
 	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 )
 
@@ -157,5 +160,46 @@ func TestWarnsBelowShared(t *testing.T) {
 		if !strings.Contains(all, w) {
 			t.Errorf("no warning %q in:\n%s", w, all)
 		}
+	}
+}
+
+// TestLabelFieldRefPinned: a $(VAR) in the command whose value is a label
+// or annotation the pod states (downward API fieldRef) is that value, not
+// a pattern: with a pattern the host would choose that part of the
+// command line (`--tier=frontend; wget … | sh`). One the pod does not
+// state stays a pattern, and the generator says so loudly.
+func TestLabelFieldRefPinned(t *testing.T) {
+	y := strings.Replace(pod(`      command: ["/bin/sh", "-c", "exec /app/server --tier=$(TIER) --team=$(TEAM) --zone=$(ZONE)"]
+      workingDir: /
+      securityContext:
+        runAsUser: 10
+        runAsGroup: 10
+      env:
+        - name: TIER
+          valueFrom: {fieldRef: {fieldPath: "metadata.labels['tier']"}}
+        - name: TEAM
+          valueFrom: {fieldRef: {fieldPath: "metadata.annotations['example.com/team']"}}
+        - name: ZONE
+          valueFrom: {fieldRef: {fieldPath: "metadata.labels['zone']"}}
+`), "  name: p\n", "  name: p\n  labels: {tier: frontend}\n  annotations: {example.com/team: shop}\n", 1)
+	rs, err := Generate([]byte(y), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := initdata.Parse(rs[0].InitData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := d.Policy.Containers["app"]
+	if got := string(app.Args[2]); got != `re:exec /app/server --tier=frontend --team=shop --zone=(?s:.*)` {
+		t.Errorf("args[2] = %q: want the stated label and annotation exact, the unstated label a pattern", got)
+	}
+	for _, e := range []string{"TIER=frontend", "TEAM=shop"} {
+		if !slices.Contains(app.Env, policyapi.Pattern(e)) {
+			t.Errorf("env lacks the exact %q: %q", e, app.Env)
+		}
+	}
+	if w := strings.Join(rs[0].Warnings, "\n"); !strings.Contains(w, "container app: ARGS[2] IS A PATTERN") {
+		t.Errorf("no warning that args[2] is a pattern in:\n%s", w)
 	}
 }

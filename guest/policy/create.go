@@ -414,6 +414,12 @@ func (k *checker) namespaces(rule *policyapi.Container, l *specs.Linux, joined *
 				}
 			}
 		case nss[i].Path != "":
+			if t == "pid" && !rule.SharePIDNamespace {
+				d := k.deny(fmt.Sprintf("linux.namespaces[%d].path", i), fmt.Sprintf("%q", nss[i].Path), k.key+".share_pid_namespace", "")
+				d.Reason = "joins the pod sandbox's pid namespace"
+				d.Hint = "the pod does not share its process namespace (shareProcessNamespace): in the sandbox's a container sees the pod's other processes, their environment and roots through /proc"
+				continue
+			}
 			if joined == nil || !joined.Identity.Sandbox() {
 				who := "no container"
 				if joined != nil {

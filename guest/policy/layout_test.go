@@ -95,3 +95,27 @@ func TestMaliciousHostSecondSandbox(t *testing.T) {
 		t.Fatalf("app: %v, sandbox %v", err, app.PodSandbox())
 	}
 }
+
+// TestMaliciousHostSharesPIDNamespace: a pod that does not share its
+// process namespace (shareProcessNamespace false, the default) gives each
+// container its own; the host putting a container in the sandbox's would
+// let it see the pod's other processes, their environment and roots
+// through /proc. Only a rule with share_pid_namespace may join it.
+func TestMaliciousHostSharesPIDNamespace(t *testing.T) {
+	e := evaluator(t, podPolicy)
+	sb := sandbox(t, e)
+	s := appSpec()
+	s.Linux.Namespaces[0].Path = "/proc/77/ns/pid"
+	_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sb})
+	if d := denied(t, err, "linux.namespaces[0].path", "policy.containers.app.share_pid_namespace"); !strings.Contains(d.Error(), "sandbox's pid namespace") {
+		t.Errorf("denial %q does not say what was joined", d)
+	}
+	shared := strings.Replace(podPolicy, "[policy.containers.app]\n", "[policy.containers.app]\nshare_pid_namespace = true\n", 1)
+	if shared == podPolicy {
+		t.Fatal("the test policy has no app rule to change")
+	}
+	e = evaluator(t, shared)
+	if _, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e)}); err != nil {
+		t.Fatalf("a pod that shares its process namespace: %v", err)
+	}
+}

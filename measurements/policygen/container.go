@@ -221,6 +221,10 @@ func (g *gen) container(c *corev1.Container, where string) (*rule, error) {
 		return nil, err
 	}
 	r.c.VMNamespaces = g.vmNamespaces()
+	if sp := g.w.spec.ShareProcessNamespace; sp != nil && *sp {
+		r.c.SharePIDNamespace = true
+		r.note("share_pid_namespace", "shareProcessNamespace: the pod's containers share the sandbox's PID namespace")
+	}
 	r.c.UserNamespace = g.w.spec.HostUsers != nil && !*g.w.spec.HostUsers
 	mounts, err := g.mounts(r, c, img)
 	if err != nil {

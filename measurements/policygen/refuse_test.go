@@ -203,3 +203,25 @@ func TestLabelFieldRefPinned(t *testing.T) {
 		t.Errorf("no warning that args[2] is a pattern in:\n%s", w)
 	}
 }
+
+// TestShareProcessNamespace: only a pod that shares its process namespace
+// gets rules that let its containers join the sandbox's.
+func TestShareProcessNamespace(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		y := pod(pinned)
+		if shared {
+			y = strings.Replace(y, "spec:\n", "spec:\n  shareProcessNamespace: true\n", 1)
+		}
+		rs, err := Generate([]byte(y), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := initdata.Parse(rs[0].InitData)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := d.Policy.Containers["app"].SharePIDNamespace; got != shared {
+			t.Errorf("shareProcessNamespace %v: share_pid_namespace %v", shared, got)
+		}
+	}
+}

@@ -298,7 +298,7 @@ func (r *rule) write(b *bytes.Buffer, table string) {
 	for _, f := range []struct {
 		key string
 		on  bool
-	}{{"privileged", c.Privileged}, {"no_new_privileges", c.NoNewPrivileges}, {"read_only_root", c.ReadOnlyRoot}, {"user_namespace", c.UserNamespace}} {
+	}{{"privileged", c.Privileged}, {"no_new_privileges", c.NoNewPrivileges}, {"read_only_root", c.ReadOnlyRoot}, {"user_namespace", c.UserNamespace}, {"share_pid_namespace", c.SharePIDNamespace}} {
 		if f.on {
 			r.scalar(b, f.key, "true")
 		}

@@ -172,6 +172,12 @@ type Container struct {
 	// namespace, nor any container on a cgroup v1 node, and the cgroup
 	// filesystem is read-only unless the container is privileged.
 	VMNamespaces []string `toml:"vm_namespaces"`
+	// SharePIDNamespace lets the container join the pod sandbox's PID
+	// namespace (the pod's shareProcessNamespace). Without it the
+	// container's PID namespace must be its own: in the sandbox's it would
+	// see the pod's other processes, and their environment and root
+	// through /proc, as far as their users allow.
+	SharePIDNamespace bool `toml:"share_pid_namespace"`
 	// MaskedPaths and ReadonlyPaths are paths linux.maskedPaths and
 	// linux.readonlyPaths must include. Absent: DefaultMaskedPaths and
 	// DefaultReadonlyPaths; ignored when Privileged.

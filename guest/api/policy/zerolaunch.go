@@ -51,7 +51,9 @@ func ZeroLaunchDefault() *Policy {
 			Env:        []Pattern{anywhere},
 			WorkingDir: &anywhere,
 			AnyUser:    true,
-			Sysctls:    []Pattern{anywhere},
+			// Among the pod's own containers: no host content.
+			SharePIDNamespace: true,
+			Sysctls:           []Pattern{anywhere},
 			Mounts: []Mount{
 				{Destination: anywhere, Kind: KindTmpfs},
 				{Destination: anywhere, Kind: KindEmptyDir},

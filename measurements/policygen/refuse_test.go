@@ -225,3 +225,33 @@ func TestShareProcessNamespace(t *testing.T) {
 		}
 	}
 }
+
+// TestDNSConfigPinned: with dnsPolicy None the pod's nameservers are all
+// its spec names, and the policy pins them; otherwise they are the
+// cluster's or the node's, which the generator cannot know.
+func TestDNSConfigPinned(t *testing.T) {
+	for _, c := range []struct {
+		spec string
+		want []policyapi.Pattern
+	}{
+		{"  dnsPolicy: None\n  dnsConfig:\n    nameservers: [10.0.0.53, \"fd00::53\"]\n", []policyapi.Pattern{"10.0.0.53", "fd00::53"}},
+		{"  dnsConfig:\n    nameservers: [10.0.0.53]\n", nil},
+		{"", nil},
+	} {
+		rs, err := Generate([]byte(strings.Replace(pod(pinned), "spec:\n", "spec:\n"+c.spec, 1)), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := initdata.Parse(rs[0].InitData)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []policyapi.Pattern
+		if d.Policy.Network != nil {
+			got = d.Policy.Network.DNS
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%q: dns %q, want %q", c.spec, got, c.want)
+		}
+	}
+}

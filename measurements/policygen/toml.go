@@ -86,6 +86,11 @@ func (g *gen) plan() (*plan, error) {
 	}
 	p.sandbox = sb
 	p.policy.Audit = g.o.Audit
+	// The nameservers the pod's spec names alone (dnsPolicy None); the
+	// cluster's or the node's (the other policies) are not known here.
+	if dc := g.w.spec.DNSConfig; g.w.spec.DNSPolicy == corev1.DNSNone && dc != nil && len(dc.Nameservers) > 0 {
+		p.policy.Network = &policyapi.Network{DNS: exactAll(dc.Nameservers)}
+	}
 	p.policy.Sandbox = &sb.c
 	p.policy.Containers = map[string]*policyapi.Container{}
 	for _, r := range p.rules {
@@ -199,6 +204,8 @@ func differs(d *initdata.InitData, p *plan) string {
 		return "[kbs]"
 	case !slices.Equal(d.Agent.AllowPortForward, p.ports):
 		return "agent_policy.allow_port_forward"
+	case !reflect.DeepEqual(d.Policy.Network, p.policy.Network):
+		return "policy.network"
 	case !reflect.DeepEqual(d.Policy.Sandbox, p.policy.Sandbox):
 		return "policy.sandbox" + fieldDiff(d.Policy.Sandbox, p.policy.Sandbox)
 	}
@@ -254,6 +261,14 @@ func (p *plan) write() []byte {
 	b.WriteString("\n[policy]\n")
 	if p.policy.Audit {
 		b.WriteString("audit = true  # denials are logged, not enforced\n")
+	}
+	if n := p.policy.Network; n != nil {
+		b.WriteString("\n[policy.network]\n")
+		dns := make([]string, len(n.DNS))
+		for i, d := range n.DNS {
+			dns[i] = str(string(d))
+		}
+		b.WriteString("dns = [" + strings.Join(dns, ", ") + "]  # dnsPolicy None: the pod's dnsConfig.nameservers\n")
 	}
 	p.sandbox.write(&b, "policy.sandbox")
 	for _, r := range p.rules {

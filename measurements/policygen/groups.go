@@ -16,15 +16,17 @@ import (
 // itself when it is not a bare uid: "1000:1000" matches no group), unless
 // supplementalGroupsPolicy is Strict, and the pod's supplementalGroups
 // and fsGroup (the kubelet passes both). Without the image's config it
-// is left unpinned, with a warning.
+// is left unpinned, with a warning, unless supplementalGroupsPolicy is
+// Strict: then the pod spec alone decides.
 func (g *gen) additionalGIDs(r *rule, c *corev1.Container, img *Image, userstr string) {
-	if img == nil {
+	sc := g.w.spec.SecurityContext
+	// Strict: the image's /etc/group does not count, the pod spec says all.
+	strict := sc != nil && sc.SupplementalGroupsPolicy != nil && *sc.SupplementalGroupsPolicy == corev1.SupplementalGroupsPolicyStrict
+	if (img == nil && !strict) || r.c.GID == nil {
 		g.warn("container %s: no image config (--image %s=LAYOUT): its supplementary groups (additional_gids) are not pinned; the host may add any group to its process", c.Name, c.Image)
 		return
 	}
 	gids := []uint32{*r.c.GID}
-	sc := g.w.spec.SecurityContext
-	strict := sc != nil && sc.SupplementalGroupsPolicy != nil && *sc.SupplementalGroupsPolicy == corev1.SupplementalGroupsPolicyStrict
 	if !strict && img.UserDB != nil {
 		passwd, group, err := img.UserDB()
 		if err == nil {

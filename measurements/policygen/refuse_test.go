@@ -255,3 +255,23 @@ func TestDNSConfigPinned(t *testing.T) {
 		}
 	}
 }
+
+// TestStrictGroupsPinnedWithoutImage: under supplementalGroupsPolicy
+// Strict a process's supplementary groups are its gid, supplementalGroups
+// and fsGroup, whatever the image's /etc/group says: pinned without the
+// image's config too.
+func TestStrictGroupsPinnedWithoutImage(t *testing.T) {
+	y := strings.Replace(pod(pinned), "spec:\n", "spec:\n  securityContext:\n    supplementalGroupsPolicy: Strict\n    supplementalGroups: [5000]\n    fsGroup: 2000\n", 1)
+	rs, err := Generate([]byte(y), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := initdata.Parse(rs[0].InitData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := d.Policy.Containers["app"].AdditionalGIDs
+	if got == nil || !slices.Equal(*got, []uint32{10, 2000, 5000}) {
+		t.Fatalf("additional_gids %v, want [10 2000 5000]", got)
+	}
+}

@@ -33,6 +33,7 @@ type kbsFlags struct {
 	initData, referenceValues             stringList
 	referenceKey, resourcePolicy          string
 	collateralDir                         string
+	noCollateral                          bool
 	anyInitData, allowUnconfined          bool
 	allowHostRootfs                       bool
 	fromNode                              bool
@@ -109,6 +110,7 @@ func (o *kbsFlags) registerVerification(fs *flag.FlagSet) {
 	fs.BoolVar(&o.fromNode, "reference-values-from-node", false, "DEVELOPMENT ONLY, INSECURE: take the launch reference values, min_tcb and allow_debug from the node's own config (--config) and image manifest, which the host controls and can widen; never with --reference-values or --resource-policy")
 	fs.StringVar(&o.configPath, "config", "/etc/c8s/config.toml", "with --reference-values-from-node only: the node's c8s config (TEE, image manifest, state dir)")
 	fs.StringVar(&o.collateralDir, "collateral", "", "snp and tdx: a `DIR` of offline collateral (c8s-launcher collateral fetch): tdx pods' platform TCB status, quoting enclave identity and PCK revocation are checked with Intel's files in it, snp pods' certificates against AMD's CRLs in it")
+	fs.BoolVar(&o.noCollateral, "no-collateral", false, "snp and tdx, development only: accept evidence without --collateral, so without the platform's TCB status (tdx) and certificate revocation (both)")
 	fs.StringVar(&o.simDir, "sim-dir", "", "sim: the node's simulated secure processor state dir (with --reference-values-from-node, default STATE_DIR/node/sim-sp)")
 }
 
@@ -167,8 +169,14 @@ func newKBSBroker(o kbsFlags, stdout io.Writer) (*broker.Broker, string, error) 
 // TEE's roots and, with --collateral, the offline collateral.
 func (o kbsFlags) trust(tee, simDir string) (attest.Trust, error) {
 	trust, err := attest.TrustFor(tee, simDir)
-	if err != nil || o.collateralDir == "" {
+	if err != nil {
 		return trust, err
+	}
+	if o.collateralDir == "" {
+		if trust.Mode != attest.ModeSim && !o.noCollateral {
+			return trust, fmt.Errorf("--tee %s: give --collateral DIR (c8s-launcher collateral fetch, refreshed before the files' next update): without it the broker would not judge the platform's TCB status (tdx) nor whether its certificates were revoked (a leaked key signs any evidence); --no-collateral accepts that, for development only", tee)
+		}
+		return trust, nil
 	}
 	if trust.Mode == attest.ModeSim {
 		return trust, errors.New("--collateral is hardware collateral (Intel's, AMD's): the sim TEE takes none; drop it or use --tee snp|tdx")

@@ -39,7 +39,7 @@ func TestKBSCollateralFlag(t *testing.T) {
 	want := &attest.Policy{MRTD: body.GetMrTd(), Nonce: body.GetReportData()}
 	verify := func(collateral string) error {
 		t.Helper()
-		o := kbsFlags{tee: "tdx", policyPath: policy, anyInitData: true, collateralDir: collateral}
+		o := kbsFlags{tee: "tdx", policyPath: policy, anyInitData: true, collateralDir: collateral, noCollateral: collateral == ""}
 		b, tee, err := newKBSBroker(o, io.Discard)
 		if err != nil {
 			return err
@@ -92,7 +92,7 @@ func TestKBSRefusesTDXPolicyWithoutBoot(t *testing.T) {
 			if err := os.WriteFile(policy, []byte(c.policy), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			_, _, err := newKBSBroker(kbsFlags{tee: "tdx", policyPath: policy, anyInitData: true}, io.Discard)
+			_, _, err := newKBSBroker(kbsFlags{tee: "tdx", policyPath: policy, anyInitData: true, noCollateral: true}, io.Discard)
 			switch {
 			case c.refused && (err == nil || !strings.Contains(err.Error(), "tdx_boot") || !strings.Contains(err.Error(), policy)):
 				t.Fatalf("%s: %v, want a refusal naming the policy and tdx_boot", c.policy, err)
@@ -100,5 +100,25 @@ func TestKBSRefusesTDXPolicyWithoutBoot(t *testing.T) {
 				t.Fatalf("%s: %v", c.policy, err)
 			}
 		})
+	}
+}
+
+// TestKBSNeedsCollateral: for snp and tdx the broker judges the platform's
+// TCB status and certificate revocation with offline collateral; without
+// --collateral it does not start, unless told --no-collateral.
+func TestKBSNeedsCollateral(t *testing.T) {
+	mrtd, r := strings.Repeat("ab", 48), strings.Repeat("cd", 48)
+	policy := filepath.Join(t.TempDir(), "policy.json")
+	if err := os.WriteFile(policy, []byte(`{"mrtd":"`+mrtd+`","rtmrs":["","`+r+`","`+r+`"],"measurements":{"1":"`+mrtd+`"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tee := range []string{"tdx", "snp"} {
+		_, _, err := newKBSBroker(kbsFlags{tee: tee, policyPath: policy, anyInitData: true}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "--collateral DIR") || !strings.Contains(err.Error(), "--no-collateral") {
+			t.Errorf("--tee %s without --collateral: %v, want a refusal naming --collateral and --no-collateral", tee, err)
+		}
+		if _, _, err := newKBSBroker(kbsFlags{tee: tee, policyPath: policy, anyInitData: true, noCollateral: true}, io.Discard); err != nil {
+			t.Errorf("--tee %s --no-collateral: %v", tee, err)
+		}
 	}
 }

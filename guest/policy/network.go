@@ -1,8 +1,6 @@
 package policy
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -147,9 +145,11 @@ func (k *checker) dns(rule *policyapi.Network, ms []specs.Mount, kinds []policya
 		if m.Destination != "/etc/resolv.conf" || i >= len(kinds) || kinds[i] != policyapi.KindFile {
 			continue
 		}
-		sc := bufio.NewScanner(bytes.NewReader(files[m.Source]))
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
+		// Every line, however long: a reader with a line limit would stop
+		// at a long one and judge nothing after it, which the resolver
+		// still reads.
+		for _, line := range strings.Split(string(files[m.Source]), "\n") {
+			f := strings.Fields(line)
 			if len(f) < 2 || f[0] != "nameserver" {
 				continue
 			}

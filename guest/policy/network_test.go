@@ -93,6 +93,14 @@ dns = ["10.96.0.10"]
 	s, files = resolv("203.0.113.53")
 	_, err = e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sb, Files: files})
 	denied(t, err, "mounts[8] /etc/resolv.conf nameserver", "policy.network.dns")
+	// Behind a line longer than a line reader takes, which the resolver
+	// reads past.
+	s, files = resolv("10.96.0.10")
+	for src := range files {
+		files[src] = append([]byte("# "+strings.Repeat("x", 70000)+"\nnameserver 203.0.113.53\n"), files[src]...)
+	}
+	_, err = e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sb, Files: files})
+	denied(t, err, "mounts[8] /etc/resolv.conf nameserver", "policy.network.dns")
 }
 
 func TestNetworkSectionValidated(t *testing.T) {

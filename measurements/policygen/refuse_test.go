@@ -235,6 +235,7 @@ func TestDNSConfigPinned(t *testing.T) {
 		want []policyapi.Pattern
 	}{
 		{"  dnsPolicy: None\n  dnsConfig:\n    nameservers: [10.0.0.53, \"fd00::53\"]\n", []policyapi.Pattern{"10.0.0.53", "fd00::53"}},
+		{"  dnsPolicy: None\n", []policyapi.Pattern{}},
 		{"  dnsConfig:\n    nameservers: [10.0.0.53]\n", nil},
 		{"", nil},
 	} {
@@ -250,7 +251,7 @@ func TestDNSConfigPinned(t *testing.T) {
 		if d.Policy.Network != nil {
 			got = d.Policy.Network.DNS
 		}
-		if !slices.Equal(got, c.want) {
+		if !slices.Equal(got, c.want) || (got == nil) != (c.want == nil) {
 			t.Errorf("%q: dns %q, want %q", c.spec, got, c.want)
 		}
 	}

@@ -88,8 +88,14 @@ func (g *gen) plan() (*plan, error) {
 	p.policy.Audit = g.o.Audit
 	// The nameservers the pod's spec names alone (dnsPolicy None); the
 	// cluster's or the node's (the other policies) are not known here.
-	if dc := g.w.spec.DNSConfig; g.w.spec.DNSPolicy == corev1.DNSNone && dc != nil && len(dc.Nameservers) > 0 {
-		p.policy.Network = &policyapi.Network{DNS: exactAll(dc.Nameservers)}
+	if g.w.spec.DNSPolicy == corev1.DNSNone {
+		dns := []policyapi.Pattern{} // none named: none at all
+		if dc := g.w.spec.DNSConfig; dc != nil {
+			for _, ns := range dc.Nameservers {
+				dns = append(dns, exact(ns))
+			}
+		}
+		p.policy.Network = &policyapi.Network{DNS: dns}
 	}
 	p.policy.Sandbox = &sb.c
 	p.policy.Containers = map[string]*policyapi.Container{}

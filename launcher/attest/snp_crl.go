@@ -106,7 +106,12 @@ func parseAMDCRLs(bs [][]byte, roots map[string][]*trust.AMDRootCerts) ([]*amdCR
 // ASVK) is revoked by its ARK's CRL, or whose V[CL]EK is revoked by a CRL
 // of that intermediate; a CRL past its next update is refused, so that a
 // stale file does not pass for a current one.
+//
+// With CRLs at all, one of the ARK of the report's product line is
+// required: collateral fetched for other machines must not pass evidence
+// from this one unchecked.
 func checkSNPRevocation(crls []*amdCRL, e *snpEndorsement, now time.Time) error {
+	covered := len(crls) == 0
 	for _, c := range crls {
 		if c.line != e.line {
 			continue
@@ -116,6 +121,7 @@ func checkSNPRevocation(crls []*amdCRL, e *snpEndorsement, now time.Time) error 
 		switch {
 		case c.issuer.Equal(e.ark):
 			target, role = e.ica, intermediateRole(e.key)
+			covered = true
 		case c.issuer.Equal(e.ica):
 			target, role = e.cert, string(e.key)
 		default:
@@ -132,6 +138,10 @@ func checkSNPRevocation(crls []*amdCRL, e *snpEndorsement, now time.Time) error 
 					Hint:   revokedHint(c, role, e.key)}
 			}
 		}
+	}
+	if !covered {
+		return &Error{Kind: KindConfig, Field: "AMD CRL", Expected: "the CRL of the " + e.line + " ARK", Actual: "CRLs of other product lines only",
+			Hint: fmt.Sprintf("the report comes from a %s machine, whose %s revocation the collateral cannot judge: fetch its CRL (c8s-launcher collateral fetch --amd %s)", e.line, intermediateRole(e.key), e.line)}
 	}
 	return nil
 }

@@ -261,3 +261,22 @@ func TestSNPFetchFailsFast(t *testing.T) {
 		t.Error("a masked CHIP_ID gave a VCEK URL")
 	}
 }
+
+// SYNTHETIC: with AMD CRLs in the collateral, evidence from a product line
+// none of them covers is refused: collateral fetched for other machines
+// must not let this one's revocation go unjudged.
+func TestRevocationNeedsTheLinesCRL(t *testing.T) {
+	s := synthSigner(t, "Genoa", synthChip())
+	e := &snpEndorsement{line: "Genoa", key: snpext.VCEK, ark: s.Ark, ica: s.Ask, cert: s.Vcek}
+	now, day := time.Now(), &x509.RevocationList{NextUpdate: time.Now().Add(24 * time.Hour)}
+	if err := checkSNPRevocation(nil, e, now); err != nil {
+		t.Fatalf("no CRLs at all (revocation not configured): %v", err)
+	}
+	other := []*amdCRL{{line: "Milan", issuer: s.Ark, crl: day}}
+	err := checkSNPRevocation(other, e, now)
+	wantErr(t, err, KindConfig, "AMD CRL", "Genoa", "collateral fetch --amd Genoa")
+	own := append(other, &amdCRL{line: "Genoa", issuer: s.Ark, crl: day})
+	if err := checkSNPRevocation(own, e, now); err != nil {
+		t.Fatalf("with the Genoa ARK's CRL: %v", err)
+	}
+}

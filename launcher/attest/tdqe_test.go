@@ -45,4 +45,9 @@ func TestCheckTDQE(t *testing.T) {
 	if err := checkTDQE(debug); err == nil {
 		t.Fatal("a debug quoting enclave was accepted")
 	}
+	misc := good
+	misc.MiscSelect = 1
+	if err := checkTDQE(misc); err == nil {
+		t.Fatal("a quoting enclave with MISCSELECT bits was accepted")
+	}
 }

@@ -316,6 +316,8 @@ func checkTDQE(qe qeReport) error {
 			"the quote was signed by an enclave the host ran, not Intel's TD quoting enclave")
 	case qe.ISVProdID != tdQEProdID:
 		return mismatch("QE ISVPRODID", fmt.Sprint(tdQEProdID), fmt.Sprint(qe.ISVProdID), "the quote was not signed by Intel's TD quoting enclave")
+	case qe.MiscSelect != 0: // the identity's MISCSELECT 0, mask FFFFFFFF
+		return mismatch("QE MISCSELECT", "00000000", fmt.Sprintf("%08x", qe.MiscSelect), "the quoting enclave runs with features Intel's TD QE does not")
 	case !maskedEqual(qe.Attributes, tdQEAttributesMask, tdQEAttributes):
 		return mismatch("QE ATTRIBUTES", hex.EncodeToString(tdQEAttributes), hex.EncodeToString(qe.Attributes),
 			"the quoting enclave runs with attributes Intel does not accept (a debug enclave?)")

@@ -283,6 +283,7 @@ func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount,
 		// The pod's POSIX shared memory and semaphores: never on the host.
 		if SandboxShm(m.Source) && o.EmptyDirs != "" {
 			m.Source = filepath.Join(o.EmptyDirs, PodShm)
+			m.Options = hostFileOptions(m.Options) // nosuid, nodev, noexec, as containerd's shm
 			if !slices.Contains(dirs, m.Source) {
 				dirs = append(dirs, m.Source)
 			}

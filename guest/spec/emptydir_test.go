@@ -2,6 +2,7 @@ package spec
 
 import (
 	"encoding/json"
+	"slices"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -126,6 +127,11 @@ func TestAdaptPodShm(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "/run/c8s/emptydir/.pod/shm"
+	for _, o := range []string{"nosuid", "nodev", "noexec"} {
+		if len(plan.Spec.Mounts) == 1 && !slices.Contains(plan.Spec.Mounts[0].Options, o) {
+			t.Errorf("the pod's /dev/shm is mounted %q, without %s (containerd's shm has it)", plan.Spec.Mounts[0].Options, o)
+		}
+	}
 	if len(plan.Spec.Mounts) != 1 || plan.Spec.Mounts[0].Source != want || plan.Origins[0] != OriginPodShm ||
 		len(plan.EmptyDirs) != 1 || plan.EmptyDirs[0] != want {
 		t.Fatalf("mounts %+v, origins %v, dirs %v: want the pod's /dev/shm in guest memory", plan.Spec.Mounts, plan.Origins, plan.EmptyDirs)

@@ -1,10 +1,13 @@
 package policy
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 )
 
 const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -117,5 +120,29 @@ func TestMaliciousHostSharesPIDNamespace(t *testing.T) {
 	e = evaluator(t, shared)
 	if _, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e)}); err != nil {
 		t.Fatalf("a pod that shares its process namespace: %v", err)
+	}
+}
+
+// TestPodShmStandardOnlyAtDevShm: the pod's /dev/shm in guest memory
+// (podshm) is a standard mount at /dev/shm, as containerd gives every
+// container one; the same guest directory elsewhere needs a rule.
+func TestPodShmStandardOnlyAtDevShm(t *testing.T) {
+	e := evaluator(t, podPolicy)
+	sb := sandbox(t, e)
+	for _, c := range []struct {
+		dest string
+		ok   bool
+	}{{"/dev/shm", true}, {"/data", false}} {
+		s := appSpec()
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: c.dest, Type: "bind", Source: "/run/c8s/emptydir/.pod/shm", Options: []string{"rbind", "rw"}})
+		kinds := kindsOf(s.Mounts)
+		kinds[len(kinds)-1] = policyapi.KindPodShm
+		_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kinds, Joined: sb})
+		if c.ok && err != nil {
+			t.Errorf("the pod's /dev/shm: %v", err)
+		}
+		if !c.ok {
+			denied(t, err, fmt.Sprintf("mounts[%d]", len(s.Mounts)-1), "policy.containers.app.mounts")
+		}
 	}
 }

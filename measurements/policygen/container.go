@@ -55,7 +55,6 @@ func (r *rule) note(key, format string, a ...any) {
 const (
 	serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 	terminationLog    = "/dev/termination-log"
-	devShm            = "/dev/shm"
 )
 
 // image is the config given for an image reference, or for a container:
@@ -471,7 +470,6 @@ func (g *gen) mounts(r *rule, c *corev1.Container, img *Image) ([]policyapi.Moun
 		}
 		out = append(out, m)
 	}
-	add(policyapi.Mount{Destination: devShm, Kind: policyapi.KindPodShm}, "containerd binds the sandbox's shm directory; the guest gives the pod's /dev/shm in its memory instead")
 	dests := map[string]bool{}
 	for _, vm := range c.VolumeMounts {
 		dest := path.Clean(vm.MountPath)

@@ -30,9 +30,9 @@
 //     and projected volumes (shared, read-only), emptyDir volumes (kept
 //     in guest memory: emptydir), sub-paths (shared, or a file passed by
 //     value), the image's VOLUMEs and other node storage (shared, with a
-//     warning), /dev/shm (kept in guest memory: podshm); /etc/hosts,
-//     /etc/hostname, /etc/resolv.conf and /dev/termination-log are
-//     standard mounts the evaluator allows;
+//     warning); /dev/shm (the pod's, in guest memory: podshm),
+//     /etc/hosts, /etc/hostname, /etc/resolv.conf and
+//     /dev/termination-log are standard mounts the evaluator allows;
 //   - capabilities (containerd's defaults plus add minus drop), privileged,
 //     no_new_privileges, read-only root, host namespaces;
 //   - exec: the commands of the pod's exec probes and lifecycle hooks,

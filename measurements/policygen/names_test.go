@@ -190,7 +190,7 @@ func TestImageVolumes(t *testing.T) {
 	for _, m := range d.Policy.Containers["app"].Mounts {
 		got = append(got, string(m.Destination)+" "+string(m.Kind))
 	}
-	want := []string{"/dev/shm podshm", "/data emptydir", "/var/run/secrets/kubernetes.io/serviceaccount shared", "/var/log/db shared"}
+	want := []string{"/data emptydir", "/var/run/secrets/kubernetes.io/serviceaccount shared", "/var/log/db shared"}
 	if !slices.Equal(got, want) {
 		t.Errorf("mounts %q, want %q", got, want)
 	}

@@ -8,8 +8,6 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-
-	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 )
 
 // knownSandboxImage is the configuration of the sandbox images
@@ -101,8 +99,6 @@ func (g *gen) sandbox() (*rule, error) {
 		}
 	}
 	r.c.Sysctls = exactAll(sysctls)
-	r.c.Mounts = []policyapi.Mount{{Destination: devShm, Kind: policyapi.KindPodShm, ReadOnly: true}}
-	r.note("mounts[0]", "containerd binds the sandbox's shm directory; the guest gives the pod's /dev/shm in its memory instead")
 	return r, nil
 }
 

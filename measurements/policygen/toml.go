@@ -41,8 +41,9 @@ func (g *gen) plan() (*plan, error) {
 		fmt.Sprintf("Init data of %s %s, written by `c8s-measure policy`.", g.w.kind, g.w.qualified()),
 		digested,
 		"Each container may also have the standard mounts (guest/api/policy StandardMounts):",
-		"/proc, /dev, /dev/pts, /dev/shm (tmpfs), /dev/mqueue, /sys, /sys/fs/cgroup, and the",
-		"files /etc/hosts, /etc/hostname, /etc/resolv.conf and /dev/termination-log.",
+		"/proc, /dev, /dev/pts, /dev/shm (tmpfs, or the pod's in guest memory: podshm),",
+		"/dev/mqueue, /sys, /sys/fs/cgroup, and the files /etc/hosts, /etc/hostname,",
+		"/etc/resolv.conf and /dev/termination-log.",
 	}
 	names := map[string]bool{}
 	var errs []error

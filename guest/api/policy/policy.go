@@ -340,13 +340,15 @@ type StandardMount struct {
 }
 
 // StandardMounts are allowed without a rule: the filesystems containerd
-// gives every container, and the host files CRI binds in. Those files
-// come from the host, which controls the pod's network and names anyway.
+// gives every container, the pod's /dev/shm in guest memory (CRI's), and
+// the host files CRI binds in. Those files come from the host, which
+// controls the pod's network and names anyway.
 var StandardMounts = []StandardMount{
 	{"/proc", KindProc, false},
 	{"/dev", KindTmpfs, false},
 	{"/dev/pts", KindDevpts, false},
 	{"/dev/shm", KindTmpfs, false},
+	{"/dev/shm", KindPodShm, false},
 	{"/dev/mqueue", KindMqueue, false},
 	{"/sys", KindSysfs, true},
 	{"/sys/fs/cgroup", KindCgroup, true},

@@ -483,6 +483,9 @@ func pullCtrConfig(name, ref string) *cri.ContainerConfig {
 		Command:  []string{"sleep", "600"},
 		Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{
 			MaskedPaths: policyapi.DefaultMaskedPaths, ReadonlyPaths: policyapi.DefaultReadonlyPaths,
+			// Its own PID namespace, as the kubelet asks for a pod that does
+			// not share its process namespace (CRI's zero value is POD).
+			NamespaceOptions: &cri.NamespaceOption{Pid: cri.NamespaceMode_CONTAINER},
 		}},
 	}
 }

@@ -313,6 +313,9 @@ func (m *meshEnv) run(ctx context.Context, t *testing.T, name, ctr string, doc [
 		// As the kubelet passes them: the runtime's defaults.
 		Linux: &cri.LinuxContainerConfig{SecurityContext: &cri.LinuxContainerSecurityContext{
 			MaskedPaths: policyapi.DefaultMaskedPaths, ReadonlyPaths: policyapi.DefaultReadonlyPaths,
+			// Its own PID namespace, as the kubelet asks for a pod that does
+			// not share its process namespace (CRI's zero value is POD).
+			NamespaceOptions: &cri.NamespaceOption{Pid: cri.NamespaceMode_CONTAINER},
 		}},
 	})
 	return mp

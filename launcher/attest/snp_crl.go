@@ -107,9 +107,9 @@ func parseAMDCRLs(bs [][]byte, roots map[string][]*trust.AMDRootCerts) ([]*amdCR
 // of that intermediate; a CRL past its next update is refused, so that a
 // stale file does not pass for a current one.
 //
-// With CRLs at all, one of the ARK of the report's product line is
-// required: collateral fetched for other machines must not pass evidence
-// from this one unchecked.
+// With CRLs at all, one of the report's own chain (its product line's ARK
+// or intermediate) is required: collateral fetched for other machines
+// must not pass evidence from this one unchecked.
 func checkSNPRevocation(crls []*amdCRL, e *snpEndorsement, now time.Time) error {
 	covered := len(crls) == 0
 	for _, c := range crls {
@@ -124,6 +124,7 @@ func checkSNPRevocation(crls []*amdCRL, e *snpEndorsement, now time.Time) error 
 			covered = true
 		case c.issuer.Equal(e.ica):
 			target, role = e.cert, string(e.key)
+			covered = true
 		default:
 			continue
 		}
@@ -140,8 +141,8 @@ func checkSNPRevocation(crls []*amdCRL, e *snpEndorsement, now time.Time) error 
 		}
 	}
 	if !covered {
-		return &Error{Kind: KindConfig, Field: "AMD CRL", Expected: "the CRL of the " + e.line + " ARK", Actual: "CRLs of other product lines only",
-			Hint: fmt.Sprintf("the report comes from a %s machine, whose %s revocation the collateral cannot judge: fetch its CRL (c8s-launcher collateral fetch --amd %s)", e.line, intermediateRole(e.key), e.line)}
+		return &Error{Kind: KindConfig, Field: "AMD CRL", Expected: "a CRL of the " + e.line + " certificate chain", Actual: "CRLs of other chains only",
+			Hint: fmt.Sprintf("the report comes from a %s machine, whose certificates' revocation the collateral cannot judge: fetch its CRL (c8s-launcher collateral fetch --amd %s)", e.line, e.line)}
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"crypto/x509"
 	"math/big"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -275,8 +276,10 @@ func TestRevocationNeedsTheLinesCRL(t *testing.T) {
 	other := []*amdCRL{{line: "Milan", issuer: s.Ark, crl: day}}
 	err := checkSNPRevocation(other, e, now)
 	wantErr(t, err, KindConfig, "AMD CRL", "Genoa", "collateral fetch --amd Genoa")
-	own := append(other, &amdCRL{line: "Genoa", issuer: s.Ark, crl: day})
-	if err := checkSNPRevocation(own, e, now); err != nil {
-		t.Fatalf("with the Genoa ARK's CRL: %v", err)
+	for _, issuer := range []*x509.Certificate{s.Ark, s.Ask} {
+		own := append(slices.Clone(other), &amdCRL{line: "Genoa", issuer: issuer, crl: day})
+		if err := checkSNPRevocation(own, e, now); err != nil {
+			t.Fatalf("with a CRL of the Genoa chain (%s's): %v", issuer.Subject.CommonName, err)
+		}
 	}
 }

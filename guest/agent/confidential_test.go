@@ -135,23 +135,7 @@ func TestEmptyDirInGuestMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	const src = "/var/lib/kubelet/pods/0f1e/volumes/kubernetes.io~empty-dir/cache"
-	bind := specs.Mount{Destination: "/cache", Type: "bind", Source: src, Options: []string{"rbind", "rw"}}
-	run := func(id, script string) string {
-		t.Helper()
-		s := e.spec(t, "sh", "-c", script)
-		s.Mounts = append(s.Mounts, bind)
-		e.create(t, id, s, pipes(), func(r *agentapi.CreateContainerRequest) {
-			r.SharedMounts = []*agentapi.SharedMount{{Source: src, Name: "a-0"}}
-		})
-		e.start(t, id)
-		if st := e.wait(t, id, ""); st != 0 {
-			t.Fatalf("%s: exit %d: %s", id, st, e.readAll(t, id, "", true))
-		}
-		out := e.readAll(t, id, "", false)
-		e.remove(t, id)
-		e.assertGone(t, id)
-		return out
-	}
+	run := e.runWithShare(t, specs.Mount{Destination: "/cache", Type: "bind", Source: src, Options: []string{"rbind", "rw"}}, "a-0")
 	if out := run("a", "echo in-guest >/cache/x && ls -ld /cache"); !strings.HasPrefix(out, "drwxrwxrwx") {
 		t.Errorf("the emptyDir in the container: %q, want mode 0777 as the kubelet makes it", out)
 	}
@@ -165,6 +149,28 @@ func TestEmptyDirInGuestMemory(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(share, "a-0", "x")); err == nil {
 		t.Error("the write reached the host's share")
+	}
+}
+
+// runWithShare returns a runner of containers of the pod with bind
+// mounted, whose source the host also shares as share: each runs script
+// to its end, is removed, and gives its stdout.
+func (e *env) runWithShare(t *testing.T, bind specs.Mount, share string) func(id, script string) string {
+	return func(id, script string) string {
+		t.Helper()
+		s := e.spec(t, "sh", "-c", script)
+		s.Mounts = append(s.Mounts, bind)
+		e.create(t, id, s, pipes(), func(r *agentapi.CreateContainerRequest) {
+			r.SharedMounts = []*agentapi.SharedMount{{Source: bind.Source, Name: share}}
+		})
+		e.start(t, id)
+		if st := e.wait(t, id, ""); st != 0 {
+			t.Fatalf("%s: exit %d: %s", id, st, e.readAll(t, id, "", true))
+		}
+		out := e.readAll(t, id, "", false)
+		e.remove(t, id)
+		e.assertGone(t, id)
+		return out
 	}
 }
 
@@ -185,23 +191,7 @@ func TestMaliciousHostPodShmInGuestMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	const src = "/run/containerd/io.containerd.grpc.v1.cri/sandboxes/0123/shm"
-	bind := specs.Mount{Destination: "/dev/shm", Type: "bind", Source: src, Options: []string{"rbind", "rw"}}
-	run := func(id, script string) string {
-		t.Helper()
-		s := e.spec(t, "sh", "-c", script)
-		s.Mounts = append(s.Mounts, bind)
-		e.create(t, id, s, pipes(), func(r *agentapi.CreateContainerRequest) {
-			r.SharedMounts = []*agentapi.SharedMount{{Source: src, Name: "s-0"}}
-		})
-		e.start(t, id)
-		if st := e.wait(t, id, ""); st != 0 {
-			t.Fatalf("%s: exit %d: %s", id, st, e.readAll(t, id, "", true))
-		}
-		out := e.readAll(t, id, "", false)
-		e.remove(t, id)
-		e.assertGone(t, id)
-		return out
-	}
+	run := e.runWithShare(t, specs.Mount{Destination: "/dev/shm", Type: "bind", Source: src, Options: []string{"rbind", "rw"}}, "s-0")
 	if out := run("a", "echo secret >/dev/shm/seg && ls -ld /dev/shm"); !strings.HasPrefix(out, "drwxrwxrwt") {
 		t.Errorf("the pod's /dev/shm: %q, want mode 1777", out)
 	}

@@ -212,15 +212,7 @@ func TestShareProcessNamespace(t *testing.T) {
 		if shared {
 			y = strings.Replace(y, "spec:\n", "spec:\n  shareProcessNamespace: true\n", 1)
 		}
-		rs, err := Generate([]byte(y), Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := initdata.Parse(rs[0].InitData)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := d.Policy.Containers["app"].SharePIDNamespace; got != shared {
+		if got := rulesOf(t, y, Options{})["Pod"].Containers["app"].SharePIDNamespace; got != shared {
 			t.Errorf("shareProcessNamespace %v: share_pid_namespace %v", shared, got)
 		}
 	}
@@ -239,17 +231,9 @@ func TestDNSConfigPinned(t *testing.T) {
 		{"  dnsConfig:\n    nameservers: [10.0.0.53]\n", nil},
 		{"", nil},
 	} {
-		rs, err := Generate([]byte(strings.Replace(pod(pinned), "spec:\n", "spec:\n"+c.spec, 1)), Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := initdata.Parse(rs[0].InitData)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var got []policyapi.Pattern
-		if d.Policy.Network != nil {
-			got = d.Policy.Network.DNS
+		if n := rulesOf(t, strings.Replace(pod(pinned), "spec:\n", "spec:\n"+c.spec, 1), Options{})["Pod"].Network; n != nil {
+			got = n.DNS
 		}
 		if !slices.Equal(got, c.want) || (got == nil) != (c.want == nil) {
 			t.Errorf("%q: dns %q, want %q", c.spec, got, c.want)
@@ -263,15 +247,7 @@ func TestDNSConfigPinned(t *testing.T) {
 // image's config too.
 func TestStrictGroupsPinnedWithoutImage(t *testing.T) {
 	y := strings.Replace(pod(pinned), "spec:\n", "spec:\n  securityContext:\n    supplementalGroupsPolicy: Strict\n    supplementalGroups: [5000]\n    fsGroup: 2000\n", 1)
-	rs, err := Generate([]byte(y), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := initdata.Parse(rs[0].InitData)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := d.Policy.Containers["app"].AdditionalGIDs
+	got := rulesOf(t, y, Options{})["Pod"].Containers["app"].AdditionalGIDs
 	if got == nil || !slices.Equal(*got, []uint32{10, 2000, 5000}) {
 		t.Fatalf("additional_gids %v, want [10 2000 5000]", got)
 	}

@@ -76,6 +76,22 @@ func TestMaliciousHostDeviceRefused(t *testing.T) {
 		t.Errorf("tun under a policy without it: %v", err)
 	}
 
+	// Standard numbers at the paths programs trust (/dev/urandom
+	// that is /dev/zero, /dev/stderr that is the VM's serial console).
+	for _, dev := range []specs.LinuxDevice{
+		{Path: "/dev/urandom", Type: "c", Major: 1, Minor: 5},
+		{Path: "/dev/stderr", Type: "c", Major: 5, Minor: 1},
+	} {
+		s = e.spec(t, "true")
+		s.Linux.Devices = append(s.Linux.Devices, dev)
+		_, err = e.agent.CreateContainer(ctxT(t), &agentapi.CreateContainerRequest{ContainerId: "evil", Spec: mustJSON(t, s), Rootfs: rootfsReq(), Stdio: pipes()})
+		assertCode(t, err, codes.PermissionDenied)
+		if err == nil || !strings.Contains(err.Error(), dev.Path) {
+			t.Errorf("%s as c %d:%d: %v", dev.Path, dev.Major, dev.Minor, err)
+		}
+		e.assertGone(t, "evil")
+	}
+
 	// The host's spec grants /dev/null only; the container makes
 	// /dev/mem's node itself (CAP_MKNOD) and cannot open it.
 	s = e.spec(t, "sh", "-c", "mknod /dev/m c 1 1 && mknod /dev/n c 1 3 && echo >/dev/n && echo null ok; head -c 1 /dev/m >/dev/null 2>&1 && echo MEM READ")

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,7 +35,10 @@ import (
 //     the pod to a key broker. No workload needs them: naming a number
 //     cannot pass a device of the host's into the VM.
 //  2. The standard pseudo-devices every container has (null, zero, full,
-//     random, urandom, tty, console, ptmx, ptys) are always allowed.
+//     random, urandom, tty, console, ptmx, ptys) are always allowed, at
+//     their own paths (checkPath: /dev/urandom is always 1:9, and nodes
+//     go below /dev only, never at the runtime's /dev/std*, console or
+//     mounts).
 //  3. A pod with measured init data gets only what agent_policy.
 //     allow_devices lists; without init data (the default policy, which
 //     also lets the host exec) every other device is created as asked.
@@ -115,7 +119,10 @@ var reservedDrivers = map[string]string{
 	"tpmrm":           "TPM (/dev/tpmrm*)",
 	"bsg":             "SCSI generic device (/dev/bsg/*): raw commands to the pod VM's disks",
 	"nvme-generic":    "NVMe generic device (/dev/ng*): raw commands to a disk",
+	"nvme":            "NVMe controller (/dev/nvme*): raw admin commands to a disk",
 	"vfio":            "VFIO device",
+	"vfio-dev":        "VFIO device (/dev/vfio/devices/*)",
+	"uio":             "userspace I/O device (/dev/uio*): a device's registers and memory",
 }
 
 // standardMinors are the standard pseudo-devices (containerd's default
@@ -203,6 +210,65 @@ func (d devices) checkNumber(what, typ string, major, minor int64) error {
 	}
 	if !standard(major, minor) && !d.policy.allows(major, minor) {
 		return &ForbiddenError{fmt.Sprintf("%s is refused: the pod's measured policy does not allow it (%s; the pod's init data must list %q)", name, d.policy.setting(), fmt.Sprintf("c %d:%d", major, minor))}
+	}
+	return nil
+}
+
+// canonical are the paths of the standard devices an application trusts
+// by name, and the numbers they must have: /dev/urandom that is /dev/zero
+// hands out predictable keys.
+var canonical = map[string][2]int64{
+	"/dev/null": {1, 3}, "/dev/zero": {1, 5}, "/dev/full": {1, 7},
+	"/dev/random": {1, 8}, "/dev/urandom": {1, 9}, "/dev/tty": {5, 0}, "/dev/ptmx": {5, 2},
+}
+
+// runtimePaths are the runtime's own names in a container's /dev: the
+// console it binds for a terminal, the /proc/self/fd links a program
+// reads and writes as its stdio, the devpts, shm and mqueue mounts. A
+// node there would take the place of the container's stdio (stdin the
+// host types, stderr to the VM's serial console: logs the policy keeps
+// in the guest), or of a mount.
+var runtimePaths = []string{
+	"/dev/console", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/fd", "/dev/core",
+	"/dev/pts", "/dev/shm", "/dev/mqueue", "/dev/termination-log",
+}
+
+// checkPath checks where linux.devices puts a node. It must be a clean
+// path below /dev: a node anywhere else takes the place of a file of the
+// image the policy pinned (a configuration read as empty from /dev/null).
+// The runtime's own names are never given; a canonical path holds its
+// own device only; and under a measured policy a standard device at any
+// other path is a device the policy must list, as the application may
+// trust it by that name (/dev/hwrng that is /dev/zero).
+func (d devices) checkPath(dev specs.LinuxDevice) error {
+	name := fmt.Sprintf("device %s (%s %d:%d)", dev.Path, dev.Type, dev.Major, dev.Minor)
+	if dev.Type == "p" {
+		name = fmt.Sprintf("FIFO %s", dev.Path)
+	}
+	if !strings.HasPrefix(dev.Path, "/dev/") || path.Clean(dev.Path) != dev.Path {
+		return &ForbiddenError{fmt.Sprintf("%s is refused: a device node must be at a clean path below /dev/; elsewhere it would replace a file of the container's image", name)}
+	}
+	for _, p := range runtimePaths {
+		if dev.Path == p || strings.HasPrefix(dev.Path, p+"/") {
+			return &ForbiddenError{fmt.Sprintf("%s is refused: %s is the OCI runtime's own (the container's console, stdio, or a mount of its /dev), never a device of the host's choosing", name, p)}
+		}
+	}
+	if want, ok := canonical[dev.Path]; ok && dev.Type == "p" {
+		return &ForbiddenError{fmt.Sprintf("%s is refused: %s is always c %d:%d, the device every program expects there", name, dev.Path, want[0], want[1])}
+	}
+	return nil
+}
+
+// checkName checks the number of a char device (typ "c") at its path,
+// once checkNumber has passed it (checkPath).
+func (d devices) checkName(dev specs.LinuxDevice, typ string) error {
+	name := fmt.Sprintf("device %s (%s %d:%d)", dev.Path, dev.Type, dev.Major, dev.Minor)
+	want, isCanonical := canonical[dev.Path]
+	if isCanonical && (typ != "c" || dev.Major != want[0] || dev.Minor != want[1]) {
+		return &ForbiddenError{fmt.Sprintf("%s is refused: %s is always c %d:%d, the device every program expects there", name, dev.Path, want[0], want[1])}
+	}
+	if !isCanonical && typ == "c" && standard(dev.Major, dev.Minor) && !d.policy.allows(dev.Major, dev.Minor) {
+		return &ForbiddenError{fmt.Sprintf("%s is refused: a standard device under another name than its own is a device the pod's measured policy must allow (%s; the pod's init data must list %q)", name, d.policy.setting(), fmt.Sprintf("c %d:%d", dev.Major, dev.Minor))}
 	}
 	return nil
 }
@@ -296,6 +362,9 @@ var denyAll = specs.LinuxDeviceCgroup{Allow: false, Access: "rwm"}
 func adaptDeviceAccess(l *specs.Linux, o Options) error {
 	d := devices{policy: o.Devices, drivers: o.DriverMajors}
 	for _, dev := range l.Devices {
+		if err := d.checkPath(dev); err != nil {
+			return err
+		}
 		typ := dev.Type
 		switch typ {
 		case "p":
@@ -307,6 +376,9 @@ func adaptDeviceAccess(l *specs.Linux, o Options) error {
 			return fmt.Errorf("device %s has type %q: want c, b, u or p", dev.Path, dev.Type)
 		}
 		if err := d.checkNumber("device "+dev.Path, typ, dev.Major, dev.Minor); err != nil {
+			return err
+		}
+		if err := d.checkName(dev, typ); err != nil {
 			return err
 		}
 		// crun ORs fileMode into mknod's mode: file-type bits there would

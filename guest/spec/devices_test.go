@@ -213,7 +213,7 @@ func TestDevicesWithoutInitData(t *testing.T) {
 func TestDevicesUnderMeasuredPolicy(t *testing.T) {
 	p := policyOf(t, "version = \"0.1\"\n[agent_policy]\nallow_devices = [\"c 195:0\", \"c 13:*\"]\n")
 	ok := []specs.LinuxDevice{
-		{Path: "/dev/c8s-nri-test", Type: "c", Major: 1, Minor: 3},
+		{Path: "/dev/null", Type: "c", Major: 1, Minor: 3},
 		{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0},
 		{Path: "/dev/input/event3", Type: "c", Major: 13, Minor: 67},
 	}
@@ -230,6 +230,8 @@ func TestDevicesUnderMeasuredPolicy(t *testing.T) {
 		{[]specs.LinuxDevice{{Path: "/dev/net/tun", Type: "c", Major: 10, Minor: 200}}, nil,
 			[]string{"/dev/net/tun", `must list "c 10:200"`}},
 		{nil, []specs.LinuxDeviceCgroup{allow("c", 195, -1)}, []string{"major 195", `must list "c 195:*"`}},
+		{[]specs.LinuxDevice{{Path: "/dev/c8s-nri-test", Type: "c", Major: 1, Minor: 3}}, nil,
+			[]string{"/dev/c8s-nri-test", "standard device under another name", `must list "c 1:3"`}},
 		{nil, []specs.LinuxDeviceCgroup{allow("c", 195, 7)}, []string{"c 195:7", "agent_policy.allow_devices"}},
 	} {
 		_, err := adaptDevices(t, p, tc.devs, tc.rules...)
@@ -269,5 +271,84 @@ func TestDriverMajors(t *testing.T) {
 	}
 	if _, ok := m["virtblk"]; ok {
 		t.Errorf("block majors read as character ones: %v", m)
+	}
+}
+
+// TestMaliciousHostRenumbersStandardDevices: a standard device number is
+// not a capability wherever it lands. /dev/urandom that is /dev/zero gives
+// predictable keys, /dev/stderr that is the VM's console (5:1, the serial
+// line QEMU gives the host) sends the logs the policy keeps to the host,
+// and a node outside /dev hides a file of the pinned image. Refused under
+// any policy, but a standard device at another name, which the measured
+// policy may allow.
+func TestMaliciousHostRenumbersStandardDevices(t *testing.T) {
+	policies := map[string]DevicePolicy{
+		"no init data": {},
+		"init data":    policyOf(t, "version = \"0.1\"\n[agent_policy]\nallow_devices = [\"c 195:0\"]\n"),
+	}
+	for _, tc := range []struct {
+		dev         specs.LinuxDevice
+		want        string
+		withoutInit bool // refused without init data too
+	}{
+		{specs.LinuxDevice{Path: "/dev/urandom", Type: "c", Major: 1, Minor: 5}, "/dev/urandom is always c 1:9", true},
+		{specs.LinuxDevice{Path: "/dev/random", Type: "c", Major: 1, Minor: 5}, "/dev/random is always c 1:8", true},
+		{specs.LinuxDevice{Path: "/dev/urandom", Type: "u", Major: 5, Minor: 1}, "/dev/urandom is always c 1:9", true},
+		{specs.LinuxDevice{Path: "/dev/null", Type: "c", Major: 5, Minor: 1}, "/dev/null is always c 1:3", true},
+		{specs.LinuxDevice{Path: "/dev/tty", Type: "c", Major: 1, Minor: 5}, "/dev/tty is always c 5:0", true},
+		{specs.LinuxDevice{Path: "/dev/urandom", Type: "p"}, "/dev/urandom is always c 1:9", true},
+		{specs.LinuxDevice{Path: "/dev/stderr", Type: "c", Major: 5, Minor: 1}, "OCI runtime's own", true},
+		{specs.LinuxDevice{Path: "/dev/stdin", Type: "c", Major: 5, Minor: 1}, "OCI runtime's own", true},
+		{specs.LinuxDevice{Path: "/dev/console", Type: "c", Major: 5, Minor: 1}, "OCI runtime's own", true},
+		{specs.LinuxDevice{Path: "/dev/fd/2", Type: "c", Major: 1, Minor: 3}, "OCI runtime's own", true},
+		{specs.LinuxDevice{Path: "/dev/pts/0", Type: "c", Major: 136, Minor: 0}, "OCI runtime's own", true},
+		{specs.LinuxDevice{Path: "/dev/shm/x", Type: "p"}, "OCI runtime's own", true},
+		{specs.LinuxDevice{Path: "/etc/app/config.yaml", Type: "c", Major: 1, Minor: 3}, "below /dev/", true},
+		{specs.LinuxDevice{Path: "/dev/../etc/passwd", Type: "c", Major: 1, Minor: 3}, "below /dev/", true},
+		{specs.LinuxDevice{Path: "dev/nvidia0", Type: "c", Major: 195, Minor: 0}, "below /dev/", true},
+		{specs.LinuxDevice{Path: "/dev/hwrng", Type: "c", Major: 1, Minor: 5}, `must list "c 1:5"`, false},
+		{specs.LinuxDevice{Path: "/dev/ttyX", Type: "c", Major: 5, Minor: 1}, `must list "c 5:1"`, false},
+	} {
+		for pname, p := range policies {
+			t.Run(tc.dev.Path+"/"+tc.dev.Type+"/"+pname, func(t *testing.T) {
+				_, err := adaptDevices(t, p, []specs.LinuxDevice{tc.dev})
+				if !p.Restricted && !tc.withoutInit {
+					if err != nil {
+						t.Fatalf("without init data: %v", err)
+					}
+					return
+				}
+				var fe *ForbiddenError
+				if !errors.As(err, &fe) {
+					t.Fatalf("device %+v: err = %v, want a ForbiddenError", tc.dev, err)
+				}
+				if !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), tc.dev.Path) {
+					t.Errorf("error %q does not name %s and %q", err, tc.dev.Path, tc.want)
+				}
+			})
+		}
+	}
+	// The owner may give a standard device another name.
+	p := policyOf(t, "version = \"0.1\"\n[agent_policy]\nallow_devices = [\"c 1:3\"]\n")
+	if _, err := adaptDevices(t, p, []specs.LinuxDevice{{Path: "/dev/c8s-nri-test", Type: "c", Major: 1, Minor: 3}}); err != nil {
+		t.Errorf("a null the policy lists under another name: %v", err)
+	}
+}
+
+// TestDynamicMajorsOfTheGuestsDrivers: a dynamic major that the policy
+// lists by number is refused once the guest's kernel gave it to a driver
+// that reaches its disks or device memory (the host chooses the VM's
+// devices, and so which driver gets which number).
+func TestDynamicMajorsOfTheGuestsDrivers(t *testing.T) {
+	p := policyOf(t, "version = \"0.1\"\n[agent_policy]\nallow_devices = [\"c 240:*\"]\n")
+	for _, driver := range []string{"nvme", "vfio-dev", "uio"} {
+		raw, _ := json.Marshal(&specs.Spec{Process: &specs.Process{Args: []string{"sh"}}, Linux: &specs.Linux{
+			Devices: []specs.LinuxDevice{{Path: "/dev/x0", Type: "c", Major: 240, Minor: 0}},
+		}})
+		_, err := Adapt(raw, Options{ContainerID: "c1", Exists: guestHas(), Devices: p, DriverMajors: map[string]int64{driver: 240}})
+		var fe *ForbiddenError
+		if !errors.As(err, &fe) || !strings.Contains(err.Error(), "never given") {
+			t.Errorf("major 240 of %s: err = %v, want the guest's own device refused", driver, err)
+		}
 	}
 }

@@ -74,6 +74,10 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 		return nil, err
 	}
 	s.setPullBroker(doc, r.InitData, tee) // pull.go: pull_auth credentials
+	// The mesh before the policy: once the policy is in force the host's
+	// sandbox may be created, and a sandbox created before the mesh was
+	// known would run the pod's meshed ports in plaintext.
+	s.setMesh(doc, r.InitData)
 	s.mu.Lock()
 	// Handed again (a re-attestation hands the same document, the digest
 	// check above made sure), the policy in force stays, with what its
@@ -84,7 +88,9 @@ func (s *Service) SetInitData(ctx context.Context, r *agentapi.SetInitDataReques
 		s.eval = policy.New(doc.Policy, logDenial)
 	}
 	s.mu.Unlock()
-	s.setMesh(doc, r.InitData)
+	if testHookPolicyInForce != nil {
+		testHookPolicyInForce(s)
+	}
 	l := log.G(ctx).WithField("allow_exec", doc.Agent.ExecAllowed()).WithField("allow_devices", doc.Agent.AllowDevices).WithField("secrets", len(doc.KBS.Secrets))
 	if doc.Policy != nil {
 		l = l.WithField("policy", len(doc.Policy.Containers)).WithField("audit", doc.Policy.Audit)
@@ -240,3 +246,8 @@ func launchDigest(ev *agentapi.GetEvidenceResponse) ([]byte, string, error) {
 		return nil, "", fmt.Errorf("reading the launch digest of %q evidence is not supported: %w", ev.Kind, errdefs.ErrNotImplemented)
 	}
 }
+
+// testHookPolicyInForce, when set, runs once SetInitData has put the
+// policy in force, where a host's concurrent CreateContainer may already
+// pass requirePolicy.
+var testHookPolicyInForce func(*Service)

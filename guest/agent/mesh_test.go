@@ -162,3 +162,40 @@ func TestStartMeshInstallsRedirects(t *testing.T) {
 		t.Fatalf("netfilter loaded %d times for two mesh pods", loads.Load())
 	}
 }
+
+// TestMaliciousHostSandboxRacesSetInitData: the host creates the pod's
+// sandbox while SetInitData is still running. The create passes
+// requirePolicy as soon as the policy is in force, so the mesh must be
+// known by then: a sandbox created first would otherwise start no mesh,
+// and the pod's meshed ports would run in plaintext on the host's network.
+func TestMaliciousHostSandboxRacesSetInitData(t *testing.T) {
+	cert := testCertPEM(t)
+	raw := []byte(fmt.Sprintf("version = \"0.1\"\n[mesh]\nurl = \"https://127.0.0.1:1\"\ncert = '''\n%s'''\nca = '''\n%s'''\nidentity = \"spiffe://c8s.test/ns/default/sa/app\"\ncontainers = [\"app\"]\n"+
+		"[[mesh.inbound]]\nport = 8080\nallow = [\"spiffe://c8s.test/ns/default/sa/web\"]\n", cert, cert))
+	svc := snpService(t, raw)
+	f := &fakeTables{}
+	orig := meshTables
+	meshTables = func(int) (mesh.NFTables, error) { return f, nil }
+	t.Cleanup(func() { meshTables = orig; testHookPolicyInForce = nil })
+	pn := &agentapi.PodNetwork{Interfaces: []*agentapi.NetInterface{{Name: "eth0"}}}
+	var raced bool
+	testHookPolicyInForce = func(s *Service) {
+		// The host's CreateContainer of the sandbox, in the window.
+		if err := s.requirePolicy(context.Background(), "sandbox"); err != nil {
+			t.Errorf("requirePolicy once the policy is in force: %v", err)
+		}
+		if err := s.startMesh(context.Background(), "sb", pn, os.Getpid()); err != nil {
+			t.Errorf("startMesh: %v", err)
+		}
+		s.mesh.mu.Lock()
+		raced = s.mesh.proxy != nil
+		s.mesh.mu.Unlock()
+	}
+	if _, err := svc.SetInitData(ctxT(t), &agentapi.SetInitDataRequest{InitData: raw}); err != nil {
+		t.Fatal(err)
+	}
+	if !raced || !f.flushed {
+		t.Fatalf("a sandbox created as the policy took effect started no mesh (proxy %v, redirects flushed %v): its meshed ports would run in plaintext", raced, f.flushed)
+	}
+	svc.stopMesh("sb")
+}

@@ -408,3 +408,52 @@ func dialClose(ns, addr string) error {
 	}
 	return err
 }
+
+// TestMaliciousHostSteersMeshedPortOutsidePeers: the client meshes port
+// 8080 on its peers only (the server's network), and lets its other
+// traffic pass. The host, which answers the pod's DNS, gives the
+// workload another address for its peer: the outsider's, where a
+// plaintext server listens on the meshed port. The connection must not
+// reach it: the port's traffic goes through the proxy or nowhere. Other
+// ports to that address still pass.
+func TestMaliciousHostSteersMeshedPortOutsidePeers(t *testing.T) {
+	p := newPods(t)
+	ca := newTestCA(t)
+	p.serve(t, p.outsider, ":8080", 8080)
+	p.serve(t, p.outsider, ":8081", 8081)
+	// The client pod reaches the outsider through the server pod's
+	// namespace, as any routed address.
+	p.route(t, p.client, "10.78.0.0/24", "10.77.0.2")
+	p.route(t, p.outsider, "10.77.0.0/24", "10.78.0.2")
+	client := &Proxy{CA: ca.pool, Outbound: []initdata.MeshOutbound{{Port: 8080, Peers: []string{"10.77.0.0/24"}, Identity: idServer}}}
+	startProxy(t, p.client, client, ca.issue(t, idClient, time.Hour))
+	if err := dialClose(p.client, "10.78.0.3:8081"); err != nil {
+		t.Fatalf("an unmeshed port outside peers: %v", err)
+	}
+	if err := dialClose(p.client, "10.78.0.3:8080"); err == nil {
+		t.Error("the meshed port to an address outside its peers connected in plaintext")
+	}
+	if got := p.peers(8080); len(got) != 0 {
+		t.Fatalf("the plaintext server on the meshed port saw %v", got)
+	}
+}
+
+// route adds a route to dst via gw in ns, and lets the server's
+// namespace forward.
+func (p *pods) route(t *testing.T, ns, dst, gw string) {
+	t.Helper()
+	if err := netnsdo.Do(p.server, func() error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netnsdo.Do(ns, func() error {
+		_, n, err := net.ParseCIDR(dst)
+		if err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{Dst: n, Gw: net.ParseIP(gw)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

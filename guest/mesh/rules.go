@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -120,6 +121,12 @@ func (r *Redirect) check() error {
 //	          oifname "lo" accept
 //	          tcp dport P [daddr PEER] (ipv4) redirect to :Outbound4, (ipv6) to :Outbound6
 //
+// then, for the ports outbound entries mesh on their peers only, unless
+// Refuse drops them anyway:
+//
+//	meshed-out (filter, output): oifname "lo" accept; meta mark Mark accept;
+//	          ct state established,related accept; tcp dport P drop   (each such P)
+//
 // and, with Refuse, two filter chains after them:
 //
 //	refuse-in (filter, input):  iifname "lo" accept; ct state established,related accept;
@@ -173,6 +180,20 @@ func (r *Redirect) Rules(table *nftables.Table) ([]*nftables.Chain, []*nftables.
 			}
 		}
 	}
+	// A port meshed on its peers only is never sent in plaintext to
+	// other addresses: the workload finds its peers by the pod's DNS,
+	// which is the host's, and an answer outside peers would otherwise
+	// take the port's traffic past the proxy (Refuse drops it anyway).
+	if bounded := r.boundedPorts(); len(bounded) > 0 && !r.Refuse {
+		mo := chain("meshed-out", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
+		chains = append(chains, mo)
+		add(mo, append(ifname(expr.MetaKeyOIFNAME, "lo"), accept())...)
+		markAccept(mo)
+		add(mo, append(established(), accept())...)
+		for _, port := range bounded {
+			add(mo, append(tcpDport(port), drop())...)
+		}
+	}
 	if r.Refuse {
 		in := chain("refuse-in", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
 		eg := chain("refuse-out", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
@@ -200,6 +221,18 @@ func (r *Redirect) Rules(table *nftables.Table) ([]*nftables.Chain, []*nftables.
 		add(eg, drop())
 	}
 	return chains, rules
+}
+
+// boundedPorts are the outbound ports meshed on their peers only, once
+// each.
+func (r *Redirect) boundedPorts() []uint16 {
+	var out []uint16
+	for _, o := range r.Outbound {
+		if len(o.Peers) > 0 && !slices.Contains(out, o.Port) {
+			out = append(out, o.Port)
+		}
+	}
+	return out
 }
 
 func drop() expr.Any { return &expr.Verdict{Kind: expr.VerdictDrop} }

@@ -184,6 +184,10 @@ func TestRedirectRules(t *testing.T) {
 		`outbound: nfproto ipv6 l4proto tcp ip6 daddr fd00::/64 th dport 8080 redirect to :40004`,
 		`outbound: nfproto ipv4 l4proto tcp th dport 6379 redirect to :40003`,
 		`outbound: nfproto ipv6 l4proto tcp th dport 6379 redirect to :40004`,
+		`meshed-out: oifname "lo" accept`,
+		`meshed-out: mark 0x63386d65 accept`,
+		`meshed-out: ct state established,related accept`,
+		`meshed-out: l4proto tcp th dport 8080 drop`,
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -194,14 +198,29 @@ func TestRedirectRules(t *testing.T) {
 		!strings.HasSuffix(calls, "; flush") || f.flushes != 1 {
 		t.Fatalf("calls: %s", calls)
 	}
-	for _, c := range f.chains {
+	for _, c := range f.chains[:2] {
 		if c.Table.Family != nftables.TableFamilyINet || c.Type != nftables.ChainTypeNAT || *c.Priority != *nftables.ChainPriorityNATDest ||
 			*c.Policy != nftables.ChainPolicyAccept {
 			t.Fatalf("chain %s: %+v", c.Name, c)
 		}
 	}
-	if len(f.chains) != 2 || *f.chains[0].Hooknum != *nftables.ChainHookPrerouting || *f.chains[1].Hooknum != *nftables.ChainHookOutput {
-		t.Fatal("chains: want inbound at prerouting, outbound at output, and no filter")
+	if len(f.chains) != 3 || *f.chains[0].Hooknum != *nftables.ChainHookPrerouting || *f.chains[1].Hooknum != *nftables.ChainHookOutput {
+		t.Fatal("chains: want inbound at prerouting, outbound at output, then meshed-out")
+	}
+	// The port bounded by peers drops what its redirects did not take,
+	// after them (filter, output).
+	if mo := f.chains[2]; mo.Name != "meshed-out" || mo.Type != nftables.ChainTypeFilter || *mo.Hooknum != *nftables.ChainHookOutput ||
+		*mo.Priority != *nftables.ChainPriorityFilter {
+		t.Fatalf("chain %s: %+v", mo.Name, mo)
+	}
+	// Without peers, every address is redirected: no filter chain.
+	r.Outbound = []OutboundMatch{{Port: 6379}}
+	f = &fakeNFT{}
+	if err := r.Install(f); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.chains) != 2 {
+		t.Fatalf("outbound ports on every address: %d chains, want no filter", len(f.chains))
 	}
 }
 

@@ -47,7 +47,9 @@ import (
 // the pod's network namespace) from this section, and the workload listens
 // and dials as it would without it. peers (addresses or CIDRs) bounds an
 // outbound entry; without it the port is meshed on every address but the
-// pod's own. Other traffic passes untouched, or, with unmeshed =
+// pod's own. A port meshed on its peers only is dropped to any other
+// address, never sent there in plaintext (the pod's DNS is the host's: it
+// could answer with an address outside peers). Other traffic passes untouched, or, with unmeshed =
 // "refuse", is dropped: new connections from outside the pod to other
 // ports, and new connections the pod opens outside the mesh (DNS and
 // probes of the kubelet included); replies and ICMPv6 pass.

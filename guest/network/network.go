@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -77,6 +78,9 @@ func Configure(ctx context.Context, req *agentapi.PodNetwork, netnsPath string, 
 		}
 	}
 	return netnsdo.Do(netnsPath, func() error {
+		if err := noRouterAdvertisements("default"); err != nil {
+			return err
+		}
 		if lo, err := netlink.LinkByName("lo"); err == nil {
 			if err := netlink.LinkSetUp(lo); err != nil {
 				return fmt.Errorf("bring up lo: %w", err)
@@ -93,6 +97,25 @@ func Configure(ctx context.Context, req *agentapi.PodNetwork, netnsPath string, 
 		log.G(ctx).WithField("interfaces", len(ifs)).WithField("routes", len(req.GetRoutes())).Info("pod network configured")
 		return nil
 	})
+}
+
+// noRouterAdvertisements makes interface dev ("default": any added
+// later) of the calling thread's network namespace, the pod's, ignore IPv6
+// router advertisements: the host sends them, and SLAAC addresses or
+// routes from them would bypass the addresses and routes the agent gives
+// the pod, which the measured policy bounds ([policy.network]). Before
+// the interface is up. A kernel without IPv6 has nothing to ignore.
+func noRouterAdvertisements(dev string) error {
+	if _, err := os.Stat("/proc/sys/net/ipv6/conf"); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	for _, key := range []string{"accept_ra", "autoconf"} {
+		p := "/proc/sys/net/ipv6/conf/" + dev + "/" + key
+		if err := os.WriteFile(p, []byte("0"), 0o644); err != nil {
+			return fmt.Errorf("ignore router advertisements on %s (%s): %w", dev, p, err)
+		}
+	}
+	return nil
 }
 
 func checkName(name string) error {
@@ -135,6 +158,9 @@ func setUp(ni *agentapi.NetInterface, mac net.HardwareAddr) error {
 		if err := netlink.LinkSetName(l, ni.GetName()); err != nil {
 			return fmt.Errorf("rename %s: %w", l.Attrs().Name, err)
 		}
+	}
+	if err := noRouterAdvertisements(ni.GetName()); err != nil {
+		return err
 	}
 	if mtu := int(ni.GetMtu()); mtu > 0 {
 		if err := netlink.LinkSetMTU(l, mtu); err != nil {

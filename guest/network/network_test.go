@@ -95,6 +95,13 @@ func TestConfigureMovesAndConfiguresTheNIC(t *testing.T) {
 		if a.HardwareAddr.String() != nicMAC.String() || a.MTU != 1400 || a.Flags&net.FlagUp == 0 {
 			return fmt.Errorf("eth0: MAC %s MTU %d flags %v", a.HardwareAddr, a.MTU, a.Flags)
 		}
+		// The host's router advertisements give the pod no address or
+		// route past the ones it was given (and the policy bounds).
+		for _, p := range []string{"eth0/accept_ra", "eth0/autoconf", "default/accept_ra", "default/autoconf"} {
+			if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + p); err != nil || strings.TrimSpace(string(b)) != "0" {
+				return fmt.Errorf("%s = %q (%v), want 0: router advertisements would add addresses and routes", p, b, err)
+			}
+		}
 		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return err

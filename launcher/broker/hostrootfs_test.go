@@ -81,3 +81,45 @@ func TestHostRootfsWorkload(t *testing.T) {
 		t.Errorf("allow_host_rootfs without init data: err = %v", err)
 	}
 }
+
+// TestHostRootfsOptOutIsTheWorkloadsOwn: the owner opts one workload into
+// the node's root file systems (allow_host_rootfs with its document). A
+// second workload pins only the launch measurement, which every pod of
+// the image shares, and holds the secret. The host launches the first
+// workload's document: the broker accepts it, through the first
+// workload's opt-out, but the second workload never opted in, so its
+// rule gives the pod nothing.
+func TestHostRootfsOptOutIsTheWorkloadsOwn(t *testing.T) {
+	f := newFixture(t)
+	doc := f.doc(hostRootfsInitData)
+	f.launch(doc)
+	own := initdata.Digest([]byte(doc))
+	p, err := ParseResourcePolicy(fmt.Appendf(nil, `[workloads.opted]
+init_data = [%q]
+allow_host_rootfs = true
+
+[workloads.broad]
+measurements = [%q]
+
+[[resources]]
+path = "default/other/x"
+workloads = ["opted"]
+
+[[resources]]
+path = %q
+workloads = ["broad"]
+`, hex.EncodeToString(own[:]), hex.EncodeToString(f.measurement[:]), dbPassword), false, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.broker.ResourcePolicy = p
+	_, err = f.client().Fetch(context.Background(), []string{dbPassword})
+	if err == nil || !strings.Contains(err.Error(), "does not set allow_host_rootfs") {
+		t.Fatalf("a measurement-only workload's secret for a document accepted through another's opt-out: err = %v", err)
+	}
+	// The workload that opted in is the pod, for what it is given.
+	p.Workloads["broad"].AllowHostRootfs = true
+	if got, err := f.client().Fetch(context.Background(), []string{dbPassword}); err != nil || string(got[0]) != secret {
+		t.Fatalf("once the workload opts in too: %q, %v", got, err)
+	}
+}

@@ -146,6 +146,11 @@ type Attested struct {
 	// InitData is the measured document the pod sent (nil: none sent,
 	// under AllowUnconfinedHost only).
 	InitData *initdata.InitData
+	// HostRootfs is set when InitData was accepted only through a
+	// workload's allow_host_rootfs: rules of its [policy] leave their
+	// containers' files to the node. Only workloads that set
+	// allow_host_rootfs themselves are then this pod.
+	HostRootfs bool
 	// GPUs are the GPUs whose attestation reports the session verified
 	// (additional evidence, gpu.go).
 	GPUs []GPUClaims
@@ -387,6 +392,9 @@ func (p *ResourcePolicy) Allow(resource string, a *Attested) error {
 // check returns "" if a is this workload, or the first field that is not
 // as the workload says, with the value a shows.
 func (w *Workload) check(a *Attested) string {
+	if a.HostRootfs && !w.AllowHostRootfs {
+		return "init data whose [policy] leaves containers' files to the node (accepted through another workload's allow_host_rootfs): the workload does not set allow_host_rootfs"
+	}
 	if len(w.TEE) > 0 && !slices.Contains(w.TEE, a.TEE) {
 		return fmt.Sprintf("TEE %s: the workload runs on %s", a.TEE, strings.Join(w.TEE, ", "))
 	}

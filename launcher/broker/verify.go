@@ -77,6 +77,10 @@ func (b *Broker) verifyPrimary(tee string, primary json.RawMessage, reportData [
 		return nil, errors.New("the broker has no verifier")
 	}
 	a := &Attested{InitData: doc}
+	// A document accepted through a workload's allow_host_rootfs is that
+	// workload's to use: no other workload's rule (one pinning only a
+	// measurement, say) gives it a resource or an identity.
+	a.HostRootfs = doc != nil && !b.AllowUnconfinedHost && !b.AllowHostRootfsPods && len(doc.HostRootfsRules()) > 0
 	switch tee {
 	case kbsapi.TeeSNP:
 		a.TEE = kbsapi.TeeSNP

@@ -31,7 +31,7 @@ func newTestCA(t testing.TB) *testCA {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test mesh CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
@@ -47,6 +47,13 @@ func newTestCA(t testing.TB) *testCA {
 // issue returns a workload certificate for identity, valid for life.
 func (ca *testCA) issue(t testing.TB, identity string, life time.Duration) *Certificate {
 	t.Helper()
+	return ca.issueFor(t, identity, time.Now().Add(-time.Minute), time.Now().Add(life))
+}
+
+// issueFor returns a workload certificate for identity, valid from
+// notBefore to notAfter.
+func (ca *testCA) issueFor(t testing.TB, identity string, notBefore, notAfter time.Time) *Certificate {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +61,7 @@ func (ca *testCA) issue(t testing.TB, identity string, life time.Duration) *Cert
 	u, _ := url.Parse(identity)
 	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
 	tmpl := &x509.Certificate{
-		SerialNumber: serial, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(life),
+		SerialNumber: serial, NotBefore: notBefore, NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		URIs: []*url.URL{u},
 	}

@@ -61,6 +61,9 @@ type Proxy struct {
 	Log func(msg string, err error)
 
 	cert atomic.Pointer[Certificate]
+	// floor is the newest NotBefore of the pod's certificates, in Unix
+	// nanoseconds (now).
+	floor atomic.Int64
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -72,6 +75,15 @@ type Proxy struct {
 // SetCertificate makes c the pod's certificate; nil takes it away and
 // closes every proxied connection.
 func (p *Proxy) SetCertificate(c *Certificate) {
+	if c != nil && c.TLS.Leaf != nil {
+		nb := c.TLS.Leaf.NotBefore.UnixNano()
+		for {
+			old := p.floor.Load()
+			if nb <= old || p.floor.CompareAndSwap(old, nb) {
+				break
+			}
+		}
+	}
 	p.cert.Store(c)
 	if c == nil {
 		p.mu.Lock()
@@ -80,6 +92,20 @@ func (p *Proxy) SetCertificate(c *Certificate) {
 		}
 		p.mu.Unlock()
 	}
+}
+
+// now is the time a peer's certificate is judged at: the guest's clock,
+// which the host sets, but never earlier than the newest NotBefore of
+// the pod's own certificates, which the CA, on the owner's side, wrote.
+// A host that turns the pod's clock back cannot make it accept a peer
+// certificate that expired before the pod's last renewal (the withdrawn
+// pod's, whose key a compromise may have taken).
+func (p *Proxy) now() time.Time {
+	t := time.Now()
+	if f := p.floor.Load(); f > t.UnixNano() {
+		return time.Unix(0, f)
+	}
+	return t
 }
 
 func (p *Proxy) logf(msg string, err error) {
@@ -261,7 +287,7 @@ var errNoCertificate = errors.New("the pod has no mesh certificate (not issued y
 // allowed (usage: the peer's role).
 func (p *Proxy) tlsConfig(allowed []policy.Pattern, usage x509.ExtKeyUsage) *tls.Config {
 	verify := func(cs tls.ConnectionState) error {
-		return VerifyPeer(cs.PeerCertificates, p.CA, usage, allowed)
+		return VerifyPeer(cs.PeerCertificates, p.CA, usage, allowed, p.now())
 	}
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
@@ -288,9 +314,9 @@ func (p *Proxy) tlsConfig(allowed []policy.Pattern, usage x509.ExtKeyUsage) *tls
 }
 
 // VerifyPeer checks a mesh peer's certificate chain: it leads to the
-// mesh CA in roots, is valid now for usage, and its identity matches one
-// of allowed.
-func VerifyPeer(chain []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage, allowed []policy.Pattern) error {
+// mesh CA in roots, is valid at now for usage, and its identity matches
+// one of allowed.
+func VerifyPeer(chain []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage, allowed []policy.Pattern, now time.Time) error {
 	if len(chain) == 0 {
 		return errors.New("mesh: the peer presented no certificate")
 	}
@@ -298,7 +324,7 @@ func VerifyPeer(chain []*x509.Certificate, roots *x509.CertPool, usage x509.ExtK
 	for _, c := range chain[1:] {
 		inter.AddCert(c)
 	}
-	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}, CurrentTime: now}); err != nil {
 		return fmt.Errorf("mesh: the peer's certificate is not from the mesh CA: %w", err)
 	}
 	id, err := meshapi.Identity(chain[0])

@@ -390,3 +390,36 @@ func TestProxyOutboundNotRedirectedNoLoop(t *testing.T) {
 		t.Fatalf("the proxy dialled %d times for a connection to itself", n)
 	}
 }
+
+// TestMaliciousHostTurnsTheClockBack: a pod withdrawn from the mesh keeps
+// its last certificate and key (a compromise took them), and the host
+// turns back the clock of a victim pod so that the expired certificate
+// reads as valid. The victim's own certificate, from the owner's CA, says
+// the time is later than its NotBefore: a peer certificate that expired
+// before it is refused, whatever the guest's clock says. One still valid
+// then is taken.
+func TestMaliciousHostTurnsTheClockBack(t *testing.T) {
+	m := newMeshPair(t)
+	now := time.Now()
+	// The CA's time is 3 h past the victim's clock: the victim renewed
+	// then.
+	m.server.SetCertificate(m.ca.issueFor(t, idServer, now.Add(3*time.Hour), now.Add(4*time.Hour)))
+	dial := func(cert *Certificate) error {
+		c, err := tls.Dial("tcp", m.inboundAddr(), &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cert.TLS}})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = roundTrip(c, "hi")
+		return err
+	}
+	if err := dial(m.ca.issueFor(t, idClient, now.Add(-2*time.Hour), now.Add(time.Hour))); err == nil {
+		t.Fatal("a peer certificate that expired before the pod's own was issued was taken on the pod's (turned back) clock")
+	}
+	if m.accepted.Load() != 0 {
+		t.Fatal("the workload got the connection")
+	}
+	if err := dial(m.ca.issueFor(t, idClient, now.Add(2*time.Hour), now.Add(5*time.Hour))); err != nil {
+		t.Fatalf("a peer certificate valid at the CA's time: %v", err)
+	}
+}

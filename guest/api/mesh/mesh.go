@@ -1,6 +1,6 @@
 // Package mesh is the contract of c8s's attested mesh between the pod and
 // the owner's mesh CA (launcher/broker MeshCA, served by `c8s-launcher
-// mesh-ca` or `c8s-launcher kbs --mesh-ca-cert`), and between pods.
+// mesh-ca`), and between pods.
 //
 // A pod whose measured init data has a [mesh] section (guest/api/initdata
 // Mesh) makes a key in guest memory and asks the CA, over the pod network

@@ -140,7 +140,7 @@ type Broker struct {
 	SessionTTL time.Duration
 
 	mu       sync.Mutex
-	sessions map[string]*session
+	sessions *challenges[*session]
 }
 
 type session struct {
@@ -153,8 +153,12 @@ type session struct {
 	attested *Attested        // what the evidence showed, set with key
 }
 
-// maxSessions bounds the session table.
-const maxSessions = 1024
+// maxSessions bounds the session table, and maxSessionsPerSource the
+// sessions one client address holds before its attestation (challenges).
+const (
+	maxSessions          = 1024
+	maxSessionsPerSource = 128
+)
 
 // ServeHTTP implements http.Handler.
 func (b *Broker) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -233,29 +237,18 @@ func (b *Broker) auth(w http.ResponseWriter, r *http.Request) {
 	s := &session{nonce: nonce, tee: req.Tee, hashAlg: alg, expires: time.Now().Add(b.ttl())}
 	b.mu.Lock()
 	if b.sessions == nil {
-		b.sessions = map[string]*session{}
+		b.sessions = newChallenges[*session](maxSessions, maxSessionsPerSource)
 	}
-	b.expireLocked()
-	if len(b.sessions) >= maxSessions {
-		b.mu.Unlock()
-		problem(w, http.StatusServiceUnavailable, "InternalError", "too many open sessions")
+	ok := b.sessions.add(time.Now(), id, source(r), s.expires, s)
+	b.mu.Unlock()
+	if !ok {
+		problem(w, http.StatusServiceUnavailable, "InternalError", fmt.Sprintf("the broker holds %d attested sessions: try again once some expire", maxSessions))
 		return
 	}
-	b.sessions[id] = s
-	b.mu.Unlock()
 	http.SetCookie(w, &http.Cookie{Name: kbsapi.CookieName, Value: id, Path: kbsapi.Prefix, Expires: s.expires, HttpOnly: true, Secure: true})
 	// As Trustee's KBS with its built-in attestation service: extra-params
 	// is an empty string and the runtime data is hashed with sha384.
 	reply(w, kbsapi.Challenge{Nonce: nonce, ExtraParams: json.RawMessage(`""`)})
-}
-
-func (b *Broker) expireLocked() {
-	now := time.Now()
-	for id, s := range b.sessions {
-		if now.After(s.expires) {
-			delete(b.sessions, id)
-		}
-	}
 }
 
 // lookup returns the request's session, or nil.
@@ -266,9 +259,11 @@ func (b *Broker) lookup(r *http.Request) (string, *session) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := b.sessions[c.Value]
-	if s == nil || time.Now().After(s.expires) {
-		delete(b.sessions, c.Value)
+	if b.sessions == nil {
+		return "", nil
+	}
+	s, ok := b.sessions.get(time.Now(), c.Value)
+	if !ok {
 		return "", nil
 	}
 	return c.Value, s
@@ -298,6 +293,7 @@ func (b *Broker) attest(w http.ResponseWriter, r *http.Request) {
 	}
 	b.mu.Lock()
 	s.key, s.attested = key, a
+	b.sessions.prove(id)
 	b.mu.Unlock()
 	l.WithField("tee", a.TEE).WithField("reference", a.Reference).WithField("init_data", a.InitDataDigest.String()).Info("kbs: attested")
 	tok, err := random(32)

@@ -35,8 +35,12 @@ const DefaultMeshLifetime = time.Hour
 // meshNonceTTL bounds the time between a challenge and its answer.
 const meshNonceTTL = 2 * time.Minute
 
-// maxMeshNonces bounds the outstanding challenges.
-const maxMeshNonces = 4096
+// maxMeshNonces bounds the outstanding challenges, and
+// maxMeshNoncesPerSource those of one client address (challenges).
+const (
+	maxMeshNonces          = 4096
+	maxMeshNoncesPerSource = 256
+)
 
 // MeshCA is the owner's mesh CA (guest/api/mesh): an http.Handler that
 // issues a pod a short-lived workload certificate only once its evidence
@@ -63,7 +67,7 @@ type MeshCA struct {
 
 	mu     sync.Mutex
 	b      *Broker
-	nonces map[string]time.Time
+	nonces *challenges[struct{}]
 }
 
 // NewMeshCA returns a CA that verifies evidence with b's settings
@@ -71,7 +75,7 @@ type MeshCA struct {
 // AllowUnconfinedHost, ResourcePolicy; its sessions and resources are not
 // used, and it is only read).
 func NewMeshCA(b *Broker, cert *x509.Certificate, key crypto.Signer) *MeshCA {
-	return &MeshCA{Cert: cert, Key: key, b: b, nonces: map[string]time.Time{}}
+	return &MeshCA{Cert: cert, Key: key, b: b, nonces: newChallenges[struct{}](maxMeshNonces, maxMeshNoncesPerSource)}
 }
 
 // SetBroker replaces the verification settings, as when the owner's
@@ -93,7 +97,7 @@ func (ca *MeshCA) now() time.Time {
 func (ca *MeshCA) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.URL.Path == mesh.ChallengePath && r.Method == http.MethodPost:
-		ca.challenge(w)
+		ca.challenge(w, r)
 	case r.URL.Path == mesh.CertificatePath && r.Method == http.MethodPost:
 		ca.certificate(w, r)
 	default:
@@ -107,7 +111,7 @@ func meshProblem(w http.ResponseWriter, status int, detail string) {
 	_ = json.NewEncoder(w).Encode(mesh.Error{Detail: detail})
 }
 
-func (ca *MeshCA) challenge(w http.ResponseWriter) {
+func (ca *MeshCA) challenge(w http.ResponseWriter, r *http.Request) {
 	nonce := make([]byte, mesh.NonceSize)
 	if _, err := rand.Read(nonce); err != nil {
 		meshProblem(w, http.StatusInternalServerError, err.Error())
@@ -115,17 +119,8 @@ func (ca *MeshCA) challenge(w http.ResponseWriter) {
 	}
 	now := ca.now()
 	ca.mu.Lock()
-	for n, exp := range ca.nonces {
-		if now.After(exp) {
-			delete(ca.nonces, n)
-		}
-	}
-	if len(ca.nonces) >= maxMeshNonces {
-		ca.mu.Unlock()
-		meshProblem(w, http.StatusServiceUnavailable, "too many outstanding challenges")
-		return
-	}
-	ca.nonces[string(nonce)] = now.Add(meshNonceTTL)
+	// Never full: a nonce is unproven until it is taken.
+	ca.nonces.add(now, string(nonce), source(r), now.Add(meshNonceTTL), struct{}{})
 	ca.mu.Unlock()
 	reply(w, mesh.Challenge{Nonce: nonce})
 }
@@ -134,9 +129,8 @@ func (ca *MeshCA) challenge(w http.ResponseWriter) {
 func (ca *MeshCA) takeNonce(n []byte) bool {
 	ca.mu.Lock()
 	defer ca.mu.Unlock()
-	exp, ok := ca.nonces[string(n)]
-	delete(ca.nonces, string(n))
-	return ok && !ca.now().After(exp)
+	_, ok := ca.nonces.take(ca.now(), string(n))
+	return ok
 }
 
 func (ca *MeshCA) broker() *Broker {

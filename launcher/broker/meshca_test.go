@@ -344,7 +344,7 @@ func TestMeshPolicyRefusedWhenMalformed(t *testing.T) {
 func (ca *MeshCA) challengeNonce(t *testing.T) []byte {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	ca.challenge(rec)
+	ca.challenge(rec, httptest.NewRequest(http.MethodPost, meshapi.ChallengePath, nil))
 	var ch meshapi.Challenge
 	if err := json.Unmarshal(rec.Body.Bytes(), &ch); err != nil || len(ch.Nonce) != meshapi.NonceSize {
 		t.Fatalf("challenge: %s %v", rec.Body.String(), err)

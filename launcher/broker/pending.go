@@ -1,0 +1,127 @@
+package broker
+
+import (
+	"net"
+	"net/http"
+	"time"
+)
+
+// challenges is a table of what the broker hands out before anyone has
+// proved anything (the key broker's sessions, the mesh CA's nonces),
+// bounded so that whoever floods it fills only its own share. Each entry
+// belongs to a source (the client's address): a source holds at most
+// perSource unproven entries, and a full table makes room by dropping the
+// oldest unproven entry of the source that holds the most. One node, or
+// one client of the network, can thus not keep the pods of other nodes
+// from attesting; it only drops its own challenges. Proven entries (an
+// attested session) stay until they expire. The caller holds its own
+// lock around every call.
+type challenges[V any] struct {
+	max, perSource int
+	entries        map[string]*challenge[V]
+}
+
+type challenge[V any] struct {
+	v       V
+	source  string
+	added   time.Time
+	expires time.Time
+	proven  bool
+}
+
+func newChallenges[V any](max, perSource int) *challenges[V] {
+	return &challenges[V]{max: max, perSource: perSource, entries: map[string]*challenge[V]{}}
+}
+
+// source is the client address of r (its host part): the unit of a
+// challenge table's fairness. Headers are not read: anyone sets them.
+func source(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// add enters v under id for src until expires, making room as the table
+// says; false when the table is full of proven entries.
+func (t *challenges[V]) add(now time.Time, id, src string, expires time.Time, v V) bool {
+	t.expire(now)
+	if t.unproven(src) >= t.perSource {
+		t.dropOldest(src)
+	}
+	if len(t.entries) >= t.max {
+		counts := map[string]int{}
+		for _, e := range t.entries {
+			if !e.proven {
+				counts[e.source]++
+			}
+		}
+		heaviest, most := "", 0
+		for s, n := range counts {
+			if n > most || n == most && s < heaviest {
+				heaviest, most = s, n
+			}
+		}
+		if most == 0 {
+			return false
+		}
+		t.dropOldest(heaviest)
+	}
+	t.entries[id] = &challenge[V]{v: v, source: src, added: now, expires: expires}
+	return true
+}
+
+// get returns the live entry id, dropping it if it expired.
+func (t *challenges[V]) get(now time.Time, id string) (V, bool) {
+	e, ok := t.entries[id]
+	if !ok || now.After(e.expires) {
+		delete(t.entries, id)
+		var zero V
+		return zero, false
+	}
+	return e.v, true
+}
+
+// take returns the live entry id and removes it.
+func (t *challenges[V]) take(now time.Time, id string) (V, bool) {
+	v, ok := t.get(now, id)
+	delete(t.entries, id)
+	return v, ok
+}
+
+// prove marks entry id proven: no flood drops it.
+func (t *challenges[V]) prove(id string) {
+	if e, ok := t.entries[id]; ok {
+		e.proven = true
+	}
+}
+
+func (t *challenges[V]) expire(now time.Time) {
+	for id, e := range t.entries {
+		if now.After(e.expires) {
+			delete(t.entries, id)
+		}
+	}
+}
+
+func (t *challenges[V]) unproven(src string) int {
+	n := 0
+	for _, e := range t.entries {
+		if !e.proven && e.source == src {
+			n++
+		}
+	}
+	return n
+}
+
+func (t *challenges[V]) dropOldest(src string) {
+	oldest := ""
+	var at time.Time
+	for id, e := range t.entries {
+		if !e.proven && e.source == src && (oldest == "" || e.added.Before(at)) {
+			oldest, at = id, e.added
+		}
+	}
+	delete(t.entries, oldest)
+}

@@ -1,0 +1,127 @@
+package broker
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
+	meshapi "github.com/c8s-dev/c8s/guest/api/mesh"
+)
+
+// A source fills only its own share of the table: past it, its own
+// oldest challenge goes. A full table drops the oldest of the source that
+// holds the most, never a proven entry; full of proven entries, it
+// refuses.
+func TestChallengesFairShare(t *testing.T) {
+	now := time.Now()
+	later := now.Add(time.Hour)
+	tb := newChallenges[int](6, 3)
+	at := func(i int) time.Time { return now.Add(time.Duration(i) * time.Millisecond) }
+	for i := range 5 {
+		if !tb.add(at(i), fmt.Sprint("flood", i), "10.0.0.66", later, i) {
+			t.Fatalf("add %d refused", i)
+		}
+	}
+	if n := tb.unproven("10.0.0.66"); n != 3 {
+		t.Fatalf("the flooding source holds %d, want its share of 3", n)
+	}
+	if _, ok := tb.get(at(5), "flood0"); ok {
+		t.Fatal("the flooder's oldest challenge stayed past its share")
+	}
+	for i, src := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+		tb.add(at(10+i), "pod"+src, src, later, i)
+	}
+	// Full (3 + 3): the next goes in place of the flooder's oldest.
+	if !tb.add(at(20), "pod4", "10.0.0.4", later, 4) {
+		t.Fatal("a full table refused a new source")
+	}
+	for _, id := range []string{"pod10.0.0.1", "pod10.0.0.2", "pod10.0.0.3", "pod4", "flood4"} {
+		if _, ok := tb.get(at(21), id); !ok {
+			t.Errorf("%s was dropped, want the flooder's oldest", id)
+		}
+	}
+	if _, ok := tb.get(at(21), "flood2"); ok {
+		t.Error("the flooder's oldest stayed in a full table")
+	}
+	// Proven entries are never dropped; a table of them refuses.
+	tb = newChallenges[int](2, 2)
+	tb.add(now, "a", "x", later, 0)
+	tb.add(now, "b", "y", later, 0)
+	tb.prove("a")
+	tb.prove("b")
+	if tb.add(now, "c", "z", later, 0) {
+		t.Fatal("a table full of proven entries took another")
+	}
+	// Expired entries make room, and take removes.
+	if !tb.add(later.Add(time.Second), "c", "z", later.Add(time.Hour), 0) {
+		t.Fatal("expired entries did not make room")
+	}
+	if _, ok := tb.take(later, "c"); !ok {
+		t.Fatal("take of a live entry")
+	}
+	if _, ok := tb.get(later, "c"); ok {
+		t.Fatal("take left the entry")
+	}
+}
+
+// TestMaliciousHostFloodsTheMeshCA: one node asks the mesh CA for
+// challenges without end. Before, 4096 outstanding nonces refused every
+// other node's pods their renewals for two minutes at a time; now the
+// node fills only its own share, and a pod elsewhere still gets a nonce
+// that the CA honours.
+func TestMaliciousHostFloodsTheMeshCA(t *testing.T) {
+	ca := NewMeshCA(&Broker{}, nil, nil)
+	ask := func(from string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, meshapi.ChallengePath, nil)
+		r.RemoteAddr = from
+		w := httptest.NewRecorder()
+		ca.ServeHTTP(w, r)
+		return w
+	}
+	for range maxMeshNonces + 100 {
+		ask("192.0.2.66:40000")
+	}
+	w := ask("192.0.2.7:41000")
+	if w.Code != http.StatusOK {
+		t.Fatalf("another node's pod after the flood: %d %s", w.Code, w.Body)
+	}
+	ca.mu.Lock()
+	n := ca.nonces.unproven("192.0.2.66")
+	ca.mu.Unlock()
+	if n > maxMeshNoncesPerSource {
+		t.Fatalf("the flooding node holds %d nonces, more than its share of %d", n, maxMeshNoncesPerSource)
+	}
+}
+
+// TestMaliciousHostFloodsTheKeyBroker: the same against the key broker's
+// unauthenticated sessions.
+func TestMaliciousHostFloodsTheKeyBroker(t *testing.T) {
+	b := &Broker{}
+	auth := func(from string) int {
+		r := httptest.NewRequest(http.MethodPost, kbsapi.AuthPath, stringsReader(`{"version":"0.4.0","tee":"snp","extra-params":{}}`))
+		r.RemoteAddr = from
+		w := httptest.NewRecorder()
+		b.ServeHTTP(w, r)
+		return w.Code
+	}
+	for range maxSessions + 100 {
+		if code := auth("192.0.2.66:40000"); code != http.StatusOK {
+			t.Fatalf("the flooder's own session: %d", code)
+		}
+	}
+	if code := auth("192.0.2.7:41000"); code != http.StatusOK {
+		t.Fatalf("another node's pod after the flood: %d", code)
+	}
+	b.mu.Lock()
+	n := b.sessions.unproven("192.0.2.66")
+	b.mu.Unlock()
+	if n > maxSessionsPerSource {
+		t.Fatalf("the flooding node holds %d sessions, more than its share of %d", n, maxSessionsPerSource)
+	}
+}
+
+func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }

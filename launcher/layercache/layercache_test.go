@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
 // layerBytes is the fake disk of a layer: the test's builder writes it.
@@ -405,7 +407,7 @@ func TestLiveRef(t *testing.T) {
 	}
 	// A dead shim whose QEMU still runs keeps its reference (here: a
 	// pid file naming a process that is not QEMU does not).
-	os.WriteFile(filepath.Join(r.StateDir, qemuPidFile), []byte(fmt.Sprint(os.Getpid())), 0o600)
+	os.WriteFile(filepath.Join(r.StateDir, statedir.PidFile), []byte(fmt.Sprint(os.Getpid())), 0o600)
 	if liveRef(r) {
 		t.Fatal("a pid file naming a process that is not QEMU keeps the reference")
 	}

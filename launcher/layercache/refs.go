@@ -11,11 +11,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-)
 
-// qemuPidFile is the file in a pod VM's state dir that holds its QEMU's
-// pid (shim/sandbox.PidFile).
-const qemuPidFile = "qemu.pid"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
+)
 
 // Ref is one pod's use of a layer: a file refs/<hex>/<Name>, written
 // before the layer is attached and removed when it is detached or the pod
@@ -131,16 +129,8 @@ func liveRef(r Ref) bool {
 	if r.StateDir == "" {
 		return false
 	}
-	data, err := os.ReadFile(filepath.Join(r.StateDir, qemuPidFile))
-	if err != nil {
-		return false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return false
-	}
-	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	return err == nil && strings.Contains(filepath.Base(exe), "qemu")
+	_, _, ok := statedir.QEMU("/proc", r.StateDir)
+	return ok
 }
 
 // procStart returns the start time of process pid in clock ticks since

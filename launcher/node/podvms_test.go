@@ -26,7 +26,7 @@ func TestStateSandboxes(t *testing.T) {
 	pid := 200
 	vm := func(dir, ns, id string, alive bool) {
 		pid++
-		fakevms.WriteFile(t, filepath.Join(dir, fakevms.PidFile), []byte(strconv.Itoa(pid)))
+		fakevms.WriteFile(t, filepath.Join(dir, statedir.PidFile), []byte(strconv.Itoa(pid)))
 		if err := statedir.WriteIndex(dir, statedir.Index{Namespace: ns, ID: id}); err != nil {
 			t.Fatal(err)
 		}

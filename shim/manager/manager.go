@@ -15,8 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -31,9 +29,9 @@ import (
 	"github.com/containerd/log"
 	"github.com/containerd/typeurl/v2"
 
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/layercache"
 	"github.com/c8s-dev/c8s/launcher/migrate"
-	"github.com/c8s-dev/c8s/shim/sandbox"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 	"github.com/c8s-dev/c8s/shim/task"
 )
@@ -218,23 +216,16 @@ func killVM(ctx context.Context, stateDir string) {
 	} else if moved {
 		log.G(ctx).Warn("stopped the migrated VM of a shim that is gone")
 	}
-	data, err := os.ReadFile(filepath.Join(stateDir, sandbox.PidFile))
-	if err == nil {
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil && pid > 0 && isQEMU(pid) {
-			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
-				log.G(ctx).WithField("pid", pid).Warn("killed the QEMU of a shim that is gone")
-			}
+	// Only the process whose arguments name this state dir: the pid of
+	// a QEMU that died may be another pod's QEMU by now.
+	if pid, _, ok := statedir.QEMU("/proc", stateDir); ok {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+			log.G(ctx).WithField("pid", pid).Warn("killed the QEMU of a shim that is gone")
 		}
 	}
 	if err := os.RemoveAll(stateDir); err != nil {
 		log.G(ctx).WithError(err).Warn("remove pod VM state dir")
 	}
-}
-
-// isQEMU guards against a recycled pid.
-func isQEMU(pid int) bool {
-	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-	return err == nil && strings.Contains(filepath.Base(exe), "qemu")
 }
 
 // Info describes the runtime to containerd (`shim -info`): name, version

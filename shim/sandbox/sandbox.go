@@ -34,9 +34,6 @@ import (
 // loaded node without hiding a guest that never comes up.
 const DefaultAgentTimeout = 60 * time.Second
 
-// PidFile, in the VM's state dir, holds QEMU's pid.
-const PidFile = "qemu.pid"
-
 // Options describe the pod VM to start.
 type Options struct {
 	// ID is the sandbox id: the pod's sandbox id, or the container id of a
@@ -176,7 +173,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 		return nil, err
 	}
 	// `shim delete` uses the pid file to stop a VM whose shim died.
-	if err := os.WriteFile(filepath.Join(v.StateDir(), PidFile), []byte(fmt.Sprint(v.Pid())), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(v.StateDir(), statedir.PidFile), []byte(fmt.Sprint(v.Pid())), 0o600); err != nil {
 		return nil, fmt.Errorf("record QEMU pid: %w", err)
 	}
 	tQEMU := time.Since(t0)

@@ -31,7 +31,7 @@
 //
 // So the node agent accounts for every unit in use, not only the ones
 // Kubernetes knows: ScanVMs finds the live pod VMs from their state
-// directories under runtime.state_dir (PidFile, checked against the
+// directories under runtime.state_dir (statedir.PidFile, checked against the
 // process's command line), discovery reads the host-wide usage from the
 // misc cgroup (misc.current "sev_es" and "tdx"), and ReserveUncounted
 // marks as many devices unhealthy as units are in use (the larger of the

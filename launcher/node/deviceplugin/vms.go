@@ -1,22 +1,15 @@
 package deviceplugin
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
-
-// PidFile is the file in a pod VM's state directory that holds its QEMU's
-// pid. shim/sandbox writes it (its PidFile must stay equal to this).
-const PidFile = "qemu.pid"
 
 // maxStateDepth is how deep pod VM state directories lie under the state
 // root (launcher/config/statedir lays it out).
@@ -33,7 +26,7 @@ const (
 type VM struct {
 	// StateDir is the VM's state directory.
 	StateDir string `json:"stateDir"`
-	// PID is QEMU's pid from PidFile.
+	// PID is QEMU's pid from statedir.PidFile.
 	PID int `json:"pid"`
 	// Alive is true when a process with PID runs and its command line
 	// names StateDir: the QEMU of this VM, not a recycled pid.
@@ -47,7 +40,7 @@ type VM struct {
 }
 
 // ScanVMs finds the pod VMs under stateRoot (runtime.state_dir): every
-// state directory holding PidFile, whether its QEMU still runs (looked up
+// state directory holding statedir.PidFile, whether its QEMU still runs (looked up
 // in procRoot, normally /proc, which must show the host's processes) and
 // which TEE it runs. A VM stays in the list until its state directory is
 // gone, so a VM whose pod Kubernetes has forgotten but whose QEMU still
@@ -72,19 +65,17 @@ func ScanVMs(stateRoot, procRoot string) ([]VM, error) {
 		if depth := len(strings.Split(rel, string(filepath.Separator))); rel != "." && depth > maxStateDepth {
 			return fs.SkipDir
 		}
-		data, err := os.ReadFile(filepath.Join(path, PidFile))
-		if err != nil {
-			return nil
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		if err != nil || pid <= 0 {
-			return nil
+		pid, args, alive := statedir.QEMU(procRoot, path)
+		if pid == 0 {
+			return nil // no pid file (or no pid in it): not a VM's state dir
 		}
 		vm := VM{StateDir: path, PID: pid}
 		if ix, err := statedir.ReadIndex(path); err == nil {
 			vm.Namespace, vm.ID = ix.Namespace, ix.ID
 		}
-		vm.Alive, vm.TEE = liveQEMU(procRoot, pid, path)
+		if alive {
+			vm.Alive, vm.TEE = true, teeOf(args)
+		}
 		vms = append(vms, vm)
 		return fs.SkipDir
 	})
@@ -95,20 +86,10 @@ func ScanVMs(stateRoot, procRoot string) ([]VM, error) {
 	return vms, nil
 }
 
-// liveQEMU reads pid's command line from procRoot: the process is the
-// VM's QEMU when an argument names a file in stateDir (its QMP socket,
-// console log). A zombie has an empty command line and counts as gone: its
-// ASID or key was released when its VM file descriptors closed.
-func liveQEMU(procRoot string, pid int, stateDir string) (bool, string) {
-	cmdline, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cmdline"))
-	if err != nil || len(cmdline) == 0 {
-		return false, ""
-	}
-	own := false
+// teeOf tells a live pod VM's TEE from its QEMU's arguments.
+func teeOf(args []string) string {
 	tee := VMSim
-	for _, arg := range bytes.Split(cmdline, []byte{0}) {
-		s := string(arg)
-		own = own || strings.Contains(s, stateDir+string(filepath.Separator))
+	for _, s := range args {
 		switch {
 		case strings.Contains(s, "sev-snp-guest"):
 			tee = VMSNP
@@ -116,10 +97,7 @@ func liveQEMU(procRoot string, pid int, stateDir string) (bool, string) {
 			tee = VMTDX
 		}
 	}
-	if !own {
-		return false, ""
-	}
-	return true, tee
+	return tee
 }
 
 // CountLive counts the live VMs per TEE.

@@ -17,16 +17,13 @@ import (
 // TestScanVMs: a state root as the shim leaves it (one directory per pod
 // VM with its QEMU pid file) and a /proc fixture with the QEMUs that run.
 func TestScanVMs(t *testing.T) {
-	if fakevms.PidFile != PidFile {
-		t.Fatalf("the fixtures write %s, ScanVMs reads %s", fakevms.PidFile, PidFile)
-	}
 	state, proc := filepath.Join(t.TempDir(), "run-c8s"), t.TempDir()
 	ns := filepath.Join(state, "k8s.io")
 	vmDir := func(name string, pid int, cmdline []byte) string {
 		dir := filepath.Join(ns, name)
 		fakevms.WriteFile(t, filepath.Join(dir, "console.log"), nil)
 		if pid != 0 {
-			fakevms.WriteFile(t, filepath.Join(dir, PidFile), []byte(strconv.Itoa(pid)))
+			fakevms.WriteFile(t, filepath.Join(dir, statedir.PidFile), []byte(strconv.Itoa(pid)))
 		}
 		if cmdline != nil {
 			fakevms.WriteFile(t, filepath.Join(proc, strconv.Itoa(pid), "cmdline"), cmdline)
@@ -41,14 +38,14 @@ func TestScanVMs(t *testing.T) {
 	zombie := vmDir("zombie", 106, []byte{})                                                  // exited, not reaped
 	other := vmDir("other-vm", 107, fakevms.Cmdline(t, "snp", filepath.Join(ns, "snp-pod2"))) // another VM's QEMU
 	vmDir("starting", 0, nil)                                                                 // no pid file yet
-	fakevms.WriteFile(t, filepath.Join(ns, "garbage", PidFile), []byte("not a pid"))
-	fakevms.WriteFile(t, filepath.Join(ns, "disks", "snp-pod", PidFile), []byte("101")) // too deep: not a state dir
-	fakevms.WriteFile(t, filepath.Join(state, "direct", PidFile), []byte("108"))        // c8s-launcher run's <root>/<id>
+	fakevms.WriteFile(t, filepath.Join(ns, "garbage", statedir.PidFile), []byte("not a pid"))
+	fakevms.WriteFile(t, filepath.Join(ns, "disks", "snp-pod", statedir.PidFile), []byte("101")) // too deep: not a state dir
+	fakevms.WriteFile(t, filepath.Join(state, "direct", statedir.PidFile), []byte("108"))        // c8s-launcher run's <root>/<id>
 	fakevms.WriteFile(t, filepath.Join(proc, "108", "cmdline"), fakevms.Cmdline(t, "sim", filepath.Join(state, "direct")))
 	// A pod of a long namespace: shortened dir names, the index names it.
 	ix := statedir.Index{Namespace: strings.Repeat("n", 76), ID: strings.Repeat("ab", 32)}
 	indexed := statedir.ForPod(state, ix.Namespace, ix.ID).VM
-	fakevms.WriteFile(t, filepath.Join(indexed, PidFile), []byte("109"))
+	fakevms.WriteFile(t, filepath.Join(indexed, statedir.PidFile), []byte("109"))
 	fakevms.WriteFile(t, filepath.Join(proc, "109", "cmdline"), fakevms.Cmdline(t, "snp", indexed))
 	if err := statedir.WriteIndex(indexed, ix); err != nil {
 		t.Fatal(err)
@@ -96,7 +93,7 @@ func TestScanVMsRealProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	fakevms.WriteFile(t, filepath.Join(dir, PidFile), []byte(strconv.Itoa(cmd.Process.Pid)))
+	fakevms.WriteFile(t, filepath.Join(dir, statedir.PidFile), []byte(strconv.Itoa(cmd.Process.Pid)))
 	// Start returns once execve closed the exec pipe, a moment before the
 	// kernel sets up the new command line, as the shim writes the pid
 	// file only once QEMU answers on QMP.

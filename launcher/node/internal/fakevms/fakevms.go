@@ -12,12 +12,10 @@ import (
 	"testing"
 
 	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm"
 	"github.com/c8s-dev/c8s/launcher/vm/tee"
 )
-
-// PidFile is the shim's QEMU pid file name (shim/sandbox.PidFile).
-const PidFile = "qemu.pid"
 
 // Cmdline is the NUL-separated command line launcher/vm gives the QEMU of
 // a pod VM of TEE teeName ("snp", "tdx", "sim") whose state is in stateDir.
@@ -53,7 +51,7 @@ func WriteFile(tb testing.TB, path string, data []byte) {
 func Start(tb testing.TB, stateDir, procRoot string, pid int, teeName string) {
 	tb.Helper()
 	WriteFile(tb, filepath.Join(stateDir, "console.log"), nil)
-	WriteFile(tb, filepath.Join(stateDir, PidFile), []byte(strconv.Itoa(pid)))
+	WriteFile(tb, filepath.Join(stateDir, statedir.PidFile), []byte(strconv.Itoa(pid)))
 	WriteFile(tb, filepath.Join(procRoot, strconv.Itoa(pid), "cmdline"), Cmdline(tb, teeName, stateDir))
 }
 

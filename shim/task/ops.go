@@ -216,14 +216,29 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 	return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: pid}, nil
 }
 
-// Shutdown ends the shim once it serves no container.
+// Shutdown ends the shim once it serves no container. A Create still
+// booting the pod VM (containerd gave up on it) is cancelled first and
+// undoes what it made: the shim must not exit under it and leave its
+// state dir, taps and layer references behind.
 func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
 	s.mu.Lock()
-	n := len(s.conts)
-	s.mu.Unlock()
-	if n > 0 {
+	if len(s.conts) > 0 {
+		s.mu.Unlock()
 		return &emptypb.Empty{}, nil
 	}
+	s.closing = true
+	s.mu.Unlock()
+	s.stopCreates()
+	s.creating.Wait()
+	s.mu.Lock()
+	if len(s.conts) > 0 {
+		// A Create ended first: the shim serves its container.
+		s.closing = false
+		s.creates, s.stopCreates = context.WithCancel(context.Background())
+		s.mu.Unlock()
+		return &emptypb.Empty{}, nil
+	}
+	s.mu.Unlock()
 	log.G(ctx).Debug("no containers left: shutting the shim down")
 	s.sd.Shutdown()
 	return &emptypb.Empty{}, nil

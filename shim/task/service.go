@@ -51,7 +51,14 @@ type service struct {
 
 	// startMu serializes pod VM start-up.
 	startMu sync.Mutex
-	mu      sync.Mutex
+	// creating counts the Creates in flight, and creates cancels them
+	// (stopCreates) when the shim shuts down under one still booting
+	// the pod VM (Shutdown); closing refuses new ones meanwhile. Under mu.
+	creating    sync.WaitGroup
+	creates     context.Context
+	stopCreates context.CancelFunc
+	closing     bool
+	mu          sync.Mutex
 	sb      Sandbox
 	pod     *podState
 	conts   map[string]*container
@@ -79,6 +86,7 @@ func newService(ctx context.Context, publisher shim.Publisher, sd shutdown.Servi
 		sd:        sd,
 		conts:     map[string]*container{},
 	}
+	s.creates, s.stopCreates = context.WithCancel(context.Background())
 	go s.forward()
 	sd.RegisterCallback(func(ctx context.Context) error {
 		s.stopSandbox(ctx)
@@ -167,6 +175,24 @@ func (s *service) sandbox() (Sandbox, error) {
 	return s.sb, nil
 }
 
+// beginCreate counts a Create in flight and returns its context, which a
+// shutdown of the shim cancels, and done, which ends it.
+func (s *service) beginCreate(ctx context.Context) (context.Context, func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return nil, nil, fmt.Errorf("the shim is shutting down: %w", errdefs.ErrUnavailable)
+	}
+	s.creating.Add(1)
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.creates, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+		s.creating.Done()
+	}, nil
+}
+
 // Create boots the pod VM on the pod's first container, attaches the
 // container's root (its image layers or a copy, root.go) and creates its
 // init process in the guest.
@@ -174,6 +200,11 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	if err := validID(r.ID); err != nil {
 		return nil, err
 	}
+	ctx, done, err := s.beginCreate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	// Kept (and logged) only if this container starts the pod VM.
 	tr := newTrace()
 	tr.container = r.ID
@@ -228,7 +259,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	defer func() {
 		if retErr != nil && started {
-			s.stopSandbox(ctx)
+			s.stopSandbox(context.WithoutCancel(ctx))
 		}
 	}()
 	if !started {

@@ -100,12 +100,18 @@ func (s *service) prepareRoot(ctx context.Context, pod *podState, ns string, r *
 	for _, m := range r.Rootfs {
 		mounts = append(mounts, mount.Mount{Type: m.Type, Source: m.Source, Target: m.Target, Options: m.Options})
 	}
-	disk := vm.Disk{ID: diskID(r.ID), Path: filepath.Join(pod.diskDir, r.ID+".img")}
+	disk := vm.Disk{ID: diskID(r.ID), Path: copyDiskPath(pod, r.ID)}
 	if err := s.host.BuildRootfs(ctx, mounts, filepath.Join(r.Bundle, "rootfs"), disk.Path); err != nil {
 		return nil, fmt.Errorf("prepare the root disk of container %q: %w", r.ID, err)
 	}
 	log.G(ctx).WithField("container", r.ID).WithField("took", time.Since(t0).Round(time.Millisecond)).Debug("root disk ready")
 	return &containerRoot{disk: disk}, nil
+}
+
+// copyDiskPath is where container id's root disk goes when its snapshot
+// is copied.
+func copyDiskPath(pod *podState, id string) string {
+	return filepath.Join(pod.diskDir, id+".img")
 }
 
 // prepareLayers acquires container id's image layers for the pod.

@@ -28,6 +28,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/launcher/config"
+	"github.com/c8s-dev/c8s/launcher/layercache"
 	adminapi "github.com/c8s-dev/c8s/shim/api/admin/v1"
 )
 
@@ -231,6 +233,15 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 	}
 	tr.mark("config")
 
+	// What `shim delete` undoes if the shim dies from here on, before
+	// anything is made: a copied root disk, the pod's layer references.
+	pre := BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: copyDiskPath(pod, r.ID)}
+	if ref, err := layercache.PodRef(ns, pod.id, pod.stateDir); err == nil && pod.cfg.Runtime.Rootfs != config.RootfsCopy {
+		pre.LayerCache, pre.LayerRef = pod.cfg.LayerCachePath(), ref.Name
+	}
+	if err := writeBundleState(r.Bundle, pre); err != nil {
+		return nil, err
+	}
 	t0 := time.Now()
 	root, err := s.prepareRoot(ctx, pod, ns, r)
 	if err != nil {

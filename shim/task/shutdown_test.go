@@ -2,10 +2,12 @@ package task
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/v2/core/mount"
 
 	"github.com/c8s-dev/c8s/shim/sandbox"
 )
@@ -70,5 +72,42 @@ func TestShutdownDuringCreate(t *testing.T) {
 	}
 	if _, err := h.s.Create(h.ctx, h.request("c2", "")); err == nil {
 		t.Fatal("a Create after the shutdown was taken")
+	}
+}
+
+// recordingHost notes, as it builds a copied root disk, what the bundle's
+// state tells `shim delete`.
+type recordingHost struct {
+	fakeHost
+	seen *BundleState
+}
+
+func (h recordingHost) BuildRootfs(ctx context.Context, mounts []mount.Mount, rootfs, image string) error {
+	if err := h.fakeHost.BuildRootfs(ctx, mounts, rootfs, image); err != nil {
+		return err
+	}
+	st, err := ReadBundleState(filepath.Dir(rootfs))
+	if err == nil {
+		*h.seen = st
+	}
+	return nil
+}
+
+// TestBundleStateBeforeTheRootDisk: a shim killed while it builds a
+// container's root disk (mkfs of a large snapshot) leaves `shim delete`
+// the bundle's state to undo it by: it must name the disk from the moment
+// the disk exists, or the disk is left on the node and a retry of the
+// container fails on it.
+func TestBundleStateBeforeTheRootDisk(t *testing.T) {
+	h := newHarness(t, setup{})
+	var seen BundleState
+	h.s.host = recordingHost{fakeHost: fakeHost{h.host}, seen: &seen}
+	h.create("c1", "")
+	built, _ := h.host.Images()
+	if len(built) != 1 {
+		t.Fatalf("root disks built: %v", built)
+	}
+	if seen.Disk != built[0] || seen.Sandbox != "c1" || seen.StateDir == "" {
+		t.Fatalf("while the disk %s was built, the bundle's state was %+v", built[0], seen)
 	}
 }

@@ -13,13 +13,13 @@ import (
 )
 
 // parentEnv makes the test binary act as a shim that starts a "VM"
-// (sleep) through startSupervised and then blocks: "die" with
+// (sleep) through StartSupervised and then blocks: "die" with
 // dieWithParent, "keep" without.
 const parentEnv = "C8S_VM_TEST_PARENT"
 
 func actAsParent(die bool) int {
 	cmd := exec.Command("sleep", "300")
-	if err := startSupervised(cmd, die, func() { cmd.Wait() }); err != nil {
+	if err := StartSupervised(cmd, die, func() { cmd.Wait() }); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

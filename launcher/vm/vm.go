@@ -153,7 +153,7 @@ func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (_ 
 	v.cmd.Stderr = v.output
 	v.cmd.Dir = spec.StateDir
 	v.cmd.ExtraFiles = netFiles(spec.NICs)
-	if err := startSupervised(v.cmd, spec.DieWithParent, v.supervise); err != nil {
+	if err := StartSupervised(v.cmd, spec.DieWithParent, v.supervise); err != nil {
 		os.RemoveAll(spec.StateDir)
 		return nil, fmt.Errorf("vm: starting %s: %w", qemu, err)
 	}
@@ -211,15 +211,14 @@ func (v *VM) connectQMP(ctx context.Context) error {
 	}
 }
 
-// supervise reaps QEMU and records why it exited.
-// startSupervised starts cmd in a process group of its own and runs
+// StartSupervised starts cmd in a process group of its own and runs
 // supervise (which waits for it) in a goroutine. With dieWithParent the
 // kernel kills cmd when its parent dies (PR_SET_PDEATHSIG). That signal
 // follows the THREAD that forked cmd, not the process: the goroutine
 // locks its thread for cmd's whole life, so no other goroutine can end
 // that thread (a goroutine that exits locked takes its thread with it)
 // and kill a healthy VM.
-func startSupervised(cmd *exec.Cmd, dieWithParent bool, supervise func()) error {
+func StartSupervised(cmd *exec.Cmd, dieWithParent bool, supervise func()) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if !dieWithParent {
 		if err := cmd.Start(); err != nil {
@@ -243,6 +242,7 @@ func startSupervised(cmd *exec.Cmd, dieWithParent bool, supervise func()) error 
 	return <-started
 }
 
+// supervise reaps QEMU and records why it exited.
 func (v *VM) supervise() {
 	v.waitErr = v.cmd.Wait()
 	v.exitErr = v.describeExit(v.waitErr)

@@ -23,6 +23,7 @@ import (
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
+	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
 // Tag is the virtio-fs tag the guest mounts.
@@ -80,12 +81,13 @@ func Start(ctx context.Context, daemon, dir string) (_ *Share, retErr error) {
 	s.cmd = exec.Command(daemon, "--socket-path="+sock, "-o", "source="+shared,
 		"-o", "sandbox=chroot", "-o", "cache=auto", "-o", "announce_submounts")
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := s.cmd.Start(); err != nil {
+	// It dies with the shim: virtiofsd exits when its QEMU goes, but
+	// not before one has connected, and a shim killed before its QEMU
+	// did would leave it waiting for ever.
+	if err := vm.StartSupervised(s.cmd, true, func() { s.cmd.Wait(); close(s.done) }); err != nil {
 		close(s.done)
 		return nil, fmt.Errorf("sharedfs: start %s: %w", daemon, err)
 	}
-	go func() { s.cmd.Wait(); close(s.done) }()
 	deadline := time.Now().Add(startTimeout)
 	for {
 		if _, err := os.Stat(sock); err == nil {

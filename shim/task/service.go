@@ -61,9 +61,9 @@ type service struct {
 	stopCreates context.CancelFunc
 	closing     bool
 	mu          sync.Mutex
-	sb      Sandbox
-	pod     *podState
-	conts   map[string]*container
+	sb          Sandbox
+	pod         *podState
+	conts       map[string]*container
 	// trace follows the container that started the pod VM (trace.go).
 	trace *podTrace
 }

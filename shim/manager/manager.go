@@ -32,6 +32,7 @@ import (
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/layercache"
 	"github.com/c8s-dev/c8s/launcher/migrate"
+	"github.com/c8s-dev/c8s/shim/podnet"
 	"github.com/c8s-dev/c8s/shim/sharedfs"
 	"github.com/c8s-dev/c8s/shim/task"
 )
@@ -177,6 +178,11 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	default:
 		if st.Sandbox == id && st.StateDir != "" {
 			killVM(ctx, st.StateDir)
+			if st.NetNS != "" {
+				if err := podnet.Cleanup(st.NetNS); err != nil {
+					log.G(ctx).WithError(err).Warn("remove the pod VM's taps from the pod's network namespace")
+				}
+			}
 			if err := sharedfs.Cleanup(task.FSDir(st.StateDir)); err != nil {
 				log.G(ctx).WithError(err).Warn("clean up the pod's virtio-fs share")
 			}

@@ -212,6 +212,52 @@ func (n *Network) ReleaseTaps() {
 	}
 }
 
+// Cleanup undoes Setup in the network namespace at netnsPath without its
+// Network, as `shim delete` must after a shim that died: it deletes the
+// taps (TapSuffix) and the ingress qdiscs, with their redirects to the
+// taps, of the interfaces Setup mirrors. A namespace that is gone, or was
+// never wired, has nothing to remove.
+func Cleanup(netnsPath string) error {
+	if _, err := os.Stat(netnsPath); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return netnsdo.Do(netnsPath, func() error {
+		c, err := openRTNL()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		links, err := c.links()
+		if err != nil {
+			return fmt.Errorf("list the interfaces: %w", err)
+		}
+		var taps, mirrored []link
+		for _, l := range links {
+			switch {
+			case strings.HasSuffix(l.Name, TapSuffix):
+				taps = append(taps, l)
+			case l.Name != "lo" && len(l.MAC) == 6 && l.Kind != "tun":
+				mirrored = append(mirrored, l)
+			}
+		}
+		if len(taps) == 0 {
+			return nil // not wired (or cleaned up): leave the qdiscs alone
+		}
+		var errs []error
+		for _, l := range mirrored {
+			if err := c.delIngress(l.Index); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+				errs = append(errs, fmt.Errorf("remove the ingress qdisc of %s: %w", l.Name, err))
+			}
+		}
+		for _, l := range taps {
+			if err := c.delLink(l.Index); err != nil {
+				errs = append(errs, fmt.Errorf("delete tap %s: %w", l.Name, err))
+			}
+		}
+		return errors.Join(errs...)
+	})
+}
+
 // Close removes the taps and the ingress qdiscs of the pod interfaces (the
 // taps' go with them). A namespace that is already gone has nothing left to
 // remove. It is idempotent.

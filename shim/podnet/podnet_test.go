@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -269,5 +270,61 @@ func BenchmarkSetupClose(b *testing.B) {
 		if err := n.Close(); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A shim that died with its pod wired leaves taps and redirects in the
+// pod's namespace (the caller's, with ctr --with-ns, outlives the pod):
+// Cleanup, which `shim delete` runs, removes them without the Network,
+// and the namespace can be wired again. A namespace never wired keeps
+// its qdiscs.
+func TestCleanupAfterADeadShim(t *testing.T) {
+	pod, _ := podNamespaces(t)
+	n, err := Setup(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.ReleaseTaps() // the shim is gone: only the persistent taps are left
+	if err := Cleanup(pod); err != nil {
+		t.Fatalf("Cleanup: %v", err)
+	}
+	err = netnsdo.Do(pod, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if strings.HasSuffix(l.Attrs().Name, TapSuffix) {
+				return fmt.Errorf("tap %s is left", l.Attrs().Name)
+			}
+		}
+		eth0, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		qdiscs, err := netlink.QdiscList(eth0)
+		if err != nil {
+			return err
+		}
+		for _, q := range qdiscs {
+			if q.Type() == "ingress" {
+				return fmt.Errorf("eth0 keeps its ingress qdisc (the redirect to a deleted tap)")
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Setup(pod)
+	if err != nil {
+		t.Fatalf("Setup after Cleanup: %v", err)
+	}
+	again.Close()
+	if err := Cleanup(pod); err != nil {
+		t.Fatalf("Cleanup of a namespace with nothing left: %v", err)
+	}
+	if err := Cleanup("/nonexistent/netns"); err != nil {
+		t.Fatalf("Cleanup of a namespace that is gone: %v", err)
 	}
 }

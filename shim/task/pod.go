@@ -213,6 +213,9 @@ type BundleState struct {
 	// reference name in it, for a container run from its image's layers.
 	LayerCache string `json:"layer_cache,omitempty"`
 	LayerRef   string `json:"layer_ref,omitempty"`
+	// NetNS is the pod's network namespace, which the VM's taps wire
+	// (shim/podnet).
+	NetNS string `json:"netns,omitempty"`
 }
 
 func writeBundleState(bundle string, st BundleState) error {

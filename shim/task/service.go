@@ -235,7 +235,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 
 	// What `shim delete` undoes if the shim dies from here on, before
 	// anything is made: a copied root disk, the pod's layer references.
-	pre := BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: copyDiskPath(pod, r.ID)}
+	pre := BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: copyDiskPath(pod, r.ID), NetNS: pod.netns}
 	if ref, err := layercache.PodRef(ns, pod.id, pod.stateDir); err == nil && pod.cfg.Runtime.Rootfs != config.RootfsCopy {
 		pre.LayerCache, pre.LayerRef = pod.cfg.LayerCachePath(), ref.Name
 	}
@@ -255,7 +255,7 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 			s.releaseRoot(context.WithoutCancel(ctx), pod, attached, r.ID, root)
 		}
 	}()
-	st := BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: root.disk.Path}
+	st := BundleState{Sandbox: pod.id, StateDir: pod.stateDir, Disk: root.disk.Path, NetNS: pod.netns}
 	if root.layered {
 		st.LayerCache, st.LayerRef = pod.cfg.LayerCachePath(), pod.heldLayers().RefName()
 	}

@@ -73,7 +73,7 @@ func Setup(netnsPath string) (_ *Network, retErr error) {
 			return fmt.Errorf("list the interfaces: %w", err)
 		}
 		for _, l := range links {
-			if l.Name == "lo" || strings.HasSuffix(l.Name, TapSuffix) || len(l.MAC) != 6 || l.Kind == "tun" {
+			if !mirrorable(l) {
 				continue
 			}
 			ep, err := mirror(c, l, fmt.Sprintf("tap%d%s", len(n.Endpoints), TapSuffix))
@@ -95,6 +95,12 @@ func Setup(netnsPath string) (_ *Network, retErr error) {
 		return nil, fmt.Errorf("wire pod network namespace %s to the VM: %w", netnsPath, err)
 	}
 	return n, nil
+}
+
+// mirrorable reports whether Setup mirrors l: an Ethernet interface,
+// not loopback, a tun or one of its own taps.
+func mirrorable(l link) bool {
+	return l.Name != "lo" && !strings.HasSuffix(l.Name, TapSuffix) && len(l.MAC) == 6 && l.Kind != "tun"
 }
 
 // mirror creates the tap for l and the tc redirects between them. The
@@ -236,7 +242,7 @@ func Cleanup(netnsPath string) error {
 			switch {
 			case strings.HasSuffix(l.Name, TapSuffix):
 				taps = append(taps, l)
-			case l.Name != "lo" && len(l.MAC) == 6 && l.Kind != "tun":
+			case mirrorable(l):
 				mirrored = append(mirrored, l)
 			}
 		}

@@ -175,27 +175,8 @@ func TestSetupMirrorsEth0ToATap(t *testing.T) {
 	if err := n.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	err = netnsdo.Do(pod, func() error {
-		if _, err := netlink.LinkByName(ep.Tap); err == nil {
-			return fmt.Errorf("tap %s is still there after Close", ep.Tap)
-		}
-		eth0, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		qdiscs, err := netlink.QdiscList(eth0)
-		if err != nil {
-			return err
-		}
-		for _, q := range qdiscs {
-			if q.Type() == "ingress" {
-				return fmt.Errorf("eth0 still has its ingress qdisc after Close")
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+	if err := unwired(pod); err != nil {
+		t.Fatalf("after Close: %v", err)
 	}
 	if err := n.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
@@ -288,7 +269,26 @@ func TestCleanupAfterADeadShim(t *testing.T) {
 	if err := Cleanup(pod); err != nil {
 		t.Fatalf("Cleanup: %v", err)
 	}
-	err = netnsdo.Do(pod, func() error {
+	if err := unwired(pod); err != nil {
+		t.Fatalf("after Cleanup: %v", err)
+	}
+	again, err := Setup(pod)
+	if err != nil {
+		t.Fatalf("Setup after Cleanup: %v", err)
+	}
+	again.Close()
+	if err := Cleanup(pod); err != nil {
+		t.Fatalf("Cleanup of a namespace with nothing left: %v", err)
+	}
+	if err := Cleanup("/nonexistent/netns"); err != nil {
+		t.Fatalf("Cleanup of a namespace that is gone: %v", err)
+	}
+}
+
+// unwired checks that the namespace at pod has no tap and eth0 no
+// ingress qdisc (the redirect to a tap).
+func unwired(pod string) error {
+	return netnsdo.Do(pod, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err
@@ -308,23 +308,9 @@ func TestCleanupAfterADeadShim(t *testing.T) {
 		}
 		for _, q := range qdiscs {
 			if q.Type() == "ingress" {
-				return fmt.Errorf("eth0 keeps its ingress qdisc (the redirect to a deleted tap)")
+				return fmt.Errorf("eth0 keeps its ingress qdisc (the redirect to a tap)")
 			}
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := Setup(pod)
-	if err != nil {
-		t.Fatalf("Setup after Cleanup: %v", err)
-	}
-	again.Close()
-	if err := Cleanup(pod); err != nil {
-		t.Fatalf("Cleanup of a namespace with nothing left: %v", err)
-	}
-	if err := Cleanup("/nonexistent/netns"); err != nil {
-		t.Fatalf("Cleanup of a namespace that is gone: %v", err)
-	}
 }

@@ -18,13 +18,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/containerd/log"
 
+	"github.com/c8s-dev/c8s/internal/child"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/launcher/vm/tee"
 
@@ -153,7 +153,7 @@ func start(ctx context.Context, qemu string, spec Spec, backend tee.Backend) (_ 
 	v.cmd.Stderr = v.output
 	v.cmd.Dir = spec.StateDir
 	v.cmd.ExtraFiles = netFiles(spec.NICs)
-	if err := StartSupervised(v.cmd, spec.DieWithParent, v.supervise); err != nil {
+	if err := child.Start(v.cmd, spec.DieWithParent, v.supervise); err != nil {
 		os.RemoveAll(spec.StateDir)
 		return nil, fmt.Errorf("vm: starting %s: %w", qemu, err)
 	}
@@ -209,37 +209,6 @@ func (v *VM) connectQMP(ctx context.Context) error {
 		v.qmp = q
 		return nil
 	}
-}
-
-// StartSupervised starts cmd in a process group of its own and runs
-// supervise (which waits for it) in a goroutine. With dieWithParent the
-// kernel kills cmd when its parent dies (PR_SET_PDEATHSIG). That signal
-// follows the THREAD that forked cmd, not the process: the goroutine
-// locks its thread for cmd's whole life, so no other goroutine can end
-// that thread (a goroutine that exits locked takes its thread with it)
-// and kill a healthy VM.
-func StartSupervised(cmd *exec.Cmd, dieWithParent bool, supervise func()) error {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if !dieWithParent {
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		go supervise()
-		return nil
-	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		supervise()
-	}()
-	return <-started
 }
 
 // supervise reaps QEMU and records why it exited.

@@ -22,8 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/internal/child"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
-	"github.com/c8s-dev/c8s/launcher/vm"
 )
 
 // Tag is the virtio-fs tag the guest mounts.
@@ -84,7 +84,7 @@ func Start(ctx context.Context, daemon, dir string) (_ *Share, retErr error) {
 	// It dies with the shim: virtiofsd exits when its QEMU goes, but
 	// not before one has connected, and a shim killed before its QEMU
 	// did would leave it waiting for ever.
-	if err := vm.StartSupervised(s.cmd, true, func() { s.cmd.Wait(); close(s.done) }); err != nil {
+	if err := child.Start(s.cmd, true, func() { s.cmd.Wait(); close(s.done) }); err != nil {
 		close(s.done)
 		return nil, fmt.Errorf("sharedfs: start %s: %w", daemon, err)
 	}

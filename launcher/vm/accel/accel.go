@@ -30,6 +30,8 @@ import (
 
 	"github.com/containerd/log"
 	"golang.org/x/sys/unix"
+
+	"github.com/c8s-dev/c8s/internal/child"
 )
 
 // Accelerators.
@@ -166,16 +168,16 @@ func Probe(ctx context.Context, qemuPath, kernelPath string, budget time.Duratio
 	}
 	cmd.Stdout = pw
 	cmd.Stderr = pw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	// Under a KVM that hangs its guests, the probe spins in the kernel
+	// until killed: it must die with a shim killed meanwhile.
+	exited := make(chan struct{})
+	if err := child.Start(cmd, true, func() { _ = cmd.Wait(); close(exited) }); err != nil {
 		pr.Close()
 		pw.Close()
 		return res, fmt.Errorf("accel: starting %s: %w", qemuPath, err)
 	}
 	pw.Close()
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
 	defer func() {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-exited

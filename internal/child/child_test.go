@@ -1,4 +1,4 @@
-package vm
+package child
 
 import (
 	"bufio"
@@ -13,13 +13,13 @@ import (
 )
 
 // parentEnv makes the test binary act as a shim that starts a "VM"
-// (sleep) through StartSupervised and then blocks: "die" with
+// (sleep) through Start and then blocks: "die" with
 // dieWithParent, "keep" without.
-const parentEnv = "C8S_VM_TEST_PARENT"
+const parentEnv = "C8S_CHILD_TEST_PARENT"
 
 func actAsParent(die bool) int {
 	cmd := exec.Command("sleep", "300")
-	if err := StartSupervised(cmd, die, func() { cmd.Wait() }); err != nil {
+	if err := Start(cmd, die, func() { cmd.Wait() }); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -74,9 +74,9 @@ func containsState(stat string, state byte) bool {
 }
 
 // A shim that dies (containerd SIGKILLs one that outlived its create
-// deadline) takes the VM it started with it; one started without
-// DieWithParent outlives its parent, which is what left orphan QEMUs.
-func TestVMDiesWithItsParent(t *testing.T) {
+// deadline) takes the child it started with it; one started without
+// dieWithParent outlives its parent, which is what left orphan QEMUs.
+func TestChildDiesWithItsParent(t *testing.T) {
 	for _, tc := range []struct {
 		mode     string
 		survives bool
@@ -85,7 +85,7 @@ func TestVMDiesWithItsParent(t *testing.T) {
 			parent, pid := startParent(t, tc.mode)
 			time.Sleep(200 * time.Millisecond) // the lockers have run and ended their threads
 			if !alive(pid) {
-				t.Fatalf("the VM process %d died while its parent lived", pid)
+				t.Fatalf("the child %d died while its parent lived", pid)
 			}
 			parent.Process.Signal(syscall.SIGKILL)
 			parent.Wait()
@@ -94,9 +94,16 @@ func TestVMDiesWithItsParent(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			if got := alive(pid); got != tc.survives {
-				t.Errorf("VM process alive after its parent was killed: %v, want %v", got, tc.survives)
+				t.Errorf("child alive after its parent was killed: %v, want %v", got, tc.survives)
 			}
 			syscall.Kill(pid, syscall.SIGKILL)
 		})
 	}
+}
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(parentEnv); mode != "" {
+		os.Exit(actAsParent(mode == "die"))
+	}
+	os.Exit(m.Run())
 }

@@ -1,0 +1,42 @@
+// Package child starts the processes c8s supervises for as long as they
+// run (QEMU, virtiofsd, the KVM probe's QEMU) so that they die with the
+// process that started them: a shim that containerd kills must not leave
+// a VM, a file server or a spinning probe behind.
+package child
+
+import (
+	"os/exec"
+	"runtime"
+	"syscall"
+)
+
+// Start starts cmd in a process group of its own and runs supervise
+// (which waits for it) in a goroutine. With dieWithParent the kernel kills
+// cmd when its parent dies (PR_SET_PDEATHSIG). That signal follows the
+// THREAD that forked cmd, not the process: the goroutine locks its thread
+// for cmd's whole life, so no other goroutine can end that thread (a
+// goroutine that exits locked takes its thread with it) and kill a healthy
+// child.
+func Start(cmd *exec.Cmd, dieWithParent bool, supervise func()) error {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if !dieWithParent {
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		go supervise()
+		return nil
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		supervise()
+	}()
+	return <-started
+}

@@ -355,12 +355,7 @@ func (p *Proxy) inbound(c net.Conn) {
 		p.logf(fmt.Sprintf("inbound port %d: refused %s", in.Port, c.RemoteAddr()), errNoCertificate)
 		return
 	}
-	cfg := p.tlsConfig(in.Allow, x509.ExtKeyUsageClientAuth)
-	// A client naming another port is refused by the handshake (Go's
-	// server fails one whose ALPN list it shares nothing with); one
-	// naming none (an older agent) is taken.
-	cfg.NextProtos = []string{PortProtocol(dst.Port())}
-	tc := tls.Server(c, cfg)
+	tc := tls.Server(c, p.tlsConfig(in.Allow, x509.ExtKeyUsageClientAuth))
 	if err := handshake(tc); err != nil {
 		p.logf(fmt.Sprintf("inbound port %d: refused %s", in.Port, c.RemoteAddr()), err)
 		return
@@ -410,22 +405,13 @@ func (p *Proxy) outbound(c net.Conn) {
 		return
 	}
 	defer p.remove(up)
-	cfg := p.tlsConfig([]policy.Pattern{out.Identity}, x509.ExtKeyUsageServerAuth)
-	cfg.NextProtos = []string{PortProtocol(dst.Port())}
-	tc := tls.Client(up, cfg)
+	tc := tls.Client(up, p.tlsConfig([]policy.Pattern{out.Identity}, x509.ExtKeyUsageServerAuth))
 	if err := handshake(tc); err != nil {
 		p.logf(fmt.Sprintf("outbound to %s: refused", dst), err)
 		return
 	}
 	pipe(c, tc)
 }
-
-// PortProtocol is the ALPN protocol that names a meshed port. The client
-// proxy sends the port its workload dialled, and the server proxy takes
-// the session only on that port: the host, which routes the connection,
-// cannot carry a session meant for one service of the peer (5432) to
-// another of its inbound ports whose allow list also admits the client.
-func PortProtocol(port uint16) string { return "c8s-mesh/" + strconv.Itoa(int(port)) }
 
 func handshake(tc *tls.Conn) error {
 	ctx, cancel := context.WithTimeout(context.Background(), HandshakeTimeout)

@@ -136,6 +136,9 @@ var sandboxShared = []specs.LinuxNamespaceType{
 
 // Adapt parses raw (the host's config.json) and adapts it to the guest.
 func Adapt(raw []byte, o Options) (*Plan, error) {
+	if hasNUL(raw) {
+		return nil, &ForbiddenError{fmt.Sprintf("the OCI spec of container %q has a NUL character in a string: crun reads a string only up to it, so it would act on another value than the one checked", o.ContainerID)}
+	}
 	var s specs.Spec
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return nil, fmt.Errorf("parse the OCI spec of container %q: %w", o.ContainerID, err)
@@ -194,6 +197,9 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 
 // AdaptProcess parses an exec's process spec and adapts it to the guest.
 func AdaptProcess(raw []byte, terminal bool) (*specs.Process, error) {
+	if hasNUL(raw) {
+		return nil, &ForbiddenError{"the OCI process spec has a NUL character in a string: crun reads a string only up to it, so it would act on another value than the one checked"}
+	}
 	var p specs.Process
 	if err := json.Unmarshal(raw, &p); err != nil {
 		return nil, fmt.Errorf("parse the OCI process spec: %w", err)
@@ -206,6 +212,21 @@ func AdaptProcess(raw []byte, terminal bool) (*specs.Process, error) {
 	p.SelinuxLabel = ""
 	p.Rlimits = forceNoCore(p.Rlimits, nil)
 	return &p, nil
+}
+
+// hasNUL reports whether a string of the JSON document raw holds a NUL
+// character (the escape \u0000: JSON has no other way to write one).
+func hasNUL(raw []byte) bool {
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			continue
+		}
+		if i+5 < len(raw) && raw[i+1] == 'u' && string(raw[i+2:i+6]) == "0000" {
+			return true
+		}
+		i++ // the escaped character: "\\" is one backslash
+	}
+	return false
 }
 
 // CgroupsPath is the guest cgroup of a container.

@@ -352,3 +352,32 @@ func TestDynamicMajorsOfTheGuestsDrivers(t *testing.T) {
 		}
 	}
 }
+
+// TestMaliciousHostHidesANUL: "/dev/urandom\x00" is a clean path below
+// /dev that names none of the canonical or runtime paths, but crun, in C,
+// reads it only up to the NUL and would make /dev/urandom a FIFO or the
+// policy's allowed GPU. No string of a spec may hold a NUL, at create or
+// exec; an escaped backslash before "u0000" is no NUL.
+func TestMaliciousHostHidesANUL(t *testing.T) {
+	p := policyOf(t, "version = \"0.1\"\n[agent_policy]\nallow_devices = [\"c 195:0\"]\n")
+	for _, dev := range []specs.LinuxDevice{
+		{Path: "/dev/urandom\x00", Type: "p"},
+		{Path: "/dev/console\x00", Type: "p"},
+		{Path: "/dev/urandom\x00", Type: "c", Major: 195, Minor: 0},
+	} {
+		for _, pol := range []DevicePolicy{{}, p} {
+			_, err := adaptDevices(t, pol, []specs.LinuxDevice{dev})
+			var fe *ForbiddenError
+			if !errors.As(err, &fe) || !strings.Contains(err.Error(), "NUL") {
+				t.Errorf("device %q: err = %v, want a ForbiddenError naming the NUL", dev.Path, err)
+			}
+		}
+	}
+	raw, _ := json.Marshal(&specs.Process{Args: []string{"/bin/sh\x00", "-c", "id"}, Cwd: "/"})
+	if _, err := AdaptProcess(raw, false); err == nil || !strings.Contains(err.Error(), "NUL") {
+		t.Errorf("an exec with a NUL in an argument: err = %v", err)
+	}
+	if !hasNUL([]byte(`{"a":"x\u0000"}`)) || hasNUL([]byte(`{"a":"x\\u0000"}`)) || hasNUL([]byte(`{"a":"\\\\"}`)) || !hasNUL([]byte(`["\\\u0000"]`)) {
+		t.Error("hasNUL misreads the escapes")
+	}
+}

@@ -3,6 +3,7 @@ package broker
 import (
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
 )
 
@@ -33,14 +34,23 @@ func newChallenges[V any](max, perSource int) *challenges[V] {
 	return &challenges[V]{max: max, perSource: perSource, entries: map[string]*challenge[V]{}}
 }
 
-// source is the client address of r (its host part): the unit of a
-// challenge table's fairness. Headers are not read: anyone sets them.
+// source is the client address of r, the unit of a challenge table's
+// fairness: an IPv4 address, or an IPv6 address's /64 (one host holds a
+// whole /64 to choose addresses from). Headers are not read: anyone sets
+// them. Clients behind one NAT or proxy share its share.
 func source(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		return r.RemoteAddr
+		host = r.RemoteAddr
 	}
-	return host
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	if a = a.Unmap(); a.Is6() {
+		return netip.PrefixFrom(a.WithZone(""), 64).Masked().String()
+	}
+	return a.String()
 }
 
 // add enters v under id for src until expires, making room as the table
@@ -57,16 +67,23 @@ func (t *challenges[V]) add(now time.Time, id, src string, expires time.Time, v 
 				counts[e.source]++
 			}
 		}
-		heaviest, most := "", 0
-		for s, n := range counts {
-			if n > most || n == most && s < heaviest {
-				heaviest, most = s, n
-			}
+		most := 0
+		for _, n := range counts {
+			most = max(most, n)
 		}
 		if most == 0 {
 			return false
 		}
-		t.dropOldest(heaviest)
+		// Of the sources that hold the most, the oldest entry goes: no
+		// source is dropped first for its name.
+		oldest := ""
+		var at time.Time
+		for id, e := range t.entries {
+			if !e.proven && counts[e.source] == most && (oldest == "" || e.added.Before(at)) {
+				oldest, at = id, e.added
+			}
+		}
+		delete(t.entries, oldest)
 	}
 	t.entries[id] = &challenge[V]{v: v, source: src, added: now, expires: expires}
 	return true

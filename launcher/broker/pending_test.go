@@ -125,3 +125,47 @@ func TestMaliciousHostFloodsTheKeyBroker(t *testing.T) {
 }
 
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
+
+// A flood from many addresses of one IPv6 /64 is one source, and a full
+// table where every source holds as many drops the oldest entry, not the
+// source with the smallest name: ten addresses that each hold one
+// challenge do not push out a pod's older one.
+func TestChallengesManyAddresses(t *testing.T) {
+	req := func(addr string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/", nil)
+		r.RemoteAddr = addr
+		return r
+	}
+	if a, b := source(req("[2001:db8::1]:1")), source(req("[2001:db8::ffff:2]:2")); a != b || a != "2001:db8::/64" {
+		t.Fatalf("two addresses of one /64: sources %q and %q", a, b)
+	}
+	if s := source(req("[::ffff:10.0.0.5]:1")); s != "10.0.0.5" {
+		t.Fatalf("an IPv4-mapped address: source %q", s)
+	}
+	now := time.Now()
+	later := now.Add(time.Hour)
+	at := func(ms int) time.Time { return now.Add(time.Duration(ms) * time.Millisecond) }
+	// Every source holds one: the oldest entry goes, an attacker's,
+	// not the pod's for its address sorting first.
+	tb := newChallenges[int](4, 4)
+	tb.add(at(0), "flood0", "192.0.2.1", later, 0)
+	tb.add(at(1), "pod", "10.0.0.5", later, 0)
+	tb.add(at(2), "flood1", "192.0.2.2", later, 0)
+	tb.add(at(3), "flood2", "192.0.2.3", later, 0)
+	tb.add(at(4), "flood3", "192.0.2.4", later, 0)
+	if _, ok := tb.get(now, "pod"); !ok {
+		t.Fatal("a tie pushed out the pod's challenge, not the oldest")
+	}
+	// Many addresses of one /64 are one source, held to its share.
+	tb = newChallenges[int](6, 3)
+	tb.add(at(0), "pod", source(req("10.0.0.5:1")), later, 0)
+	for i := range 20 {
+		tb.add(at(1+i), fmt.Sprint("v6flood", i), source(req(fmt.Sprintf("[2001:db8::%x]:1", i+1))), later, 0)
+	}
+	if _, ok := tb.get(now, "pod"); !ok {
+		t.Fatal("a flood from one /64 pushed out another source's challenge")
+	}
+	if n := tb.unproven("2001:db8::/64"); n != 3 {
+		t.Fatalf("the /64 holds %d, want its share of 3", n)
+	}
+}

@@ -144,7 +144,9 @@ func (s *Service) mountShare(dir string) error {
 	mount := s.cfg.MountShared
 	if mount == nil {
 		// The host serves the share: its setuid bits and device nodes mean
-		// nothing in the pod (the binds of its entries inherit these).
+		// nothing in the pod. The containers' binds of its entries say so
+		// themselves (spec sharedOptions): crun remounts a bind with the
+		// spec's flags alone.
 		mount = func(tag, target string) error {
 			return unix.Mount(tag, target, "virtiofs", unix.MS_NOSUID|unix.MS_NODEV, "")
 		}

@@ -170,6 +170,9 @@ func Adapt(raw []byte, o Options) (*Plan, error) {
 	}
 	s.Linux.MountLabel = ""
 	s.Linux.CgroupsPath = cgroupsPath(o.CgroupsParent, o.ContainerID)
+	if err := uniqueNamespaces(s.Linux.Namespaces); err != nil {
+		return nil, fmt.Errorf("container %q: %w", o.ContainerID, err)
+	}
 	s.Linux.Namespaces = adaptNamespaces(s.Linux.Namespaces, o.SandboxPid, o.SandboxNS)
 	// The shim gives a container that shares the node's UTS namespace
 	// (hostNetwork) the pod's, named as the node, and refuses a hostname
@@ -235,6 +238,23 @@ func cgroupsPath(parent, id string) string {
 		parent = "/"
 	}
 	return filepath.Join("/", parent, id)
+}
+
+// uniqueNamespaces refuses a namespace type named twice. The policy judges
+// the first entry of a type, and crun may act on another: with a user
+// namespace, a pid entry with a path is joined at once and a fresh one
+// dropped, so {pid}, {pid, the sandbox's} put the container in the
+// sandbox's PID namespace past share_pid_namespace. runc refuses these
+// specs too.
+func uniqueNamespaces(nss []specs.LinuxNamespace) error {
+	seen := map[specs.LinuxNamespaceType]bool{}
+	for _, ns := range nss {
+		if seen[ns.Type] {
+			return &ForbiddenError{fmt.Sprintf("linux.namespaces names the %s namespace twice: one entry per type", ns.Type)}
+		}
+		seen[ns.Type] = true
+	}
+	return nil
 }
 
 func adaptNamespaces(in []specs.LinuxNamespace, sandboxPid int, sandboxNS map[specs.LinuxNamespaceType]string) []specs.LinuxNamespace {
@@ -325,6 +345,7 @@ func adaptMounts(in []specs.Mount, o Options, warn func(string)) ([]specs.Mount,
 		}
 		if guest, ok := o.Shared[m.Source]; ok {
 			m.Source = guest
+			m.Options = sharedOptions(m.Options)
 			out, origins = append(out, m), append(origins, OriginShared)
 			continue
 		}

@@ -147,12 +147,21 @@ func adaptPropagation(l *specs.Linux, warn func(string)) {
 // nodev and noexec: without the options that would clear them, which
 // runtimes apply in order (and the recursive ones after the mount).
 func hostFileOptions(opts []string) []string {
-	out := slices.DeleteFunc(slices.Clone(opts), func(o string) bool {
-		switch o {
-		case "suid", "dev", "exec", "rsuid", "rdev", "rexec", "nosuid", "nodev", "noexec":
-			return true
-		}
-		return false
-	})
-	return append(out, hostFileBindOptions...)
+	return withOnly(opts, hostFileBindOptions, "suid", "dev", "exec", "rsuid", "rdev", "rexec", "nosuid", "nodev", "noexec")
+}
+
+// sharedOptions returns the options of a bind of a directory shared from
+// the host (virtio-fs), nosuid and nodev. The share itself is mounted so,
+// but crun remounts each bind with the spec's flags alone, which clears
+// them: the host, which sets every file's owner and mode there, would give
+// the container setuid-root programs. Executables stay (a volume of
+// scripts or tools is a volume's use).
+func sharedOptions(opts []string) []string {
+	return withOnly(opts, []string{"nosuid", "nodev"}, "suid", "dev", "rsuid", "rdev", "nosuid", "nodev")
+}
+
+// withOnly returns opts without drop, then add.
+func withOnly(opts, add []string, drop ...string) []string {
+	out := slices.DeleteFunc(slices.Clone(opts), func(o string) bool { return slices.Contains(drop, o) })
+	return append(out, add...)
 }

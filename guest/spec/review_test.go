@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -64,5 +65,42 @@ func TestParseListBounded(t *testing.T) {
 	got, err := ParseList(big)
 	if err != nil || len(got) != 8192 || got[0] != 0 || got[8191] != 8191 {
 		t.Errorf("ParseList(500 × 0-8191) = %d members, %v", len(got), err)
+	}
+}
+
+// TestMaliciousHostDuplicateNamespace: a second pid entry, joining the
+// sandbox's, after a fresh one the policy judges: crun, with a user
+// namespace, joins the one with a path and drops the fresh one.
+func TestMaliciousHostDuplicateNamespace(t *testing.T) {
+	raw, _ := json.Marshal(&specs.Spec{Process: &specs.Process{Args: []string{"sh"}}, Linux: &specs.Linux{
+		Namespaces: []specs.LinuxNamespace{{Type: "pid"}, {Type: "mount"}, {Type: "user"}, {Type: "pid", Path: "/proc/77/ns/pid"}},
+	}})
+	_, err := Adapt(raw, Options{ContainerID: "c1", Exists: guestHas()})
+	var fe *ForbiddenError
+	if !errors.As(err, &fe) || !strings.Contains(err.Error(), "pid namespace twice") {
+		t.Fatalf("two pid namespaces: err = %v, want a ForbiddenError", err)
+	}
+}
+
+// TestMaliciousHostSharedMountSuid: the host sets the owner and mode of
+// every file of a virtio-fs share (uid 0, 04755). crun remounts a bind
+// with the spec's flags alone, so the share's own nosuid,nodev would not
+// hold: the bind must say them, whatever the host's options were.
+func TestMaliciousHostSharedMountSuid(t *testing.T) {
+	raw, _ := json.Marshal(&specs.Spec{Process: &specs.Process{Args: []string{"sh"}}, Mounts: []specs.Mount{
+		{Destination: "/tools", Type: "bind", Source: "/var/lib/kubelet/pods/p/volumes/x/tools", Options: []string{"rbind", "ro", "suid", "dev"}},
+	}})
+	plan, err := Adapt(raw, Options{ContainerID: "c1", Exists: guestHas(), Shared: map[string]string{"/var/lib/kubelet/pods/p/volumes/x/tools": "/run/c8s/shared/c1-0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range plan.Spec.Mounts {
+		if m.Destination == "/tools" {
+			got = m.Options
+		}
+	}
+	if !slices.Contains(got, "nosuid") || !slices.Contains(got, "nodev") || slices.Contains(got, "suid") || slices.Contains(got, "dev") || !slices.Contains(got, "ro") {
+		t.Fatalf("the shared bind's options are %v, want ro kept, nosuid and nodev, no suid or dev", got)
 	}
 }

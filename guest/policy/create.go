@@ -383,6 +383,27 @@ func (k *checker) paths(rule *policyapi.Container, l *specs.Linux) {
 			d.Reason = "missing, required"
 			d.Hint = "a container that is not privileged has them; a root process with /proc/sys writable runs code as the guest's root (core_pattern, modprobe)"
 		}
+		// More than the rule requires: only what runtimes add by
+		// default. A masked secret or configuration reads as empty (an
+		// empty password is no password to some servers), a read-only
+		// data directory refuses writes.
+		var extra []string
+		for _, h := range p.have {
+			known := slices.Contains(p.want, h)
+			if p.field == "linux.maskedPaths" {
+				known = known || policyapi.RuntimeMaskedPath(h)
+			} else {
+				known = known || slices.Contains(policyapi.DefaultReadonlyPaths, h)
+			}
+			if !known {
+				extra = append(extra, h)
+			}
+		}
+		if len(extra) > 0 {
+			d := k.deny(p.field, quoted(extra), k.key+"."+p.rule, quoted(p.want))
+			d.Reason = "beyond the rule's and the runtimes' defaults"
+			d.Hint = "masking hides a file of the container (a secret or configuration reads as empty); list the path in the rule if the pod asks for it"
+		}
 	}
 }
 

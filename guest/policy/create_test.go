@@ -301,3 +301,37 @@ func TestAllDenialsReported(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+// TestMaliciousHostMasksAFile: the host adds paths of the container's own
+// to linux.maskedPaths (or readonlyPaths). crun masks them after every
+// mount, the pod's secrets included: a masked password file reads empty,
+// which some servers take for "no password", and a masked configuration
+// directory drops its access rules. Only the rule's paths and what the
+// kubelet and containerd mask by default (the node's per-CPU
+// thermal_throttle among them) pass.
+func TestMaliciousHostMasksAFile(t *testing.T) {
+	e := evaluator(t, podPolicy)
+	s := appSpec()
+	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, "/etc/app/db", "/etc/nginx/conf.d")
+	_, err := create(t, e, s)
+	d := denied(t, err, "linux.maskedPaths", "policy.containers.app.masked_paths")
+	if !strings.Contains(d.Actual, "/etc/app/db") || !strings.Contains(d.Actual, "/etc/nginx/conf.d") {
+		t.Errorf("denial %v does not name the masked paths", d)
+	}
+	s = appSpec()
+	s.Linux.ReadonlyPaths = append(s.Linux.ReadonlyPaths, "/var/lib/data")
+	_, err = create(t, e, s)
+	denied(t, err, "linux.readonlyPaths", "policy.containers.app.readonly_paths")
+
+	s = appSpec()
+	s.Linux.MaskedPaths = append(s.Linux.MaskedPaths, "/proc/interrupts", "/sys/devices/virtual/powercap",
+		"/sys/devices/system/cpu/cpu0/thermal_throttle", "/sys/devices/system/cpu/cpu13/thermal_throttle")
+	if _, err := create(t, e, s); err != nil {
+		t.Fatalf("the kubelet's and containerd's default masks: %v", err)
+	}
+	for _, p := range []string{"/sys/devices/system/cpu/cpu/thermal_throttle", "/sys/devices/system/cpu/cpu1/../../../../etc/thermal_throttle"} {
+		if policyapi.RuntimeMaskedPath(p) {
+			t.Errorf("%s counts as a runtime default", p)
+		}
+	}
+}

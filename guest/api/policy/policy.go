@@ -393,6 +393,29 @@ var (
 	DefaultReadonlyPaths = []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"}
 )
 
+// RuntimeMaskedPath reports whether the kubelet or containerd masks path
+// p in a container by default, on some node: the defaults above, the
+// kubelet's /proc/interrupts and each of the node's
+// /sys/devices/system/cpu/cpuN/thermal_throttle, containerd's
+// /sys/devices/virtual/powercap. A spec may mask these beyond what a rule
+// requires; any other path it masks hides a file of the container.
+func RuntimeMaskedPath(p string) bool {
+	if slices.Contains(DefaultMaskedPaths, p) || p == "/proc/interrupts" || p == "/sys/devices/virtual/powercap" {
+		return true
+	}
+	n, ok := strings.CutPrefix(p, "/sys/devices/system/cpu/cpu")
+	n, ok2 := strings.CutSuffix(n, "/thermal_throttle")
+	if !ok || !ok2 || n == "" {
+		return false
+	}
+	for _, c := range n {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // DefaultSignals are the signals the host may send when a rule lists
 // none: those that stop a container (SIGTERM, SIGKILL, and SIGINT, a
 // STOPSIGNAL images commonly declare). Not SIGQUIT: its default action

@@ -221,15 +221,31 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 // undoes what it made: the shim must not exit under it and leave its
 // state dir, taps and layer references behind.
 func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*emptypb.Empty, error) {
+	// One at a time: each waits for the Creates it cancelled, and only
+	// then may another reopen the shim to Creates (WaitGroup reuse).
+	s.shutdownMu.Lock()
+	defer s.shutdownMu.Unlock()
 	s.mu.Lock()
 	if len(s.conts) > 0 {
 		s.mu.Unlock()
 		return &emptypb.Empty{}, nil
 	}
 	s.closing = true
+	stop := s.stopCreates
 	s.mu.Unlock()
-	s.stopCreates()
-	s.creating.Wait()
+	stop()
+	waited := make(chan struct{})
+	go func() { s.creating.Wait(); close(waited) }()
+	select {
+	case <-waited:
+	case <-ctx.Done():
+		// containerd gave up on the Shutdown: the shim goes, the Create
+		// that has not undone its work yet with it (its VM dies with
+		// the shim).
+		log.G(ctx).Warn("shutting down before a cancelled Create has cleaned up")
+		s.sd.Shutdown()
+		return &emptypb.Empty{}, nil
+	}
 	s.mu.Lock()
 	if len(s.conts) > 0 {
 		// A Create ended first: the shim serves its container.

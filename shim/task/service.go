@@ -56,6 +56,7 @@ type service struct {
 	// creating counts the Creates in flight, and creates cancels them
 	// (stopCreates) when the shim shuts down under one still booting
 	// the pod VM (Shutdown); closing refuses new ones meanwhile. Under mu.
+	shutdownMu  sync.Mutex
 	creating    sync.WaitGroup
 	creates     context.Context
 	stopCreates context.CancelFunc

@@ -3,12 +3,14 @@ package task
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
 	"github.com/containerd/containerd/v2/core/mount"
 
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/shim/sandbox"
 )
 
@@ -65,13 +67,88 @@ func TestShutdownDuringCreate(t *testing.T) {
 	case <-time.After(wait):
 		t.Fatal("Create did not return")
 	}
-	for _, sb := range h.host.Started() {
-		if !sb.Stopped() {
-			t.Fatal("a pod VM started under the shutdown runs on")
-		}
+	if n := len(h.host.Started()); n != 0 {
+		t.Fatalf("%d pod VMs started under the shutdown", n)
 	}
 	if _, err := h.s.Create(h.ctx, h.request("c2", "")); err == nil {
 		t.Fatal("a Create after the shutdown was taken")
+	}
+}
+
+// slowAgent holds CreateContainer until its call is cancelled.
+type slowAgent struct {
+	agent.AgentService
+	entered chan struct{}
+}
+
+func (a slowAgent) CreateContainer(ctx context.Context, req *agent.CreateContainerRequest) (*agent.CreateContainerResponse, error) {
+	close(a.entered)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// slowGuest is a started pod VM whose agent is a slowAgent.
+type slowGuest struct {
+	Sandbox
+	agent slowAgent
+}
+
+func (g slowGuest) Agent() agent.AgentService { return g.agent }
+
+type slowGuestHost struct {
+	fakeHost
+	entered chan struct{}
+}
+
+func (h slowGuestHost) StartSandbox(ctx context.Context, opts sandbox.Options) (Sandbox, error) {
+	sb, err := h.fakeHost.StartSandbox(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	return slowGuest{Sandbox: sb, agent: slowAgent{AgentService: sb.Agent(), entered: h.entered}}, nil
+}
+
+// TestShutdownDuringCreateAfterBoot: the pod VM runs and the guest is
+// creating the container when the shutdown comes. The Create is cancelled
+// and stops the VM and removes the root disk it built before the shim
+// exits.
+func TestShutdownDuringCreateAfterBoot(t *testing.T) {
+	h := newHarness(t, setup{})
+	g := slowGuestHost{fakeHost: fakeHost{h.host}, entered: make(chan struct{})}
+	h.s.host = g
+	created := make(chan error, 1)
+	go func() {
+		_, err := h.s.Create(h.ctx, h.request("c1", ""))
+		created <- err
+	}()
+	select {
+	case <-g.entered:
+	case <-time.After(wait):
+		t.Fatal("Create never reached the guest")
+	}
+	if _, err := h.s.Shutdown(h.ctx, &taskAPI.ShutdownRequest{ID: "c1"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-created:
+		if err == nil {
+			t.Fatal("Create succeeded under the shutdown")
+		}
+	case <-time.After(wait):
+		t.Fatal("Create did not return")
+	}
+	select {
+	case <-h.sd.Done():
+	case <-time.After(wait):
+		t.Fatal("the shim did not shut down")
+	}
+	started := h.host.Started()
+	if len(started) != 1 || !started[0].Stopped() {
+		t.Fatalf("pod VMs %d, the first stopped: %v", len(started), len(started) == 1 && started[0].Stopped())
+	}
+	built, removed := h.host.Images()
+	if len(built) != 1 || !slices.Equal(built, removed) {
+		t.Fatalf("root disks built %v, removed %v", built, removed)
 	}
 }
 

@@ -40,19 +40,7 @@ func TestShutdownDuringCreate(t *testing.T) {
 	h := newHarness(t, setup{})
 	g := gatedHost{fakeHost: fakeHost{h.host}, entered: make(chan struct{}), gate: make(chan struct{})}
 	h.s.host = g
-	created := make(chan error, 1)
-	go func() {
-		_, err := h.s.Create(h.ctx, h.request("c1", ""))
-		created <- err
-	}()
-	select {
-	case <-g.entered:
-	case <-time.After(wait):
-		t.Fatal("Create never reached the VM's start")
-	}
-	if _, err := h.s.Shutdown(h.ctx, &taskAPI.ShutdownRequest{ID: "c1"}); err != nil {
-		t.Fatal(err)
-	}
+	created := h.shutdownDuringCreate(g.entered)
 	select {
 	case <-h.sd.Done():
 	case <-time.After(wait):
@@ -116,19 +104,7 @@ func TestShutdownDuringCreateAfterBoot(t *testing.T) {
 	h := newHarness(t, setup{})
 	g := slowGuestHost{fakeHost: fakeHost{h.host}, entered: make(chan struct{})}
 	h.s.host = g
-	created := make(chan error, 1)
-	go func() {
-		_, err := h.s.Create(h.ctx, h.request("c1", ""))
-		created <- err
-	}()
-	select {
-	case <-g.entered:
-	case <-time.After(wait):
-		t.Fatal("Create never reached the guest")
-	}
-	if _, err := h.s.Shutdown(h.ctx, &taskAPI.ShutdownRequest{ID: "c1"}); err != nil {
-		t.Fatal(err)
-	}
+	created := h.shutdownDuringCreate(g.entered)
 	select {
 	case err := <-created:
 		if err == nil {
@@ -187,4 +163,25 @@ func TestBundleStateBeforeTheRootDisk(t *testing.T) {
 	if seen.Disk != built[0] || seen.Sandbox != "c1" || seen.StateDir == "" {
 		t.Fatalf("while the disk %s was built, the bundle's state was %+v", built[0], seen)
 	}
+}
+
+// shutdownDuringCreate creates container c1 in the background, shuts the
+// shim down once the Create has reached entered, and returns the Create's
+// result to come.
+func (h *harness) shutdownDuringCreate(entered <-chan struct{}) <-chan error {
+	h.t.Helper()
+	created := make(chan error, 1)
+	go func() {
+		_, err := h.s.Create(h.ctx, h.request("c1", ""))
+		created <- err
+	}()
+	select {
+	case <-entered:
+	case <-time.After(wait):
+		h.t.Fatal("Create never reached the point of the shutdown")
+	}
+	if _, err := h.s.Shutdown(h.ctx, &taskAPI.ShutdownRequest{ID: "c1"}); err != nil {
+		h.t.Fatal(err)
+	}
+	return created
 }

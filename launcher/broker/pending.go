@@ -35,22 +35,20 @@ func newChallenges[V any](max, perSource int) *challenges[V] {
 }
 
 // source is the client address of r, the unit of a challenge table's
-// fairness: an IPv4 address, or an IPv6 address's /64 (one host holds a
-// whole /64 to choose addresses from). Headers are not read: anyone sets
-// them. Clients behind one NAT or proxy share its share.
+// fairness. Headers are not read: anyone sets them. Clients behind one
+// NAT or proxy share its share; a host with many addresses (an IPv6 /64)
+// has as many shares, which a full table then takes from oldest first.
+// (Grouping a /64 would put an IPv6 cluster's nodes, often on one /64,
+// into one share that any of them could empty.)
 func source(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	a, err := netip.ParseAddr(host)
-	if err != nil {
-		return host
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a.Unmap().WithZone("").String()
 	}
-	if a = a.Unmap(); a.Is6() {
-		return netip.PrefixFrom(a.WithZone(""), 64).Masked().String()
-	}
-	return a.String()
+	return host
 }
 
 // add enters v under id for src until expires, making room as the table

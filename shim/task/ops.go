@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"time"
 
 	eventstypes "github.com/containerd/containerd/api/events"
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
@@ -216,6 +217,10 @@ func (s *service) Connect(ctx context.Context, r *taskAPI.ConnectRequest) (*task
 	return &taskAPI.ConnectResponse{ShimPid: uint32(os.Getpid()), TaskPid: pid}, nil
 }
 
+// createCleanupWait bounds how long Shutdown waits for the Creates it
+// cancelled to undo their work.
+const createCleanupWait = time.Minute
+
 // Shutdown ends the shim once it serves no container. A Create still
 // booting the pod VM (containerd gave up on it) is cancelled first and
 // undoes what it made: the shim must not exit under it and leave its
@@ -234,15 +239,16 @@ func (s *service) Shutdown(ctx context.Context, r *taskAPI.ShutdownRequest) (*em
 	stop := s.stopCreates
 	s.mu.Unlock()
 	stop()
+	// Past containerd's deadline for the Shutdown (3 s, less than a
+	// booted VM's stop may take): it then runs `shim delete`, and the
+	// shim exits by itself once the Create has undone its work. Bounded,
+	// so that a cleanup that hangs does not keep the shim for ever.
 	waited := make(chan struct{})
 	go func() { s.creating.Wait(); close(waited) }()
 	select {
 	case <-waited:
-	case <-ctx.Done():
-		// containerd gave up on the Shutdown: the shim goes, the Create
-		// that has not undone its work yet with it (its VM dies with
-		// the shim).
-		log.G(ctx).Warn("shutting down before a cancelled Create has cleaned up")
+	case <-time.After(createCleanupWait):
+		log.G(ctx).Warnf("shutting down before a cancelled Create has cleaned up (%v)", createCleanupWait)
 		s.sd.Shutdown()
 		return &emptypb.Empty{}, nil
 	}

@@ -100,18 +100,23 @@ func (h slowGuestHost) StartSandbox(ctx context.Context, opts sandbox.Options) (
 // creating the container when the shutdown comes. The Create is cancelled
 // and stops the VM and removes the root disk it built before the shim
 // exits.
+// containerd's Shutdown has a deadline (3 s) shorter than a booted VM's
+// stop may take: past it, the shim still waits for the Create's cleanup.
 func TestShutdownDuringCreateAfterBoot(t *testing.T) {
 	h := newHarness(t, setup{})
 	g := slowGuestHost{fakeHost: fakeHost{h.host}, entered: make(chan struct{})}
 	h.s.host = g
-	created := h.shutdownDuringCreate(g.entered)
+	expired, cancel := context.WithTimeout(h.ctx, time.Nanosecond)
+	defer cancel()
+	created := h.shutdownDuringCreateWithin(expired, g.entered)
+	// Shutdown returned: the Create has undone its work already.
 	select {
 	case err := <-created:
 		if err == nil {
 			t.Fatal("Create succeeded under the shutdown")
 		}
-	case <-time.After(wait):
-		t.Fatal("Create did not return")
+	default:
+		t.Fatal("Shutdown returned (and the shim exits) before the cancelled Create cleaned up")
 	}
 	select {
 	case <-h.sd.Done():
@@ -169,6 +174,12 @@ func TestBundleStateBeforeTheRootDisk(t *testing.T) {
 // shim down once the Create has reached entered, and returns the Create's
 // result to come.
 func (h *harness) shutdownDuringCreate(entered <-chan struct{}) <-chan error {
+	return h.shutdownDuringCreateWithin(h.ctx, entered)
+}
+
+// shutdownDuringCreateWithin is shutdownDuringCreate with the Shutdown's
+// context ctx (containerd's, with its deadline).
+func (h *harness) shutdownDuringCreateWithin(ctx context.Context, entered <-chan struct{}) <-chan error {
 	h.t.Helper()
 	created := make(chan error, 1)
 	go func() {
@@ -180,7 +191,7 @@ func (h *harness) shutdownDuringCreate(entered <-chan struct{}) <-chan error {
 	case <-time.After(wait):
 		h.t.Fatal("Create never reached the point of the shutdown")
 	}
-	if _, err := h.s.Shutdown(h.ctx, &taskAPI.ShutdownRequest{ID: "c1"}); err != nil {
+	if _, err := h.s.Shutdown(ctx, &taskAPI.ShutdownRequest{ID: "c1"}); err != nil {
 		h.t.Fatal(err)
 	}
 	return created

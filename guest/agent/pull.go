@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -392,12 +393,38 @@ func netnsTransport(netns *os.File) *http.Transport {
 	return t
 }
 
+// pullNameserver is the nameserver a pull's resolver queries for the one
+// resolv.conf names (tests point it at their own).
+var pullNameserver = func(addr string) string { return addr }
+
 // netnsDialer dials from a thread that entered netns: the socket is
 // created there. The thread is never given back to the scheduler (the
 // goroutine ends locked), so no other goroutine runs in the pod's
-// namespace.
+// namespace. Go's dialer would race IPv4 and IPv6 attempts on goroutines
+// of their own, and its resolver queries A and AAAA so too: on threads in
+// the VM's own namespace, where the host could answer a name with a
+// loopback address of the VM's. So the attempts are made one after the
+// other (FallbackDelay -1), the resolver dials each query in the pod's
+// namespace too, and every socket is checked to be there before it
+// connects.
 func netnsDialer(netns *os.File) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+	var st unix.Stat_t
+	nsErr := unix.Fstat(int(netns.Fd()), &st)
+	inPodNS := func(string, string, syscall.RawConn) error {
+		if nsErr != nil {
+			return fmt.Errorf("the pod's network namespace: %w", nsErr)
+		}
+		var cur unix.Stat_t
+		if err := unix.Stat("/proc/thread-self/ns/net", &cur); err != nil {
+			return fmt.Errorf("this thread's network namespace: %w", err)
+		}
+		if cur.Ino != st.Ino || cur.Dev != st.Dev {
+			return errors.New("a socket of the pull outside the pod's network namespace")
+		}
+		return nil
+	}
+	// within runs dial on a locked thread in netns.
+	within := func(ctx context.Context, dial func(ctx context.Context) (net.Conn, error)) (net.Conn, error) {
 		type result struct {
 			c   net.Conn
 			err error
@@ -409,12 +436,23 @@ func netnsDialer(netns *os.File) func(ctx context.Context, network, addr string)
 				ch <- result{nil, fmt.Errorf("enter the pod's network namespace: %w", err)}
 				return
 			}
-			var d net.Dialer
-			c, err := d.DialContext(ctx, network, addr)
+			c, err := dial(ctx)
 			ch <- result{c, err}
 		}()
 		r := <-ch
 		return r.c, r.err
+	}
+	resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return within(ctx, func(ctx context.Context) (net.Conn, error) {
+			d := net.Dialer{FallbackDelay: -1, Control: inPodNS}
+			return d.DialContext(ctx, network, pullNameserver(addr))
+		})
+	}}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return within(ctx, func(ctx context.Context) (net.Conn, error) {
+			d := net.Dialer{FallbackDelay: -1, Resolver: resolver, Control: inPodNS}
+			return d.DialContext(ctx, network, addr)
+		})
 	}
 }
 

@@ -19,11 +19,13 @@ func ParseCredentials(b []byte, registry string) (*authn.AuthConfig, error) {
 		Auths map[string]authn.AuthConfig `json:"auths"`
 	}
 	var c authn.AuthConfig
+	// The errors say where, never what: a syntax error quotes the
+	// character it met, and the error reaches the host.
 	if err := json.Unmarshal(b, &doc); err != nil {
-		return nil, fmt.Errorf("registry credentials: not JSON (a Docker config.json, or {\"username\": …, \"password\": …}): %w", err)
+		return nil, fmt.Errorf("registry credentials: not JSON (a Docker config.json, or {\"username\": …, \"password\": …})%s", where(err))
 	}
 	if err := json.Unmarshal(b, &c); err != nil {
-		return nil, fmt.Errorf("registry credentials: %w", err)
+		return nil, fmt.Errorf("registry credentials: not a credentials object%s", where(err))
 	}
 	if doc.Auths != nil {
 		var ok bool
@@ -56,4 +58,17 @@ func ParseCredentials(b []byte, registry string) (*authn.AuthConfig, error) {
 		return nil, errors.New("registry credentials: no username, identitytoken or registrytoken")
 	}
 	return &c, nil
+}
+
+// where says at which byte a JSON error is, if it says so.
+func where(err error) string {
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf(" (at byte %d)", se.Offset)
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return fmt.Sprintf(" (%s is not a %s)", te.Field, te.Type)
+	}
+	return ""
 }

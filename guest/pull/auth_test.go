@@ -2,6 +2,7 @@ package pull
 
 import (
 	"encoding/base64"
+	"strings"
 	"testing"
 )
 
@@ -24,6 +25,23 @@ func TestParseCredentials(t *testing.T) {
 	} {
 		if _, err := ParseCredentials([]byte(doc), "reg:5000"); err == nil {
 			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestCredentialErrorsQuoteNothing: the error of credentials that are not
+// JSON reaches the host (CreateContainer's); a JSON syntax error would
+// quote the token's first character.
+func TestCredentialErrorsQuoteNothing(t *testing.T) {
+	for _, secret := range []string{"ghp_secret", `{"username": "u", "password": 7}`, `{"auths": "zz"}`} {
+		_, err := ParseCredentials([]byte(secret), "registry.example")
+		if err == nil {
+			t.Fatalf("%q parsed", secret)
+		}
+		for _, leak := range []string{"'g'", "ghp", "zz", "7"} {
+			if strings.Contains(err.Error(), leak) {
+				t.Errorf("the error %q quotes %s of the credential", err, leak)
+			}
 		}
 	}
 }

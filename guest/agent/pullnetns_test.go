@@ -1,0 +1,123 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/net/dns/dnsmessage"
+
+	"github.com/c8s-dev/c8s/internal/netnsdo"
+)
+
+// TestMaliciousHostDualStackNameStaysInPodNetns: the host, which answers
+// the pod's DNS, gives the registry's name both an IPv4 and an IPv6
+// address, loopback ones. Go's dialer races the two families on
+// goroutines of their own, on threads outside the pod's network
+// namespace: one attempt would reach a listener of the VM's own
+// namespace. Every socket of the pull, the name's lookup included, must
+// be the pod's: here the pod's namespace listens on neither address, so
+// the dial fails.
+func TestMaliciousHostDualStackNameStaysInPodNetns(t *testing.T) {
+	name := fmt.Sprintf("c8spull-%d", os.Getpid())
+	pod, err := netnsdo.Create(name, func() error {
+		return netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo"}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netnsdo.Remove(name) })
+	// The VM's own namespace (the test's) listens on both loopbacks.
+	l4, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l4.Close()
+	port := l4.Addr().(*net.TCPAddr).Port
+	l6, err := net.Listen("tcp6", fmt.Sprintf("[::1]:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l6.Close()
+	accepted := make(chan string, 2)
+	for _, l := range []net.Listener{l4, l6} {
+		go func() {
+			if c, err := l.Accept(); err == nil {
+				accepted <- c.LocalAddr().String()
+				c.Close()
+			}
+		}()
+	}
+	// The host's DNS, in the pod's namespace.
+	var dns net.PacketConn
+	if err := netnsdo.Do(pod, func() (err error) {
+		dns, err = net.ListenPacket("udp4", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer dns.Close()
+	go answer(dns, "registry.test.", netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"))
+	old := pullNameserver
+	pullNameserver = func(string) string { return dns.LocalAddr().String() }
+	t.Cleanup(func() { pullNameserver = old })
+
+	f, err := os.Open(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := netnsDialer(f)(ctx, "tcp", fmt.Sprintf("registry.test:%d", port))
+	if err == nil {
+		c.Close()
+		t.Fatalf("the pull dialled %s, a listener outside the pod's network namespace", <-accepted)
+	}
+	select {
+	case a := <-accepted:
+		t.Fatalf("the VM's own namespace took a pull's connection on %s", a)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// answer serves DNS on pc: name has the addresses v4 (A) and v6 (AAAA).
+func answer(pc net.PacketConn, name string, v4, v6 netip.Addr) {
+	buf := make([]byte, 512)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		var p dnsmessage.Parser
+		h, err := p.Start(buf[:n])
+		if err != nil {
+			continue
+		}
+		q, err := p.Question()
+		if err != nil {
+			continue
+		}
+		b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true})
+		b.EnableCompression()
+		_ = b.StartQuestions()
+		_ = b.Question(q)
+		_ = b.StartAnswers()
+		rh := dnsmessage.ResourceHeader{Name: q.Name, Class: dnsmessage.ClassINET, TTL: 60}
+		switch {
+		case q.Name.String() != name:
+		case q.Type == dnsmessage.TypeA:
+			_ = b.AResource(rh, dnsmessage.AResource{A: v4.As4()})
+		case q.Type == dnsmessage.TypeAAAA:
+			_ = b.AAAAResource(rh, dnsmessage.AAAAResource{AAAA: v6.As16()})
+		}
+		if msg, err := b.Finish(); err == nil {
+			pc.WriteTo(msg, from)
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/c8s-dev/c8s/tests/internal/containerdtest"
@@ -128,5 +130,35 @@ func setupCRIOptions(t *testing.T, extraConfig string, nri bool) *env {
 		}
 		e.d.Ctr(t, "images", "import", tarball)
 	}
+	waitCRIImages(t, e, image, pauseImage)
 	return e
+}
+
+// waitCRIImages waits until containerd's CRI knows the images: `ctr images
+// import` returns once the image is stored, and CRI's image cache learns
+// of it from an event a moment later. A pod run before then would have CRI
+// pull the sandbox image from the network.
+func waitCRIImages(t *testing.T, e *env, names ...string) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+e.d.Address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	images := cri.NewImageServiceClient(conn)
+	deadline := time.Now().Add(30 * time.Second)
+	for _, name := range names {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			st, err := images.ImageStatus(ctx, &cri.ImageStatusRequest{Image: &cri.ImageSpec{Image: name}})
+			cancel()
+			if err == nil && st.GetImage() != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("CRI does not know image %s 30 s after its import: %v", name, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 }

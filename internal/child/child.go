@@ -5,10 +5,25 @@
 package child
 
 import (
+	"bytes"
+	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"syscall"
 )
+
+// Running reports whether process pid runs: it exists and is not a
+// zombie (which still answers signal 0 until its parent reaps it).
+func Running(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The command (field 2) is in parentheses and may hold anything.
+	i := bytes.LastIndexByte(data, ')')
+	return i > 0 && i+2 < len(data) && data[i+2] != 'Z'
+}
 
 // Start starts cmd in a process group of its own and runs supervise
 // (which waits for it) in a goroutine. With dieWithParent the kernel kills

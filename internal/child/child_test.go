@@ -58,21 +58,6 @@ func startParent(t *testing.T, mode string) (*exec.Cmd, int) {
 	return parent, pid
 }
 
-func alive(pid int) bool {
-	// A zombie still answers signal 0; its parent is init, which reaps it.
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	return err == nil && !containsState(string(data), 'Z')
-}
-
-func containsState(stat string, state byte) bool {
-	for i := len(stat) - 1; i > 0; i-- {
-		if stat[i] == ')' {
-			return i+2 < len(stat) && stat[i+2] == state
-		}
-	}
-	return false
-}
-
 // A shim that dies (containerd SIGKILLs one that outlived its create
 // deadline) takes the child it started with it; one started without
 // dieWithParent outlives its parent, which is what left orphan QEMUs.
@@ -84,16 +69,16 @@ func TestChildDiesWithItsParent(t *testing.T) {
 		t.Run(tc.mode, func(t *testing.T) {
 			parent, pid := startParent(t, tc.mode)
 			time.Sleep(200 * time.Millisecond) // the lockers have run and ended their threads
-			if !alive(pid) {
+			if !Running(pid) {
 				t.Fatalf("the child %d died while its parent lived", pid)
 			}
 			parent.Process.Signal(syscall.SIGKILL)
 			parent.Wait()
 			deadline := time.Now().Add(5 * time.Second)
-			for alive(pid) && time.Now().Before(deadline) {
+			for Running(pid) && time.Now().Before(deadline) {
 				time.Sleep(20 * time.Millisecond)
 			}
-			if got := alive(pid); got != tc.survives {
+			if got := Running(pid); got != tc.survives {
 				t.Errorf("child alive after its parent was killed: %v, want %v", got, tc.survives)
 			}
 			syscall.Kill(pid, syscall.SIGKILL)

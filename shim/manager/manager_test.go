@@ -6,10 +6,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/c8s-dev/c8s/internal/child"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
@@ -71,12 +71,7 @@ func TestStopKillsOnlyItsOwnQEMU(t *testing.T) {
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		return cmd
 	}
-	// Running, not a zombie the kill left for the test to reap.
-	alive := func(cmd *exec.Cmd) bool {
-		stat, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/stat")
-		i := strings.LastIndexByte(string(stat), ')')
-		return err == nil && i > 0 && i+2 < len(stat) && stat[i+2] != 'Z'
-	}
+	alive := func(cmd *exec.Cmd) bool { return child.Running(cmd.Process.Pid) }
 	otherQEMU := start(other)
 	if err := os.MkdirAll(mine, 0o755); err != nil {
 		t.Fatal(err)

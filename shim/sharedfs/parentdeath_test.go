@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/c8s-dev/c8s/internal/child"
 )
 
 // parentEnv makes the test binary act as a shim that starts virtiofsd for
@@ -68,20 +70,10 @@ func TestVirtiofsdDiesWithTheShim(t *testing.T) {
 	shim.Process.Kill()
 	shim.Wait()
 	deadline := time.Now().Add(5 * time.Second)
-	for running(pid) {
+	for child.Running(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("virtiofsd (pid %d) outlived its shim", pid)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// running reports whether pid runs (a zombie does not: init reaps it).
-func running(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(string(data), ')')
-	return i > 0 && i+2 < len(data) && data[i+2] != 'Z'
 }

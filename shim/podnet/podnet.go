@@ -62,16 +62,7 @@ func Setup(netnsPath string) (_ *Network, retErr error) {
 			n.Close()
 		}
 	}()
-	err := netnsdo.Do(netnsPath, func() error {
-		c, err := openRTNL()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		links, err := c.links()
-		if err != nil {
-			return fmt.Errorf("list the interfaces: %w", err)
-		}
+	err := inNamespace(netnsPath, func(c *rtnl, links []link) error {
 		for _, l := range links {
 			if !mirrorable(l) {
 				continue
@@ -95,6 +86,23 @@ func Setup(netnsPath string) (_ *Network, retErr error) {
 		return nil, fmt.Errorf("wire pod network namespace %s to the VM: %w", netnsPath, err)
 	}
 	return n, nil
+}
+
+// inNamespace runs f in the network namespace at netnsPath with a
+// route-netlink connection there and its interfaces.
+func inNamespace(netnsPath string, f func(c *rtnl, links []link) error) error {
+	return netnsdo.Do(netnsPath, func() error {
+		c, err := openRTNL()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		links, err := c.links()
+		if err != nil {
+			return fmt.Errorf("list the interfaces: %w", err)
+		}
+		return f(c, links)
+	})
 }
 
 // mirrorable reports whether Setup mirrors l: an Ethernet interface,
@@ -227,16 +235,7 @@ func Cleanup(netnsPath string) error {
 	if _, err := os.Stat(netnsPath); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	return netnsdo.Do(netnsPath, func() error {
-		c, err := openRTNL()
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		links, err := c.links()
-		if err != nil {
-			return fmt.Errorf("list the interfaces: %w", err)
-		}
+	return inNamespace(netnsPath, func(c *rtnl, links []link) error {
 		var taps, mirrored []link
 		for _, l := range links {
 			switch {

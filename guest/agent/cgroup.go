@@ -93,11 +93,63 @@ func signalCgroup(cgroup string, sig unix.Signal) error {
 			// made to hold it.
 			continue
 		}
-		if err := unix.Kill(pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+		if err := signalMember(pid, cgroup, sig); err != nil {
 			return fmt.Errorf("signal %d pid %d of cgroup %s: %w", sig, pid, cgroup, err)
 		}
 	}
 	return nil
+}
+
+// signalMember sends sig to pid if it is a process of cgroup (or of a
+// cgroup below it). A pid read from cgroup.procs may have been reaped since
+// by the process's parent, which can be any process of the container, and
+// given to a new process anywhere in the VM; so the process is held by a
+// pidfd, its cgroup read, and the signal sent through the pidfd: a signal
+// that succeeds proves the process was not reaped, so the cgroup read was
+// its own. Gone or elsewhere: nothing is signalled.
+func signalMember(pid int, cgroup string, sig unix.Signal) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pidfd_open: %w", err)
+	}
+	defer unix.Close(fd)
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH) {
+			return nil
+		}
+		return err
+	}
+	if !inCgroup(data, cgroup) {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("pidfd_send_signal: %w", err)
+	}
+	return nil
+}
+
+// inCgroup reports whether /proc/<pid>/cgroup content names cgroup or a
+// cgroup below it in any hierarchy (the unified one, "0::/c8s/<id>", or on
+// a v1 host a controller's).
+func inCgroup(procCgroup []byte, cgroup string) bool {
+	rel := filepath.Clean("/" + cgroup)
+	for _, line := range strings.Split(string(procCgroup), "\n") {
+		_, path, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		if _, path, ok = strings.Cut(path, ":"); !ok {
+			continue
+		}
+		if path == rel || strings.HasPrefix(path, rel+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // killCgroup kills every process left in a container's cgroup, as runc's

@@ -247,13 +247,15 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 			}
 			// The init of a created container is crun's own process
 			// waiting to exec the container's: it can be signalled as any.
-			if kerr := unix.Kill(p.pid, unix.Signal(sig)); kerr != nil && !errors.Is(kerr, unix.ESRCH) {
+			if kerr := s.cfg.Runtime.Reaper.Signal(p.pid, unix.Signal(sig)); kerr != nil && !errors.Is(kerr, unix.ESRCH) {
 				return nil, err
 			}
 		}
 		return &agentapi.Empty{}, nil
 	}
-	if err := unix.Kill(p.pid, unix.Signal(sig)); err != nil && !errors.Is(err, unix.ESRCH) {
+	// Through the reaper: the pid is signalled only until it is reaped,
+	// never once the kernel may have given it to another process.
+	if err := s.cfg.Runtime.Reaper.Signal(p.pid, unix.Signal(sig)); err != nil && !errors.Is(err, unix.ESRCH) {
 		return nil, fmt.Errorf("signal %d %s (pid %d): %w", sig, p.name(c.id), p.pid, err)
 	}
 	return &agentapi.Empty{}, nil

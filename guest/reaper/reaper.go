@@ -95,22 +95,44 @@ func (r *Reaper) loop() {
 	}
 }
 
-// reap collects every exited child without blocking.
+// reap collects every exited child without blocking. Each wait and the
+// dispatch of its exit happen under mu, so Signal never sees a pid that
+// has been reaped (and may have been reused) as still claimed.
 func (r *Reaper) reap() {
-	for {
-		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil || pid <= 0 {
-			return
-		}
-		if !ws.Exited() && !ws.Signaled() {
-			continue // stopped or continued, not an exit
-		}
-		r.dispatch(Exit{Pid: pid, Status: ExitStatus(ws), Timestamp: time.Now()})
+	for r.reapOne() {
 	}
+}
+
+// reapOne reaps at most one child; it reports whether to go on.
+func (r *Reaper) reapOne() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ws unix.WaitStatus
+	pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+	if errors.Is(err, unix.EINTR) {
+		return true
+	}
+	if err != nil || pid <= 0 {
+		return false
+	}
+	if ws.Exited() || ws.Signaled() { // not stopped or continued
+		r.dispatchLocked(Exit{Pid: pid, Status: ExitStatus(ws), Timestamp: time.Now()})
+	}
+	return true
+}
+
+// Signal sends sig to pid only while pid is claimed and not yet reaped:
+// until the reaper waits for it, the pid cannot name another process, even
+// when it has exited (a zombie). A pid that is not claimed, reaped or never
+// claimed, fails with ESRCH and nothing is signalled: once reaped, the
+// kernel may have given the number to any new process of the VM.
+func (r *Reaper) Signal(pid int, sig unix.Signal) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if pid <= 0 || len(r.claims[pid]) == 0 {
+		return unix.ESRCH
+	}
+	return unix.Kill(pid, sig)
 }
 
 // ExitStatus converts a wait status to a shell-style exit status: the exit
@@ -122,9 +144,7 @@ func ExitStatus(ws unix.WaitStatus) int {
 	return ws.ExitStatus()
 }
 
-func (r *Reaper) dispatch(e Exit) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (r *Reaper) dispatchLocked(e Exit) {
 	if ch, ok := r.commands[e.Pid]; ok {
 		delete(r.commands, e.Pid)
 		ch <- runc.Exit{Pid: e.Pid, Status: e.Status, Timestamp: e.Timestamp}

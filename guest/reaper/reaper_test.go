@@ -132,7 +132,7 @@ func TestUnclaimedExitsAreBounded(t *testing.T) {
 	r := &Reaper{commands: nil, claims: map[int][]chan Exit{}, unclaimed: map[int]Exit{}}
 	base := time.Now()
 	for i := 0; i < maxUnclaimed+10; i++ {
-		r.dispatch(Exit{Pid: 100000 + i, Timestamp: base.Add(time.Duration(i) * time.Millisecond)})
+		r.dispatchLocked(Exit{Pid: 100000 + i, Timestamp: base.Add(time.Duration(i) * time.Millisecond)})
 	}
 	if len(r.unclaimed) != maxUnclaimed {
 		t.Fatalf("kept %d unclaimed exits, want %d", len(r.unclaimed), maxUnclaimed)
@@ -170,5 +170,38 @@ func waitUnclaimed(t *testing.T, pid int) {
 			t.Fatalf("exit of pid %d never reaped", pid)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestSignalReachesAClaimedProcess(t *testing.T) {
+	pid, since, release := orphan(t, "sleep 100")
+	ch := testReaper.Claim(pid, since)
+	if err := testReaper.Signal(pid, unix.SIGTERM); err != nil {
+		t.Fatalf("Signal(claimed pid %d): %v", pid, err)
+	}
+	release()
+	if e := <-ch; e.Status != 128+int(unix.SIGTERM) {
+		t.Errorf("exit = %+v, want status %d", e, 128+int(unix.SIGTERM))
+	}
+}
+
+// A pid the reaper holds no claim for, such as the number of a reaped
+// process that the kernel gave to a new one, is never signalled.
+func TestMaliciousHostSignalsAnUnclaimedPid(t *testing.T) {
+	pid, since, release := orphan(t, "exit 3")
+	if err := testReaper.Signal(pid, unix.SIGKILL); err != unix.ESRCH {
+		t.Errorf("Signal(unclaimed pid %d) = %v, want ESRCH", pid, err)
+	}
+	ch := testReaper.Claim(pid, since)
+	release()
+	if e := <-ch; e.Status != 3 {
+		t.Errorf("the unclaimed process was signalled: exit %+v, want status 3", e)
+	}
+	// Reaped: the number is free for any new process now.
+	if err := testReaper.Signal(pid, unix.SIGKILL); err != unix.ESRCH {
+		t.Errorf("Signal(reaped pid %d) = %v, want ESRCH", pid, err)
+	}
+	if err := testReaper.Signal(0, unix.SIGKILL); err != unix.ESRCH {
+		t.Errorf("Signal(0) = %v, want ESRCH", err)
 	}
 }

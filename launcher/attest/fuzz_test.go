@@ -2,6 +2,7 @@ package attest
 
 import (
 	"errors"
+	"os"
 	"sync"
 	"testing"
 
@@ -35,10 +36,17 @@ func FuzzVerifySNP(f *testing.F) {
 	})
 }
 
-// FuzzVerifyTDX does the same for TDX quotes (go-tdx-guest's sample).
+// FuzzVerifyTDX does the same for TDX quotes (go-tdx-guest's v4 sample,
+// dcap-qvl's v5).
 func FuzzVerifyTDX(f *testing.F) {
 	f.Add(testdata.RawQuote)
 	f.Add(testdata.RawQuote[:1020])
+	v5, err := os.ReadFile(dcapOutdated)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(v5)
+	f.Add(v5[:1200])
 	v := tdxVerifier(f)
 	p := samplePolicy(f)
 	f.Fuzz(func(t *testing.T, quote []byte) {

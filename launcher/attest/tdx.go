@@ -30,8 +30,17 @@ const (
 // TDXClaims are the verified contents of a TDX quote (verdict.TDXClaims).
 type TDXClaims = verdict.TDXClaims
 
-// ParseTDXQuote parses a TDX quote (version 4) without verifying it.
+// ParseTDXQuote parses a TDX quote (version 4 or 5) without verifying it.
+// A v5 quote comes as go-tdx-guest's QuoteV4 with header version 5: its
+// TD report 1.0 fields and signature data (tdx_v5.go).
 func ParseTDXQuote(quote []byte) (_ *tdxpb.QuoteV4, err error) {
+	if tdxQuoteVersion(quote) == tdxQuoteVersion5 {
+		v5, err := parseTDXQuoteV5(quote)
+		if err != nil {
+			return nil, err
+		}
+		return v5.q, nil
+	}
 	// go-tdx-guest's parser (v0.3.1) can index past the end of a malformed
 	// quote; FuzzVerifyTDX found one. Bad input must be an error, not a panic.
 	defer recoverMalformed("TDX quote", &err)
@@ -73,22 +82,9 @@ func (v *Verifier) VerifyTDXEvidence(quote, eventLog []byte, p *Policy) (_ *TDXC
 	if err != nil {
 		return nil, err
 	}
-	q, err := ParseTDXQuote(quote)
+	q, v5, err := v.verifyTDXSignatures(quote)
 	if err != nil {
 		return nil, err
-	}
-	// Collateral is judged below, by this package, with Intel's files
-	// (offline or fetched): go-tdx-guest's own collateral check accepts
-	// UpToDate only and fetches without a deadline.
-	if err := tdxverify.TdxQuote(q, &tdxverify.Options{
-		Now:          v.now(),
-		TrustedRoots: v.tdxRoots,
-	}); err != nil {
-		hint := "the quote was altered, or its PCK certificate chain is not valid under Intel's root at the verification time"
-		if errors.Is(err, tdxverify.ErrHashVerificationFail) {
-			hint = "the quote's header or TD report was altered after it was signed"
-		}
-		return nil, failure(KindSignature, "TDX quote signature", err, hint)
 	}
 	// Whoever signed the quote: with the PCK chain alone, any enclave the
 	// host runs with the provisioning key's attribute has its attestation
@@ -106,6 +102,9 @@ func (v *Verifier) VerifyTDXEvidence(quote, eventLog []byte, p *Policy) (_ *TDXC
 	}
 	body := q.GetTdQuoteBody()
 	if err := checkTDXFields(body, p, wantRD); err != nil {
+		return nil, err
+	}
+	if err := v5.checkServiceTD(); err != nil {
 		return nil, err
 	}
 	// The event log first: its errors name the event, where a plain
@@ -127,7 +126,7 @@ func (v *Verifier) VerifyTDXEvidence(quote, eventLog []byte, p *Policy) (_ *TDXC
 			opts.TdQuoteBodyOptions.Rtmrs[i] = r
 		}
 	}
-	if err := tdxvalidate.TdxQuote(q, opts); err != nil {
+	if err := tdxvalidate.TdxQuote(asV4(q), opts); err != nil {
 		return nil, failure(KindPolicy, "TDX quote validation", err, "")
 	}
 	c := &TDXClaims{
@@ -141,10 +140,53 @@ func (v *Verifier) VerifyTDXEvidence(quote, eventLog []byte, p *Policy) (_ *TDXC
 		EventLogReplayed: len(eventLog) > 0,
 		TCB:              tcb,
 	}
+	if v5 != nil {
+		c.TDReport, c.TeeTCBSVN2, c.MRServiceTD = "1.0", v5.teeTCBSVN2, v5.mrServiceTD
+		if v5.bodyType == tdxBodyTypeTDReport5 {
+			c.TDReport = "1.5"
+		}
+	}
 	for _, r := range body.GetRtmrs() {
 		c.RTMRs = append(c.RTMRs, r)
 	}
 	return c, nil
+}
+
+// verifyTDXSignatures parses a quote and verifies its signatures: the
+// PCK chain to Intel's root, the QE report's and the quote's. A v4 quote is
+// verified by go-tdx-guest, a v5 one here (tdx_v5.go); v5 is nil for v4.
+func (v *Verifier) verifyTDXSignatures(quote []byte) (*tdxpb.QuoteV4, *tdxQuoteV5, error) {
+	hint := "the quote was altered, or its PCK certificate chain is not valid under Intel's root at the verification time"
+	if tdxQuoteVersion(quote) == tdxQuoteVersion5 {
+		v5, err := parseTDXQuoteV5(quote)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := verifyTDXQuoteV5(v5, v.tdxRoots, v.now()); err != nil {
+			if errors.Is(err, errTDXQuoteSignature) {
+				hint = "the quote's header or TD report was altered after it was signed"
+			}
+			return nil, nil, failure(KindSignature, "TDX quote signature", err, hint)
+		}
+		return v5.q, v5, nil
+	}
+	q, err := ParseTDXQuote(quote)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Collateral is judged below, by this package, with Intel's files
+	// (offline or fetched): go-tdx-guest's own collateral check accepts
+	// UpToDate only and fetches without a deadline.
+	if err := tdxverify.TdxQuote(q, &tdxverify.Options{
+		Now:          v.now(),
+		TrustedRoots: v.tdxRoots,
+	}); err != nil {
+		if errors.Is(err, tdxverify.ErrHashVerificationFail) {
+			hint = "the quote's header or TD report was altered after it was signed"
+		}
+		return nil, nil, failure(KindSignature, "TDX quote signature", err, hint)
+	}
+	return q, nil, nil
 }
 
 // checkTDXCollateral judges the quote's platform with the verifier's
@@ -184,18 +226,9 @@ func (v *Verifier) checkTDXCollateral(q *tdxpb.QuoteV4, p *Policy) (*TDXTCB, err
 // tdxPlatformOf reads what collateral judges from a verified quote.
 func tdxPlatformOf(q *tdxpb.QuoteV4) (tdxPlatform, error) {
 	qc := q.GetSignedData().GetCertificationData().GetQeReportCertificationData()
-	var certs []*x509.Certificate
-	rest := qc.GetPckCertificateChainData().GetPckCertChain()
-	for {
-		var blk *pem.Block
-		if blk, rest = pem.Decode(rest); blk == nil {
-			break
-		}
-		c, err := x509.ParseCertificate(blk.Bytes)
-		if err != nil {
-			return tdxPlatform{}, failure(KindFormat, "PCK certificate chain", err, "")
-		}
-		certs = append(certs, c)
+	certs, err := pemCertificates(qc.GetPckCertificateChainData().GetPckCertChain())
+	if err != nil {
+		return tdxPlatform{}, failure(KindFormat, "PCK certificate chain", err, "")
 	}
 	if len(certs) < 2 {
 		return tdxPlatform{}, failure(KindFormat, "PCK certificate chain", fmt.Errorf("%d certificates", len(certs)), "")

@@ -95,6 +95,13 @@ type TDXClaims struct {
 	TDAttributes Hex    `json:"td_attributes"`
 	TeeTCBSVN    Hex    `json:"tee_tcb_svn"`
 	ReportData   Hex    `json:"report_data"`
+	// TDReport is the TD report's version in a v5 quote ("1.0" or "1.5";
+	// empty for v4, whose body is 1.0); TeeTCBSVN2 and MRServiceTD are a
+	// TD report 1.5's (MRSERVICETD is always zero: a bound service TD is
+	// refused).
+	TDReport    string `json:"td_report,omitempty"`
+	TeeTCBSVN2  Hex    `json:"tee_tcb_svn2,omitempty"`
+	MRServiceTD Hex    `json:"mrservicetd,omitempty"`
 	// EventLogReplayed says the CC event log replayed to the RTMRs (and,
 	// under a policy with TDXBoot, named the manifest's boot).
 	EventLogReplayed bool `json:"event_log_replayed"`

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	meshapi "github.com/c8s-dev/c8s/guest/api/mesh"
 	"github.com/c8s-dev/c8s/guest/cgroupstats"
 	"github.com/c8s-dev/c8s/guest/ociruntime"
 	"github.com/c8s-dev/c8s/guest/policy"
@@ -254,6 +255,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	grant, err := s.evaluator().CreateContainer(&policy.CreateContainer{
 		ID: c.id, Spec: plan.Spec, MountKinds: mountKinds(plan.Spec.Mounts, plan.Origins), Joined: joined,
 		SecretPaths: s.secretPaths(), Root: root, Files: fileContents(plan.Files),
+		MeshDir: meshapi.Dir, MeshInto: s.meshContainers(),
 	})
 	if err != nil {
 		return nil, err

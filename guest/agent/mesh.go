@@ -239,6 +239,17 @@ func (s *Service) stopMesh(id string) {
 	_ = (&mesh.Store{Dir: s.meshDir()}).Remove()
 }
 
+// meshContainers names the containers the mesh files are bound into.
+func (s *Service) meshContainers() []string {
+	m := &s.mesh
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.cfg.Enabled() {
+		return nil
+	}
+	return m.cfg.Containers
+}
+
 // meshMounts is the bind mount of the mesh files into a container the
 // init data names (mesh.containers; never the sandbox). It waits, within
 // meshFirstWait, for the pod's first certificate request, so that the

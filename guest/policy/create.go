@@ -32,6 +32,11 @@ type CreateContainer struct {
 	// of each resource, where a rule that names the resource without a
 	// path mounts it.
 	SecretPaths map[string]string
+	// MeshDir is where the agent binds the pod's mesh files (certificate,
+	// key, trust bundle) in the containers MeshInto names; empty without
+	// a mesh.
+	MeshDir  string
+	MeshInto []string
 	// Root is the container's root file system as the host asks for it:
 	// a disk the host built, or image layers (layers.go).
 	Root Root
@@ -91,7 +96,11 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 	k.namespaces(rule, r.Spec.Linux, r.Joined)
 	k.linux(rule, r.Spec) // process.go
 	k.mounts(rule, r.Spec.Mounts, r.MountKinds)
-	k.belowShared(rule, r.Spec.Mounts, r.MountKinds, r.SecretPaths)
+	meshDir := ""
+	if slices.Contains(r.MeshInto, c.Identity.Name) {
+		meshDir = r.MeshDir
+	}
+	k.belowShared(rule, r.Spec.Mounts, r.MountKinds, r.SecretPaths, meshDir)
 	k.sysctls(rule, r.Spec.Linux)
 	if !k.pullRoot(rule, r.Root) {
 		k.layers(rule, r.Root)
@@ -141,14 +150,15 @@ func (e *Evaluator) ReleaseSandbox(c *Container) {
 	}
 }
 
-// belowShared refuses a secret, or a mount that is not a virtio-fs
-// share, whose path lies below the destination of a shared mount of the
-// container. The host serves a share's directory entries: when it
-// replaces the one a mount sits on, virtio-fs revalidation drops the
-// entry (d_invalidate), which detaches the mounts below it, and the
-// container reads the host's files where it expects the secret, the
-// tmpfs or the guest's copy.
-func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds []policyapi.MountKind, secretPaths map[string]string) {
+// belowShared refuses a secret, the mesh files (at meshDir, if the
+// container gets them), or a mount that is not a virtio-fs share, whose
+// path is the destination of a shared mount of the container or lies
+// below it. The host serves a share's directory entries: when it replaces
+// the one a mount sits on, virtio-fs revalidation drops the entry
+// (d_invalidate), which detaches the mounts on and below it, and the
+// container reads the host's files where it expects the secret, its mesh
+// key and trust bundle, the tmpfs or the guest's copy.
+func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds []policyapi.MountKind, secretPaths map[string]string, meshDir string) {
 	var shared []string
 	for i, m := range ms {
 		if i < len(kinds) && kinds[i] == policyapi.KindShared && cleanAbs(m.Destination) {
@@ -160,7 +170,7 @@ func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds
 	}
 	below := func(p string) string {
 		for _, s := range shared {
-			if p != s && under(p, s) {
+			if under(p, s) { // the destination itself too
 				return s
 			}
 		}
@@ -177,7 +187,7 @@ func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds
 				kind = kinds[i]
 			}
 			d := k.deny(fmt.Sprintf("mounts[%d].destination", i), fmt.Sprintf("%q (%s)", m.Destination, kind), "", "")
-			d.Reason = fmt.Sprintf("below the shared (virtio-fs) mount on %q", s)
+			d.Reason = fmt.Sprintf("at or below the shared (virtio-fs) mount on %q", s)
 			d.Hint = hint
 		}
 	}
@@ -191,9 +201,17 @@ func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds
 		}
 		if s := below(path.Clean("/" + p)); s != "" {
 			d := k.deny("secret "+sec.Resource, fmt.Sprintf("%q", p), fmt.Sprintf("%s.secrets[%d]", k.key, i), "")
-			d.Reason = fmt.Sprintf("below the shared (virtio-fs) mount on %q", s)
+			d.Reason = fmt.Sprintf("at or below the shared (virtio-fs) mount on %q", s)
 			d.Hint = hint
 		}
+	}
+	if meshDir == "" {
+		return
+	}
+	if s := below(meshDir); s != "" {
+		d := k.deny("mesh files", fmt.Sprintf("%q", meshDir), "mesh.containers", "")
+		d.Reason = fmt.Sprintf("at or below the shared (virtio-fs) mount on %q", s)
+		d.Hint = hint
 	}
 }
 

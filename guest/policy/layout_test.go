@@ -46,6 +46,9 @@ func TestMaliciousHostSecretBelowSharedMount(t *testing.T) {
 	}{
 		{"rule path", saDir + "/db", "/etc/db"},
 		{"kbs path", "", saDir + "/token2"},
+		// The secret's bind over the shared mount itself sits on the
+		// host's entry as well.
+		{"rule path on the share", saDir, "/etc/db"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			doc := strings.Replace(podPolicy, `secrets = [{ resource = "kbs:///default/key/db", path = "/etc/app/db" }]`,
@@ -70,6 +73,30 @@ func TestMaliciousHostSecretBelowSharedMount(t *testing.T) {
 	if _, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
 		SecretPaths: map[string]string{res: saDir + "/db"}}); err != nil {
 		t.Fatalf("the secret at the rule's /etc/app/db: %v", err)
+	}
+}
+
+// The mesh files (the workload's key and the trust bundle it checks peers
+// with) are bound into a container the mesh names after the spec's
+// mounts: at or below a shared mount, the host could detach them and
+// serve its own key and bundle.
+func TestMaliciousHostMeshFilesOnSharedMount(t *testing.T) {
+	for _, dir := range []string{saDir + "/mesh", saDir} {
+		e := evaluator(t, podPolicy)
+		s := appSpec()
+		_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
+			SecretPaths: map[string]string{"kbs:///default/key/db": "/etc/app/db"}, MeshDir: dir, MeshInto: []string{"app"}})
+		d := denied(t, err, "mesh files", "mesh.containers")
+		if !strings.Contains(d.Error(), `"`+saDir+`"`) {
+			t.Errorf("denial %q does not name the share", d)
+		}
+	}
+	// A container the mesh does not name gets no mesh files.
+	e := evaluator(t, podPolicy)
+	s := appSpec()
+	if _, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
+		SecretPaths: map[string]string{"kbs:///default/key/db": "/etc/app/db"}, MeshDir: saDir, MeshInto: []string{"other"}}); err != nil {
+		t.Fatalf("a container without mesh files: %v", err)
 	}
 }
 

@@ -59,12 +59,17 @@ func sameDev(a, b string) bool {
 }
 
 // fetchSecrets gets the secrets the pod's init data names from its key
-// broker, once per pod, and keeps them on the secrets tmpfs.
+// broker, once per pod, and keeps them on the secrets tmpfs. Calls are
+// serialized: SetInitData again, while or after the first ran, neither
+// runs another handshake (a session the broker holds for each) nor
+// rewrites a secret a container reads.
 func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw []byte, tee string) error {
 	k := doc.KBS
 	if k.URL == "" || len(k.Secrets) == 0 {
 		return nil
 	}
+	s.fetching.Lock()
+	defer s.fetching.Unlock()
 	s.mu.Lock()
 	done := s.secrets != nil
 	s.mu.Unlock()
@@ -111,13 +116,11 @@ func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw 
 	var mounts []secretMount
 	for i, v := range values {
 		file := filepath.Join(s.cfg.SecretsDir, strconv.Itoa(i))
-		if err := os.WriteFile(file, v, 0o444); err != nil {
+		err := keepSecret(file, v)
+		clear(v)
+		if err != nil {
 			return fmt.Errorf("keep secret %s: %w", paths[i], err)
 		}
-		if err := os.Chmod(file, 0o444); err != nil {
-			return err
-		}
-		clear(v)
 		mounts = append(mounts, secretMount{resource: secrets[i].Resource, source: file, destination: secrets[i].Path})
 	}
 	s.mu.Lock()
@@ -125,6 +128,19 @@ func (s *Service) fetchSecrets(ctx context.Context, doc *initdata.InitData, raw 
 	s.mu.Unlock()
 	log.G(ctx).WithField("resources", paths).WithField("took", time.Since(t0).Round(time.Millisecond)).Info("key broker released the pod's secrets")
 	return nil
+}
+
+// keepSecret writes a secret's file whole, mode 0444: to a file of its
+// own, renamed into place, so that no reader ever sees it partly written.
+func keepSecret(file string, v []byte) error {
+	tmp := file + ".new"
+	if err := os.WriteFile(tmp, v, 0o400); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o444); err != nil {
+		return err
+	}
+	return os.Rename(tmp, file)
 }
 
 // kbsEvidence is the broker client's evidence with reportData bound, in

@@ -97,3 +97,62 @@ func TestSetInitDataBrokerUnreachable(t *testing.T) {
 		t.Fatalf("%d dials, want 3", n)
 	}
 }
+
+// SetInitData sent twice at once runs one broker handshake at a time: each
+// holds a session in the broker (which one node could otherwise multiply),
+// and a second fetch that succeeded after the first would rewrite the
+// secrets a container reads.
+func TestMaliciousHostSetInitDataConcurrentFetches(t *testing.T) {
+	fastRetry(t, 1)
+	var inFlight, most atomic.Int32
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(200 * time.Millisecond)
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprint(w, `{"type":"https://github.com/confidential-containers/kbs/errors/AttestationFailed","detail":"no"}`)
+	}))
+	defer srv.Close()
+	doc := kbsDoc(t, srv, false)
+	svc := snpService(t, doc)
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := svc.SetInitData(context.Background(), &agentapi.SetInitDataRequest{InitData: doc})
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; !errdefs.IsPermissionDenied(err) {
+			t.Fatalf("SetInitData = %v, want the broker's refusal", err)
+		}
+	}
+	if n := most.Load(); n != 1 {
+		t.Fatalf("%d broker requests at once, want 1: the fetches ran concurrently", n)
+	}
+}
+
+func TestKeepSecretReplacesWhole(t *testing.T) {
+	file := t.TempDir() + "/0"
+	if err := os.WriteFile(file, []byte("old"), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	old, _ := os.Open(file)
+	defer old.Close()
+	if err := keepSecret(file, []byte("new value")); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(file)
+	st, _ := os.Stat(file)
+	if string(got) != "new value" || st.Mode().Perm() != 0o444 {
+		t.Errorf("file %q mode %v", got, st.Mode())
+	}
+	// A reader of the old file (a container's bind) keeps reading it whole.
+	b := make([]byte, 16)
+	n, _ := old.ReadAt(b, 0)
+	if string(b[:n]) != "old" {
+		t.Errorf("the old file now reads %q: it was rewritten in place", b[:n])
+	}
+}

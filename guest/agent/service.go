@@ -149,6 +149,9 @@ type Service struct {
 	launchProvider string
 	// secrets are the pod's secrets, once fetched from its key broker.
 	secrets []secretMount
+	// fetching serializes fetchSecrets: one broker handshake at a time,
+	// none once the secrets are kept.
+	fetching sync.Mutex
 	// share is the pod's virtio-fs share, once mounted (sharedfs.go).
 	share shareState
 	// forward holds the port-forward connections (portforward.go).

@@ -15,8 +15,12 @@ import (
 // oldest unproven entry of the source that holds the most. One node, or
 // one client of the network, can thus not keep the pods of other nodes
 // from attesting; it only drops its own challenges. Proven entries (an
-// attested session) stay until they expire. The caller holds its own
-// lock around every call.
+// attested session) stay until they expire, but a source holds at most
+// perSource of them too (a host can have its genuine pods attest without
+// end): proving one more drops its oldest. A table full of proven
+// entries drops the oldest of the source holding the most, if it holds
+// more than one; else it refuses. The caller holds its own lock around
+// every call.
 type challenges[V any] struct {
 	max, perSource int
 	entries        map[string]*challenge[V]
@@ -59,29 +63,9 @@ func (t *challenges[V]) add(now time.Time, id, src string, expires time.Time, v 
 		t.dropOldest(src)
 	}
 	if len(t.entries) >= t.max {
-		counts := map[string]int{}
-		for _, e := range t.entries {
-			if !e.proven {
-				counts[e.source]++
-			}
-		}
-		most := 0
-		for _, n := range counts {
-			most = max(most, n)
-		}
-		if most == 0 {
+		if !t.dropFromHeaviest(false, 1) && !t.dropFromHeaviest(true, 2) {
 			return false
 		}
-		// Of the sources that hold the most, the oldest entry goes: no
-		// source is dropped first for its name.
-		oldest := ""
-		var at time.Time
-		for id, e := range t.entries {
-			if !e.proven && counts[e.source] == most && (oldest == "" || e.added.Before(at)) {
-				oldest, at = id, e.added
-			}
-		}
-		delete(t.entries, oldest)
 	}
 	t.entries[id] = &challenge[V]{v: v, source: src, added: now, expires: expires}
 	return true
@@ -105,11 +89,49 @@ func (t *challenges[V]) take(now time.Time, id string) (V, bool) {
 	return v, ok
 }
 
-// prove marks entry id proven: no flood drops it.
+// prove marks entry id proven: no flood of challenges drops it. Past
+// perSource proven entries of its source, the source's oldest goes.
 func (t *challenges[V]) prove(id string) {
-	if e, ok := t.entries[id]; ok {
-		e.proven = true
+	e, ok := t.entries[id]
+	if !ok {
+		return
 	}
+	e.proven = true
+	n := 0
+	for _, o := range t.entries {
+		if o.proven && o.source == e.source {
+			n++
+		}
+	}
+	if n > t.perSource {
+		t.dropOldestOf(e.source, true, id)
+	}
+}
+
+// dropFromHeaviest drops, of the sources holding the most entries proven
+// or not as given (at least atLeast), the oldest such entry: no source is
+// dropped first for its name. False when no source holds atLeast.
+func (t *challenges[V]) dropFromHeaviest(proven bool, atLeast int) bool {
+	counts := map[string]int{}
+	most := 0
+	for _, e := range t.entries {
+		if e.proven == proven {
+			counts[e.source]++
+			most = max(most, counts[e.source])
+		}
+	}
+	if most < atLeast {
+		return false
+	}
+	oldest := ""
+	var at time.Time
+	for id, e := range t.entries {
+		if e.proven == proven && counts[e.source] == most && (oldest == "" || e.added.Before(at)) {
+			oldest, at = id, e.added
+		}
+	}
+	delete(t.entries, oldest)
+	return true
 }
 
 func (t *challenges[V]) expire(now time.Time) {
@@ -130,11 +152,15 @@ func (t *challenges[V]) unproven(src string) int {
 	return n
 }
 
-func (t *challenges[V]) dropOldest(src string) {
+func (t *challenges[V]) dropOldest(src string) { t.dropOldestOf(src, false, "") }
+
+// dropOldestOf drops src's oldest entry, proven or not as given, other
+// than keep.
+func (t *challenges[V]) dropOldestOf(src string, proven bool, keep string) {
 	oldest := ""
 	var at time.Time
 	for id, e := range t.entries {
-		if !e.proven && e.source == src && (oldest == "" || e.added.Before(at)) {
+		if id != keep && e.proven == proven && e.source == src && (oldest == "" || e.added.Before(at)) {
 			oldest, at = id, e.added
 		}
 	}

@@ -101,13 +101,7 @@ func TestMaliciousHostFloodsTheMeshCA(t *testing.T) {
 // unauthenticated sessions.
 func TestMaliciousHostFloodsTheKeyBroker(t *testing.T) {
 	b := &Broker{}
-	auth := func(from string) int {
-		r := httptest.NewRequest(http.MethodPost, kbsapi.AuthPath, stringsReader(`{"version":"0.4.0","tee":"snp","extra-params":{}}`))
-		r.RemoteAddr = from
-		w := httptest.NewRecorder()
-		b.ServeHTTP(w, r)
-		return w.Code
-	}
+	auth := func(from string) int { return authFrom(b, from) }
 	for range maxSessions + 100 {
 		if code := auth("192.0.2.66:40000"); code != http.StatusOK {
 			t.Fatalf("the flooder's own session: %d", code)
@@ -125,6 +119,81 @@ func TestMaliciousHostFloodsTheKeyBroker(t *testing.T) {
 }
 
 func stringsReader(s string) *strings.Reader { return strings.NewReader(s) }
+
+// authFrom asks b for a session from the address from; the status.
+func authFrom(b *Broker, from string) int {
+	r := httptest.NewRequest(http.MethodPost, kbsapi.AuthPath, stringsReader(`{"version":"0.4.0","tee":"snp","extra-params":{}}`))
+	r.RemoteAddr = from
+	w := httptest.NewRecorder()
+	b.ServeHTTP(w, r)
+	return w.Code
+}
+
+// The host can have its genuine pods attest again and again (SetInitData
+// again, a reset at the resource request, pulls that fail and retry):
+// attested sessions, which no flood of challenges drops, are bounded per
+// source too, so they cannot fill the table either.
+func TestMaliciousHostFloodsTheKeyBrokerWithAttestedSessions(t *testing.T) {
+	b := &Broker{}
+	auth := func(from string) int { return authFrom(b, from) }
+	proveAll := func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		for id, e := range b.sessions.entries {
+			if !e.proven {
+				b.sessions.prove(id) // as /attest does for evidence that verified
+			}
+		}
+	}
+	for range maxSessions + 100 {
+		if code := auth("192.0.2.66:40000"); code != http.StatusOK {
+			t.Fatalf("the flooder's own session: %d", code)
+		}
+		proveAll()
+	}
+	if code := auth("192.0.2.7:41000"); code != http.StatusOK {
+		t.Fatalf("another node's pod after a flood of attested sessions: %d", code)
+	}
+	b.mu.Lock()
+	n := 0
+	for _, e := range b.sessions.entries {
+		if e.proven && e.source == "192.0.2.66" {
+			n++
+		}
+	}
+	b.mu.Unlock()
+	if n > maxSessionsPerSource {
+		t.Fatalf("the flooding node holds %d attested sessions, more than its share of %d", n, maxSessionsPerSource)
+	}
+}
+
+// A table full of attested sessions drops the oldest of the source that
+// holds the most, when it holds more than one; one each: refused.
+func TestChallengesProvenShare(t *testing.T) {
+	now := time.Now()
+	later := now.Add(time.Hour)
+	at := func(i int) time.Time { return now.Add(time.Duration(i) * time.Millisecond) }
+	tb := newChallenges[int](4, 2)
+	for i := range 3 {
+		tb.add(at(i), fmt.Sprint("x", i), "x", later, i)
+		tb.prove(fmt.Sprint("x", i))
+	}
+	if _, ok := tb.get(at(5), "x0"); ok {
+		t.Fatal("a source's third attested session kept its first past its share of 2")
+	}
+	tb.add(at(6), "y0", "y", later, 0)
+	tb.prove("y0")
+	tb.add(at(7), "z0", "z", later, 0)
+	tb.prove("z0")
+	if !tb.add(at(8), "w0", "w", later, 0) {
+		t.Fatal("a full table refused while one source held two attested sessions")
+	}
+	for id, want := range map[string]bool{"x1": false, "x2": true, "y0": true, "z0": true, "w0": true} {
+		if _, ok := tb.get(at(9), id); ok != want {
+			t.Errorf("%s kept: %v, want %v", id, ok, want)
+		}
+	}
+}
 
 // A full table where every source holds as many drops the oldest entry,
 // not the source with the smallest name: ten addresses that each hold one

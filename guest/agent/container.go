@@ -255,7 +255,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	grant, err := s.evaluator().CreateContainer(&policy.CreateContainer{
 		ID: c.id, Spec: plan.Spec, MountKinds: mountKinds(plan.Spec.Mounts, plan.Origins), Joined: joined,
 		SecretPaths: s.secretPaths(), Root: root, Files: fileContents(plan.Files),
-		MeshDir: meshapi.Dir, MeshInto: s.meshContainers(),
+		Terminal: stdio.Terminal, MeshDir: meshapi.Dir, MeshInto: s.meshContainers(),
 	})
 	if err != nil {
 		return nil, err

@@ -152,6 +152,15 @@ func TestMaliciousHostCreateUnderPolicy(t *testing.T) {
 	e.refused(t, s, "linux.namespaces.pid")
 	s = e.podSpec(t, "debugger", "true")
 	e.refused(t, s, `io.kubernetes.cri.container-name "debugger"`)
+	// A terminal the pod spec does not give app (its rule has no tty):
+	// the host's stdin would be typed input, ^C a SIGINT.
+	_, err := e.agent.CreateContainer(ctxT(t), &agentapi.CreateContainerRequest{ContainerId: "evil", Spec: mustJSON(t, e.podSpec(t, "app", "true")), Rootfs: rootfsReq(),
+		Stdio: &agentapi.Stdio{Terminal: true, Stdin: true, Stdout: true}})
+	assertCode(t, err, codes.PermissionDenied)
+	if err == nil || !strings.Contains(err.Error(), "stdio.terminal") || !strings.Contains(err.Error(), "policy.containers.app.tty") {
+		t.Errorf("a terminal app's rule does not allow: %v", err)
+	}
+	e.assertGone(t, "evil")
 
 	// What the policy allows runs; its secret is where the rule says.
 	if out := e.run(t, "c1", e.podSpec(t, "app", "cat /etc/c8s-file")); out != "db-secret\n" {

@@ -32,6 +32,8 @@ type CreateContainer struct {
 	// of each resource, where a rule that names the resource without a
 	// path mounts it.
 	SecretPaths map[string]string
+	// Terminal is the stdio the host asks for: a terminal.
+	Terminal bool
 	// MeshDir is where the agent binds the pod's mesh files (certificate,
 	// key, trust bundle) in the containers MeshInto names; empty without
 	// a mesh.
@@ -91,6 +93,11 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 		return nil, e.decide(k.ds)
 	}
 	k.process(rule, r.Spec.Process, false, false)
+	if r.Terminal && !rule.TTY {
+		d := k.deny("stdio.terminal", "true", k.key+".tty", "")
+		d.Reason = "not allowed"
+		d.Hint = "the pod spec's container has no tty: on a terminal the host's stdin is typed input, whose ^C, ^\\ and ^Z signal the container's processes"
+	}
 	k.root(rule, r.Spec)
 	k.paths(rule, r.Spec.Linux)
 	k.namespaces(rule, r.Spec.Linux, r.Joined)

@@ -173,3 +173,26 @@ func TestPodShmStandardOnlyAtDevShm(t *testing.T) {
 		}
 	}
 }
+
+// A terminal the pod spec does not give the container: on a tty, what the
+// host writes to stdin is typed input, where ^C, ^\ and ^Z are SIGINT,
+// SIGQUIT and SIGTSTP that the rule's signals do not list. Only a rule
+// with tty (c8s-measure policy writes it from the pod spec) allows one.
+func TestMaliciousHostGivesATerminal(t *testing.T) {
+	e := evaluator(t, podPolicy)
+	s := appSpec()
+	req := &CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
+		SecretPaths: map[string]string{"kbs:///default/key/db": "/etc/app/db"}, Terminal: true}
+	_, err := e.CreateContainer(req)
+	denied(t, err, "stdio.terminal", "policy.containers.app.tty")
+
+	doc := strings.Replace(podPolicy, "[policy.containers.app]\n", "[policy.containers.app]\ntty = true\n", 1)
+	if doc == podPolicy {
+		t.Fatal("no [policy.containers.app] to add tty to")
+	}
+	e = evaluator(t, doc)
+	req.Joined = sandbox(t, e)
+	if _, err := e.CreateContainer(req); err != nil {
+		t.Fatalf("a terminal under tty = true: %v", err)
+	}
+}

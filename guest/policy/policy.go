@@ -51,7 +51,8 @@
 //	process.apparmorProfile,           stripped (guest/spec): the guest kernel loads
 //	  selinuxLabel, linux.mountLabel   no LSM policy; capabilities, namespaces and
 //	                                   seccomp confine the container
-//	process.terminal, consoleSize      the agent's (the stdio request)
+//	process.terminal, consoleSize      the agent's (the stdio request); a
+//	                                   terminal only under tty
 //	process.commandLine                refused (Windows)
 //	root.readonly                      required by read_only_root
 //	root.path, linux.cgroupsPath       fixed by the guest

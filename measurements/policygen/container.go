@@ -236,6 +236,7 @@ func (g *gen) container(c *corev1.Container, where string) (*rule, error) {
 	}
 	r.c.Logs = !g.o.NoLogs
 	r.c.Stdin = c.Stdin
+	r.c.TTY = c.TTY
 	r.c.ExecStdin = slices.Contains(g.o.ExecStdin, c.Name)
 	for _, s := range g.o.Secrets {
 		if s.Container == c.Name {

@@ -359,7 +359,7 @@ func (r *rule) write(b *bytes.Buffer, table string) {
 	for _, f := range []struct {
 		key string
 		on  bool
-	}{{"exec_stdin", c.ExecStdin}, {"logs", c.Logs}, {"stdin", c.Stdin}} {
+	}{{"exec_stdin", c.ExecStdin}, {"logs", c.Logs}, {"stdin", c.Stdin}, {"tty", c.TTY}} {
 		if f.on {
 			r.scalar(b, f.key, "true")
 		}

@@ -212,6 +212,11 @@ type Container struct {
 	Logs bool `toml:"logs"`
 	// Stdin lets the host write to the container's stdin.
 	Stdin bool `toml:"stdin"`
+	// TTY lets the container's stdio be a terminal (the pod spec's tty).
+	// Without it a create that asks for one is refused: on a terminal,
+	// what the host writes to stdin is a line discipline's input, where
+	// ^C, ^\ and ^Z are signals that signals does not list.
+	TTY bool `toml:"tty"`
 	// Signals the host may send the container's processes, by name
 	// ("SIGTERM") or number. Absent: DefaultSignals.
 	Signals *[]string `toml:"signals"`

@@ -18,6 +18,7 @@ import (
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/ociruntime"
 	"github.com/c8s-dev/c8s/guest/policy"
+	"github.com/c8s-dev/c8s/guest/reaper"
 	"github.com/c8s-dev/c8s/guest/spec"
 )
 
@@ -30,6 +31,10 @@ type process struct {
 	stdin   *stdin
 	stdout  *stream
 	stderr  *stream
+
+	// claim is the reaper's claim of the process's exit: signals go
+	// through it, never to a pid reaped since.
+	claim <-chan reaper.Exit
 
 	done     chan struct{} // closed at exit
 	mu       sync.Mutex
@@ -45,6 +50,7 @@ func newProcess(containerID, execID string, rp *ociruntime.Process, stdio ocirun
 	p := &process{
 		execID:  execID,
 		pid:     rp.Pid,
+		claim:   rp.Exit,
 		io:      rp.IO,
 		console: rp.IO.Console,
 		stdin:   &stdin{w: rp.IO.Stdin},
@@ -247,7 +253,7 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 			}
 			// The init of a created container is crun's own process
 			// waiting to exec the container's: it can be signalled as any.
-			if kerr := s.cfg.Runtime.Reaper.Signal(p.pid, unix.Signal(sig)); kerr != nil && !errors.Is(kerr, unix.ESRCH) {
+			if kerr := s.cfg.Runtime.Reaper.Signal(p.pid, p.claim, unix.Signal(sig)); kerr != nil && !errors.Is(kerr, unix.ESRCH) {
 				return nil, err
 			}
 		}
@@ -255,7 +261,7 @@ func (s *Service) SignalProcess(ctx context.Context, req *agentapi.SignalProcess
 	}
 	// Through the reaper: the pid is signalled only until it is reaped,
 	// never once the kernel may have given it to another process.
-	if err := s.cfg.Runtime.Reaper.Signal(p.pid, unix.Signal(sig)); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := s.cfg.Runtime.Reaper.Signal(p.pid, p.claim, unix.Signal(sig)); err != nil && !errors.Is(err, unix.ESRCH) {
 		return nil, fmt.Errorf("signal %d %s (pid %d): %w", sig, p.name(c.id), p.pid, err)
 	}
 	return &agentapi.Empty{}, nil

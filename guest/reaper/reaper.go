@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -121,15 +122,16 @@ func (r *Reaper) reapOne() bool {
 	return true
 }
 
-// Signal sends sig to pid only while pid is claimed and not yet reaped:
-// until the reaper waits for it, the pid cannot name another process, even
-// when it has exited (a zombie). A pid that is not claimed, reaped or never
-// claimed, fails with ESRCH and nothing is signalled: once reaped, the
-// kernel may have given the number to any new process of the VM.
-func (r *Reaper) Signal(pid int, sig unix.Signal) error {
+// Signal sends sig to pid only while claim, the channel Claim returned
+// for it, still waits for its exit: until the reaper waits for the process,
+// its pid cannot name another one, even when it has exited (a zombie).
+// Otherwise it fails with ESRCH and nothing is signalled: once reaped, the
+// kernel may have given the number to any new process of the VM, one that
+// another claim now waits for included.
+func (r *Reaper) Signal(pid int, claim <-chan Exit, sig unix.Signal) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if pid <= 0 || len(r.claims[pid]) == 0 {
+	if pid <= 0 || !slices.ContainsFunc(r.claims[pid], func(c chan Exit) bool { return c == claim }) {
 		return unix.ESRCH
 	}
 	return unix.Kill(pid, sig)

@@ -176,7 +176,7 @@ func waitUnclaimed(t *testing.T, pid int) {
 func TestSignalReachesAClaimedProcess(t *testing.T) {
 	pid, since, release := orphan(t, "sleep 100")
 	ch := testReaper.Claim(pid, since)
-	if err := testReaper.Signal(pid, unix.SIGTERM); err != nil {
+	if err := testReaper.Signal(pid, ch, unix.SIGTERM); err != nil {
 		t.Fatalf("Signal(claimed pid %d): %v", pid, err)
 	}
 	release()
@@ -189,19 +189,30 @@ func TestSignalReachesAClaimedProcess(t *testing.T) {
 // process that the kernel gave to a new one, is never signalled.
 func TestMaliciousHostSignalsAnUnclaimedPid(t *testing.T) {
 	pid, since, release := orphan(t, "exit 3")
-	if err := testReaper.Signal(pid, unix.SIGKILL); err != unix.ESRCH {
-		t.Errorf("Signal(unclaimed pid %d) = %v, want ESRCH", pid, err)
+	// Another process's claim, still waiting: the number of this one, once
+	// reaped, could be given to that one.
+	other, otherSince, otherRelease := orphan(t, "exit 0")
+	otherCh := testReaper.Claim(other, otherSince)
+	if err := testReaper.Signal(pid, otherCh, unix.SIGKILL); err != unix.ESRCH {
+		t.Errorf("Signal(unclaimed pid %d, another's claim) = %v, want ESRCH", pid, err)
 	}
 	ch := testReaper.Claim(pid, since)
+	if err := testReaper.Signal(other, ch, unix.SIGKILL); err != unix.ESRCH {
+		t.Errorf("Signal(pid %d with the claim of pid %d) = %v, want ESRCH", other, pid, err)
+	}
 	release()
+	otherRelease()
 	if e := <-ch; e.Status != 3 {
 		t.Errorf("the unclaimed process was signalled: exit %+v, want status 3", e)
 	}
+	if e := <-otherCh; e.Status != 0 {
+		t.Errorf("a process was signalled through another's claim: exit %+v, want status 0", e)
+	}
 	// Reaped: the number is free for any new process now.
-	if err := testReaper.Signal(pid, unix.SIGKILL); err != unix.ESRCH {
+	if err := testReaper.Signal(pid, ch, unix.SIGKILL); err != unix.ESRCH {
 		t.Errorf("Signal(reaped pid %d) = %v, want ESRCH", pid, err)
 	}
-	if err := testReaper.Signal(0, unix.SIGKILL); err != unix.ESRCH {
+	if err := testReaper.Signal(0, ch, unix.SIGKILL); err != unix.ESRCH {
 		t.Errorf("Signal(0) = %v, want ESRCH", err)
 	}
 }

@@ -164,9 +164,14 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 		return nil, perr
 	}
 	if got.err != nil {
+		// The destination may have started the VM and lost only its
+		// answer: it is destroyed all the same.
+		if err := dst.Delete(context.WithoutCancel(ctx), spec.ID); err != nil && !errors.Is(err, ErrNotFound) {
+			log.G(ctx).WithError(err).WithField("vm", spec.ID).Warn("destroying the destination VM after a failed Incoming")
+		}
 		return nil, fmt.Errorf("migration of %s to node %s: %w", spec.ID, dnode.Name, got.err)
 	}
-	r := &rollback{src: src.VM, dst: dst, id: spec.ID, node: dnode.Name}
+	r := &rollback{src: q, dst: dst, id: spec.ID, node: dnode.Name}
 	if opts.Ready != nil {
 		opts.Ready(ctx, in)
 	}
@@ -382,18 +387,35 @@ func remaining(info vm.MigrationInfo) string {
 }
 
 // rollback undoes a failed migration: no outgoing migration, no
-// destination VM, the source running.
+// destination VM, the source running. A source whose migration completed
+// (postmigrate) while the destination VM could not be destroyed stays
+// paused: the destination holds the whole guest and may run it, and two
+// running copies would both hold the pod's secrets and identity.
 type rollback struct {
-	src  *vm.VM
-	dst  *Client
+	src  sourceQMP
+	dst  vmDeleter
 	id   string
 	node string
+}
+
+// sourceQMP is what a rollback asks of the source's QEMU (*vm.QMP).
+type sourceQMP interface {
+	executor
+	QueryMigrate(ctx context.Context) (vm.MigrationInfo, error)
+	MigrateCancel(ctx context.Context) error
+	RunState(ctx context.Context) (string, error)
+	Cont(ctx context.Context) error
+}
+
+// vmDeleter destroys a destination VM (*Client).
+type vmDeleter interface {
+	Delete(ctx context.Context, id string) error
 }
 
 func (r *rollback) do(ctx context.Context, cause error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
-	q := r.src.QMP()
+	q := r.src
 	var errs []error
 	// 1. End the outgoing migration.
 	if info, err := q.QueryMigrate(ctx); err == nil && !finished(info.Status) {
@@ -410,14 +432,21 @@ func (r *rollback) do(ctx context.Context, cause error) error {
 	// The stream's credentials (a next attempt adds them again).
 	resetStreamTLS(ctx, q)
 	// 2. Destroy the destination VM before the source takes its disks back.
+	destroyed := true
 	if err := r.dst.Delete(ctx, r.id); err != nil && !errors.Is(err, ErrNotFound) {
 		errs = append(errs, fmt.Errorf("destroying the destination VM: %w", err))
+		destroyed = false
 	}
-	// 3. Resume the source (cont also from postmigrate).
+	// 3. Resume the source (cont also from postmigrate), unless the
+	// destination may run the guest too.
 	state, err := q.RunState(ctx)
-	if err != nil {
+	switch {
+	case err != nil:
 		errs = append(errs, fmt.Errorf("query-status: %w", err))
-	} else if state != "running" {
+	case !destroyed && state == vm.RunStatePostmigrate:
+		errs = append(errs, fmt.Errorf("the source stays paused: the destination VM %s on node %s received the whole guest and was not destroyed, so it may run it; "+
+			"destroy it there (the node's `c8s-launcher serve` API: DELETE of the VM, or stop its QEMU), then resume the source (QMP cont) or delete the pod", r.id, r.node))
+	case state != "running":
 		if err := q.Cont(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("cont from %s: %w", state, err))
 		}

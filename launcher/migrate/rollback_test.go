@@ -1,0 +1,74 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/c8s-dev/c8s/launcher/vm"
+)
+
+// fakeSource is the source's QEMU as a rollback sees it.
+type fakeSource struct {
+	state string
+	calls []string
+}
+
+func (f *fakeSource) Execute(_ context.Context, command string, _, _ any) error {
+	f.calls = append(f.calls, command)
+	return nil
+}
+func (f *fakeSource) QueryMigrate(context.Context) (vm.MigrationInfo, error) {
+	f.calls = append(f.calls, "query-migrate")
+	return vm.MigrationInfo{Status: vm.MigrationCompleted}, nil
+}
+func (f *fakeSource) MigrateCancel(context.Context) error {
+	f.calls = append(f.calls, "migrate_cancel")
+	return nil
+}
+func (f *fakeSource) RunState(context.Context) (string, error) { return f.state, nil }
+func (f *fakeSource) Cont(context.Context) error {
+	f.calls = append(f.calls, "cont")
+	f.state = "running"
+	return nil
+}
+
+type fakeDeleter struct{ err error }
+
+func (f fakeDeleter) Delete(context.Context, string) error { return f.err }
+
+// A migration that completed (the source in postmigrate), then failed (its
+// re-attestation, say), while the destination cannot be reached to destroy
+// its VM: the destination holds the whole guest and may run it, so the
+// source is not resumed, and the error says what to do. Two running
+// copies would both hold the pod's released secrets and mesh identity.
+func TestMaliciousHostRollbackNeverRunsTwoCopies(t *testing.T) {
+	cause := errors.New("re-attestation on node node-b failed: connection reset")
+	src := &fakeSource{state: vm.RunStatePostmigrate}
+	err := (&rollback{src: src, dst: fakeDeleter{errors.New("dial node-b: connection refused")}, id: "vm1", node: "node-b"}).do(context.Background(), cause)
+	if err == nil || !strings.Contains(err.Error(), "ROLLBACK INCOMPLETE") || !strings.Contains(err.Error(), "the source stays paused") || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("rollback = %v", err)
+	}
+	for _, c := range src.calls {
+		if c == "cont" {
+			t.Fatalf("the source was resumed while the destination VM may run: %v", src.calls)
+		}
+	}
+
+	// The destination VM destroyed (or unknown there): the source resumes.
+	for _, derr := range []error{nil, ErrNotFound} {
+		src = &fakeSource{state: vm.RunStatePostmigrate}
+		err = (&rollback{src: src, dst: fakeDeleter{derr}, id: "vm1", node: "node-b"}).do(context.Background(), cause)
+		if err == nil || !strings.Contains(err.Error(), "rolled back") || src.state != "running" {
+			t.Errorf("destination delete %v: rollback = %v, source %s", derr, err, src.state)
+		}
+	}
+	// A migration that never completed left the destination no guest to
+	// run: the source resumes even if its VM could not be destroyed.
+	src = &fakeSource{state: "paused"}
+	err = (&rollback{src: src, dst: fakeDeleter{errors.New("unreachable")}, id: "vm1", node: "node-b"}).do(context.Background(), cause)
+	if err == nil || !strings.Contains(err.Error(), "ROLLBACK INCOMPLETE") || src.state != "running" {
+		t.Errorf("an incomplete migration: rollback = %v, source %s", err, src.state)
+	}
+}

@@ -104,12 +104,13 @@ func (p *process) exited() bool {
 }
 
 // release frees the process's stdio once it is forgotten. Buffered output is
-// dropped; readers still blocked get eof.
+// dropped (and given back to the agent's output budget); readers still
+// blocked get eof.
 func (p *process) release() {
 	_ = p.stdin.close()
 	_ = p.io.Close()
-	p.stdout.finish(nil)
-	p.stderr.finish(nil)
+	p.stdout.drop()
+	p.stderr.drop()
 }
 
 // ExecProcess runs an additional process in a running container.

@@ -18,7 +18,60 @@ const (
 	// streamBufferBytes is how much output the agent holds per stream
 	// before the process's writes block (back-pressure, never loss).
 	streamBufferBytes = 1 << 20
+	// outputBufferBytes is how much output the agent holds for every
+	// process of the VM together: the agent's memory is charged to no
+	// container, and a host that starts execs and never reads their
+	// output would otherwise grow it until the guest's OOM killer takes
+	// the pod's containers. Past it, writers block as on a full stream.
+	outputBufferBytes = 64 << 20
 )
+
+// outputBudget is the agent's (one per VM) bound on buffered output.
+var outputBudget = newByteBudget(outputBufferBytes)
+
+// byteBudget counts bytes held against a maximum.
+type byteBudget struct {
+	mu      sync.Mutex
+	used    int
+	max     int
+	changed chan struct{} // closed and replaced whenever used drops
+}
+
+func newByteBudget(max int) *byteBudget {
+	return &byteBudget{max: max, changed: make(chan struct{})}
+}
+
+// take waits until n more bytes fit, then counts them; false, counting
+// nothing, if stop closes first.
+func (b *byteBudget) take(n int, stop <-chan struct{}) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for b.used+n > b.max {
+		ch := b.changed
+		b.mu.Unlock()
+		select {
+		case <-ch:
+		case <-stop:
+			b.mu.Lock()
+			return false
+		}
+		b.mu.Lock()
+	}
+	b.used += n
+	return true
+}
+
+// give returns n bytes.
+func (b *byteBudget) give(n int) {
+	if n == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used -= n
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
 
 // stream buffers one output stream of a process from the moment the process
 // is created, so nothing is lost if the process exits before the host reads.
@@ -29,10 +82,14 @@ type stream struct {
 	err    error
 	// changed is closed and replaced whenever buf or closed changes.
 	changed chan struct{}
+	// budget counts buf against the agent's outputBudget; dropped is
+	// closed when the stream's output is dropped.
+	budget  *byteBudget
+	dropped chan struct{}
 }
 
 func newStream() *stream {
-	return &stream{changed: make(chan struct{})}
+	return &stream{changed: make(chan struct{}), budget: outputBudget, dropped: make(chan struct{})}
 }
 
 // closedStream is a stream for an output the process does not have.
@@ -66,20 +123,43 @@ func (s *stream) fill(r io.Reader) {
 	}
 }
 
-// append adds data, first waiting while the buffer is full.
+// append adds data, first waiting while the buffer is full, then while
+// the agent's output budget is.
 func (s *stream) append(p []byte) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for len(s.buf) >= streamBufferBytes && !s.closed {
 		ch := s.changed
 		s.mu.Unlock()
 		<-ch
 		s.mu.Lock()
 	}
+	closed := s.closed
+	s.mu.Unlock()
+	if closed || !s.budget.take(len(p), s.dropped) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closed {
+		s.budget.give(len(p))
 		return
 	}
 	s.buf = append(s.buf, p...)
+	s.notifyLocked()
+}
+
+// drop closes the stream and discards what it holds: its process is
+// forgotten, and no one reads it any more.
+func (s *stream) drop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.budget.give(len(s.buf))
+	s.buf, s.closed = nil, true
+	select {
+	case <-s.dropped:
+	default:
+		close(s.dropped)
+	}
 	s.notifyLocked()
 }
 
@@ -125,6 +205,7 @@ func (s *stream) read(ctx context.Context, max int) ([]byte, bool, error) {
 	if len(s.buf) == 0 {
 		s.buf = nil
 	}
+	s.budget.give(n)
 	s.notifyLocked()
 	return out, false, nil
 }

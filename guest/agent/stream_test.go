@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -142,5 +143,64 @@ func TestStdinCloseOnceAndRefuseLaterWrites(t *testing.T) {
 	}
 	if _, err := (&stdin{}).write([]byte("x")); !errors.Is(err, errNoStdin) {
 		t.Errorf("write without stdin: %v", err)
+	}
+}
+
+// Many processes whose output the host never reads hold at most the
+// agent's output budget together (each stream alone is bounded too), and
+// what a read or a forgotten process frees lets the others go on.
+func TestMaliciousHostNeverReadsOutput(t *testing.T) {
+	budget := newByteBudget(3 * streamBufferBytes)
+	var streams []*stream
+	for range 8 {
+		s := newStream()
+		s.budget = budget
+		streams = append(streams, s)
+		go s.fill(bytes.NewReader(bytes.Repeat([]byte("x"), 2*streamBufferBytes)))
+	}
+	held := func() int {
+		n := 0
+		for _, s := range streams {
+			s.mu.Lock()
+			n += len(s.buf)
+			s.mu.Unlock()
+		}
+		return n
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for held() < 3*streamBufferBytes-32*1024 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := held(); n > 3*streamBufferBytes {
+		t.Fatalf("the agent holds %d bytes of unread output, over its budget of %d", n, 3*streamBufferBytes)
+	}
+	// A forgotten process's output is given back: the others take it.
+	before := held()
+	streams[0].drop()
+	streams[1].drop()
+	deadline = time.Now().Add(5 * time.Second)
+	for held() <= before-2*streamBufferBytes+32*1024 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := held(); n > 3*streamBufferBytes || n <= before-2*streamBufferBytes+32*1024 {
+		t.Fatalf("after two streams were dropped the others hold %d bytes (before %d, budget %d)", n, before, 3*streamBufferBytes)
+	}
+	for _, s := range streams {
+		s.drop()
+	}
+	used := func() int {
+		budget.mu.Lock()
+		defer budget.mu.Unlock()
+		return budget.used
+	}
+	// A fill may have taken a chunk's bytes just before its stream was
+	// dropped: it gives them back at once.
+	deadline = time.Now().Add(5 * time.Second)
+	for used() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := used(); n != 0 {
+		t.Fatalf("%d bytes still counted after every stream was dropped", n)
 	}
 }

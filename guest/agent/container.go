@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -110,13 +111,26 @@ func (c *container) process(execID string) (*process, error) {
 	return p, nil
 }
 
-// validID rejects ids that could escape the state directory.
+// validID rejects ids that could escape the state directory, be read as
+// an option by the OCI runtime (a leading "-"), or write lines of the
+// host's into the guest's log (control characters). Container ids are
+// held to containerd's identifier rule (letters and digits, joined by
+// single ".", "_" or "-", at most 76 characters), which containerd
+// enforces on its side too.
 func validID(kind, id string) error {
-	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") || len(id) > 1024 {
+	bad := id == "" || id == "." || id == ".." || len(id) > 1024 || id[0] == '-' ||
+		strings.ContainsFunc(id, func(r rune) bool { return r == '/' || r < 0x20 || r == 0x7f })
+	if !bad && kind == "container id" {
+		bad = len(id) > 76 || !containerdID.MatchString(id)
+	}
+	if bad {
 		return fmt.Errorf("invalid %s %q: %w", kind, id, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }
+
+// containerdID is containerd's identifier rule (pkg/identifiers).
+var containerdID = regexp.MustCompile(`^[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*$`)
 
 // CreateContainer mounts the rootfs, writes the adapted bundle and runs
 // the OCI runtime's create.

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/signal"
@@ -177,7 +178,7 @@ func Main() {
 	cfg := agent.Config{
 		StateDir:      StateDir,
 		CgroupsParent: CgroupsParent,
-		Runtime:       ociRuntime(r),
+		Runtime:       ociRuntime(r, os.Stat),
 		Channel:       ch,
 	}
 	if pid1 {
@@ -258,12 +259,15 @@ func Main() {
 // since under emulation its start-up costs a fraction of runc's (a Go
 // binary that re-executes itself), else runc. Debian 12's crun accepts
 // ociVersion 1.0 and 1.1 only, so bundles for it say 1.1.0; the fields
-// runtime-spec 1.2 added that it does not know it ignores.
-func ociRuntime(r *reaper.Reaper) *ociruntime.Runtime {
-	if _, err := os.Stat("/usr/bin/crun"); err == nil {
-		return &ociruntime.Runtime{Command: "/usr/bin/crun", SpecVersion: "1.1.0", Root: RuncRoot, Reaper: r}
+// runtime-spec 1.2 added that it does not know it ignores. Only an image
+// without crun gets runc: a crun the root cannot read (a block the host
+// corrupted fails dm-verity with EIO) stays the runtime, and fails every
+// create, rather than swap in the other runtime.
+func ociRuntime(r *reaper.Reaper, stat func(string) (os.FileInfo, error)) *ociruntime.Runtime {
+	if _, err := stat("/usr/bin/crun"); err != nil && errors.Is(err, fs.ErrNotExist) {
+		return &ociruntime.Runtime{Command: "/usr/bin/runc", Root: RuncRoot, Reaper: r}
 	}
-	return &ociruntime.Runtime{Command: "/usr/bin/runc", Root: RuncRoot, Reaper: r}
+	return &ociruntime.Runtime{Command: "/usr/bin/crun", SpecVersion: "1.1.0", Root: RuncRoot, Reaper: r}
 }
 
 // cmdlinePath is the kernel command line the guest was booted with.

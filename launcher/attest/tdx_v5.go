@@ -140,20 +140,9 @@ func parseTDXQuoteV5(quote []byte) (_ *tdxQuoteV5, err error) {
 func verifyTDXQuoteV5(v5 *tdxQuoteV5, roots *x509.CertPool, now time.Time) error {
 	sd := v5.q.GetSignedData()
 	qc := sd.GetCertificationData().GetQeReportCertificationData()
-	chain, err := pemCertificates(qc.GetPckCertificateChainData().GetPckCertChain())
+	pck, err := verifyPCKChain(qc.GetPckCertificateChainData().GetPckCertChain(), roots, now)
 	if err != nil {
 		return err
-	}
-	if len(chain) < 2 {
-		return fmt.Errorf("the PCK certificate chain holds %d certificates, want the PCK's and its CA's at least", len(chain))
-	}
-	inter := x509.NewCertPool()
-	for _, c := range chain[1:] {
-		inter.AddCert(c)
-	}
-	pck := chain[0]
-	if _, err := pck.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-		return fmt.Errorf("the PCK certificate chain: %w", err)
 	}
 	pckKey, ok := pck.PublicKey.(*ecdsa.PublicKey)
 	if !ok || pckKey.Curve != elliptic.P256() {
@@ -175,6 +164,57 @@ func verifyTDXQuoteV5(v5 *tdxQuoteV5, roots *x509.CertPool, now time.Time) error
 	}
 	return nil
 }
+
+// verifyPCKChain verifies a quote's PCK certificate chain as go-tdx-guest
+// does a v4 quote's and returns the PCK certificate. It must be exactly
+// the PCK certificate, the PCK CA that issued it and the root that issued
+// that, in that order, named as Intel names them, and verify to one of
+// roots at now with only that CA as intermediate: collateral reads the
+// second certificate as the PCK's CA (its CRL, its revocation), so a chain
+// that verified through another CA would be judged by the wrong CRL.
+func verifyPCKChain(pemChain []byte, roots *x509.CertPool, now time.Time) (*x509.Certificate, error) {
+	chain, err := pemCertificates(pemChain)
+	if err != nil {
+		return nil, err
+	}
+	if len(chain) != 3 {
+		return nil, fmt.Errorf("the PCK certificate chain holds %d certificates, want 3: the PCK's, its CA's and the root's", len(chain))
+	}
+	pck, ca, root := chain[0], chain[1], chain[2]
+	if pck.Subject.CommonName != pckCertCN || (ca.Subject.CommonName != pckPlatformCACN && ca.Subject.CommonName != pckProcessorCACN) {
+		return nil, fmt.Errorf("the PCK certificate chain names %q issued by %q: want %q issued by %q or %q",
+			pck.Subject.CommonName, ca.Subject.CommonName, pckCertCN, pckPlatformCACN, pckProcessorCACN)
+	}
+	for i, c := range chain {
+		if c.PublicKeyAlgorithm != x509.ECDSA || c.SignatureAlgorithm != x509.ECDSAWithSHA256 {
+			return nil, fmt.Errorf("the PCK certificate chain's certificate %d (%q) is not ECDSA with SHA-256", i, c.Subject.CommonName)
+		}
+	}
+	for _, link := range [][2]*x509.Certificate{{pck, ca}, {ca, root}} {
+		if !bytes.Equal(link[0].RawIssuer, link[1].RawSubject) {
+			return nil, fmt.Errorf("the PCK certificate chain: %q names %q as its issuer, not the next certificate, %q", link[0].Subject.CommonName, link[0].Issuer.CommonName, link[1].Subject.CommonName)
+		}
+	}
+	inter := x509.NewCertPool()
+	inter.AddCert(ca)
+	paths, err := pck.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now})
+	if err != nil {
+		return nil, fmt.Errorf("the PCK certificate chain: %w", err)
+	}
+	for _, p := range paths {
+		if len(p) == 3 && p[1].Equal(ca) && p[2].Equal(root) {
+			return pck, nil
+		}
+	}
+	return nil, errors.New("the PCK certificate chain: its root is not the trusted root it verifies to")
+}
+
+// The subjects' common names of Intel's PCK certificates.
+const (
+	pckCertCN        = "Intel SGX PCK Certificate"
+	pckPlatformCACN  = "Intel SGX PCK Platform CA"
+	pckProcessorCACN = "Intel SGX PCK Processor CA"
+)
 
 // errTDXQuoteSignature: the attestation key did not sign the header and
 // body.

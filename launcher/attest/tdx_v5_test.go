@@ -109,16 +109,16 @@ func TestTDXQuoteV5Malformed(t *testing.T) {
 // A TD the host bound to a service TD (a migration TD can export its
 // memory) is refused. SYNTHETIC: no genuine quote with MRSERVICETD set is
 // public, so the genuine v5 quote's header and body, MRSERVICETD set, are
-// signed here under a test chain standing in for Intel's.
+// signed here under a test chain standing in for Intel's (synthTDX).
 func TestTDXQuoteV5ServiceTDRefused(t *testing.T) {
 	genuine, p := quotePolicy(t, dcapOutdated)
-	v, sign := synthTDXSigner(t)
-	if _, err := v.VerifyTDX(sign(genuine[:54+648]), p); err != nil {
+	s := newSynthTDX(t)
+	if _, err := s.v.VerifyTDX(s.sign(t, genuine[:54+648]), p); err != nil {
 		t.Fatalf("re-signed genuine header and body: %v", err)
 	}
 	unsigned := append([]byte(nil), genuine[:54+648]...)
 	unsigned[54+600] = 0x5e
-	_, err := v.VerifyTDX(sign(unsigned), p)
+	_, err := s.v.VerifyTDX(s.sign(t, unsigned), p)
 	var e *Error
 	if !errors.As(err, &e) || e.Field != "MRSERVICETD" || e.Kind != KindPolicy {
 		t.Fatalf("a bound service TD: %v, want MRSERVICETD refused", err)
@@ -131,78 +131,130 @@ func TestTDXQuoteV5ServiceTDRefused(t *testing.T) {
 // key with trailing bytes) does not vouch for this one.
 func TestTDXQuoteV5QEReportBindsTheKey(t *testing.T) {
 	genuine, p := quotePolicy(t, dcapOutdated)
-	v, sign := synthTDXSigner(t)
+	s := newSynthTDX(t)
 	for name, edit := range map[string]func([]byte){
 		"another key's hash": func(qe []byte) { qe[320] ^= 1 },
 		"trailing bytes":     func(qe []byte) { qe[383] = 1 },
 	} {
-		_, err := v.VerifyTDX(sign(genuine[:54+648], edit), p)
+		_, err := s.v.VerifyTDX(s.sign(t, genuine[:54+648], edit), p)
 		if kindOf(err) != KindSignature || !strings.Contains(err.Error(), "does not bind the quote's attestation key") {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
 }
 
-// synthTDXSigner returns a verifier that trusts a test root and a function
-// that appends v5 signature data to a header and body: a quote signed by an
-// attestation key that a QE report of Intel's TD QE identity binds, that
-// report signed by a PCK certificate under the test root.
-func synthTDXSigner(t *testing.T) (*Verifier, func(headerAndBody []byte, qeEdits ...func(qe []byte)) []byte) {
+// synthTDX signs v5 quotes under a test chain standing in for Intel's
+// (named as Intel names its certificates): a verifier that trusts its root,
+// and sign, which appends v5 signature data to a header and body: a quote
+// signed by an attestation key that a QE report of Intel's TD QE identity
+// binds, that report signed by the PCK key.
+type synthTDX struct {
+	v      *Verifier
+	root   *x509.Certificate
+	rootK  *ecdsa.PrivateKey
+	pckK   *ecdsa.PrivateKey
+	attK   *ecdsa.PrivateKey
+	chain  []*x509.Certificate // the PCK chain the quote carries
+	qeBase []byte
+	auth   []byte
+}
+
+func newSynthTDX(t *testing.T) *synthTDX {
 	t.Helper()
-	root, rootKey := synthCert(t, "test SGX Root CA", nil, nil, 1)
-	ca, caKey := synthCert(t, "test PCK Platform CA", root, rootKey, 2)
-	pck, pckKey := synthCert(t, "test PCK Certificate", ca, caKey, 3)
-	v := tdxVerifierAt(t, time.Now, nil)
-	v.tdxRoots = poolOf(root)
-	attKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	raw := func(k *ecdsa.PrivateKey) []byte {
-		b, _ := k.PublicKey.Bytes() // 0x04 || X || Y
-		return b[1:]
+	s := &synthTDX{auth: []byte("qe authentication data")}
+	s.root, s.rootK = synthCert(t, "Intel SGX Root CA", nil, nil, 1)
+	ca, caK := synthCert(t, pckPlatformCACN, s.root, s.rootK, 2)
+	var pck *x509.Certificate
+	pck, s.pckK = synthCert(t, pckCertCN, ca, caK, 3)
+	s.chain = []*x509.Certificate{pck, ca, s.root}
+	s.v = tdxVerifierAt(t, time.Now, nil)
+	s.v.tdxRoots = poolOf(s.root)
+	s.attK, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	s.qeBase = make([]byte, qeReportSize)
+	s.qeBase[48] = 0x11 // ATTRIBUTES: INIT, MODE64BIT
+	copy(s.qeBase[128:], tdQEMRSigner)
+	binary.LittleEndian.PutUint16(s.qeBase[256:], uint16(tdQEProdID))
+	bound := sha256.Sum256(append(rawP256(s.attK), s.auth...))
+	copy(s.qeBase[320:], bound[:])
+	return s
+}
+
+func rawP256(k *ecdsa.PrivateKey) []byte {
+	b, _ := k.PublicKey.Bytes() // 0x04 || X || Y
+	return b[1:]
+}
+
+func rawSig(t *testing.T, k *ecdsa.PrivateKey, msg []byte) []byte {
+	t.Helper()
+	sum := sha256.Sum256(msg)
+	r, s, err := ecdsa.Sign(rand.Reader, k, sum[:])
+	if err != nil {
+		t.Fatal(err)
 	}
-	rawSig := func(k *ecdsa.PrivateKey, msg []byte) []byte {
-		sum := sha256.Sum256(msg)
-		r, s, err := ecdsa.Sign(rand.Reader, k, sum[:])
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := make([]byte, 64)
-		r.FillBytes(out[:32])
-		s.FillBytes(out[32:])
-		return out
+	out := make([]byte, 64)
+	r.FillBytes(out[:32])
+	s.FillBytes(out[32:])
+	return out
+}
+
+func (s *synthTDX) sign(t *testing.T, hb []byte, qeEdits ...func([]byte)) []byte {
+	t.Helper()
+	le := binary.LittleEndian
+	qe := append([]byte(nil), s.qeBase...)
+	for _, edit := range qeEdits {
+		edit(qe)
 	}
-	auth := []byte("qe authentication data")
-	qe := make([]byte, qeReportSize)
-	qe[48] = 0x11 // ATTRIBUTES: INIT, MODE64BIT
-	copy(qe[128:], tdQEMRSigner)
-	binary.LittleEndian.PutUint16(qe[256:], uint16(tdQEProdID))
-	bound := sha256.Sum256(append(raw(attKey), auth...))
-	copy(qe[320:], bound[:])
 	var chain []byte
-	for _, c := range []*x509.Certificate{pck, ca, root} {
+	for _, c := range s.chain {
 		chain = append(chain, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
 	}
-	return v, func(hb []byte, qeEdits ...func([]byte)) []byte {
-		le := binary.LittleEndian
-		qe := append([]byte(nil), qe...)
-		for _, edit := range qeEdits {
-			edit(qe)
+	var cert []byte
+	cert = append(cert, qe...)
+	cert = append(cert, rawSig(t, s.pckK, qe)...)
+	cert = le.AppendUint16(cert, uint16(len(s.auth)))
+	cert = append(cert, s.auth...)
+	cert = le.AppendUint16(cert, 5) // PCK certificate chain
+	cert = le.AppendUint32(cert, uint32(len(chain)))
+	cert = append(cert, chain...)
+	var sd []byte
+	sd = append(sd, rawSig(t, s.attK, hb)...)
+	sd = append(sd, rawP256(s.attK)...)
+	sd = le.AppendUint16(sd, 6) // QE report certification data
+	sd = le.AppendUint32(sd, uint32(len(cert)))
+	sd = append(sd, cert...)
+	out := append([]byte(nil), hb...)
+	out = le.AppendUint32(out, uint32(len(sd)))
+	return append(out, sd...)
+}
+
+// The PCK chain is exactly the PCK, the CA that issued it and the root,
+// in order: collateral judges the PCK's revocation by the second
+// certificate's CRL. A PCK of the Processor CA carried with the Platform
+// CA second (the Processor CA third, as an extra intermediate) verified
+// through the Processor CA and would have been judged by the Platform
+// CA's CRL, on which a revoked Processor-CA PCK is not.
+func TestMaliciousHostReordersThePCKChain(t *testing.T) {
+	genuine, p := quotePolicy(t, dcapOutdated)
+	hb := genuine[:54+648]
+	s := newSynthTDX(t)
+	platform := s.chain[1]
+	processor, procK := synthCert(t, pckProcessorCACN, s.root, s.rootK, 4)
+	var pck *x509.Certificate
+	pck, s.pckK = synthCert(t, pckCertCN, processor, procK, 5)
+	s.chain = []*x509.Certificate{pck, processor, s.root}
+	if _, err := s.v.VerifyTDX(s.sign(t, hb), p); err != nil {
+		t.Fatalf("the Processor CA's PCK in order: %v", err)
+	}
+	for name, chain := range map[string][]*x509.Certificate{
+		"another CA second, the issuer third": {pck, platform, processor, s.root},
+		"another CA second":                   {pck, platform, s.root},
+		"no root":                             {pck, processor},
+		"root first":                          {s.root, processor, pck},
+	} {
+		s.chain = chain
+		_, err := s.v.VerifyTDX(s.sign(t, hb), p)
+		if kindOf(err) != KindSignature || !strings.Contains(err.Error(), "PCK certificate chain") {
+			t.Errorf("%s: %v, want the PCK chain refused", name, err)
 		}
-		var cert []byte
-		cert = append(cert, qe...)
-		cert = append(cert, rawSig(pckKey, qe)...)
-		cert = le.AppendUint16(cert, uint16(len(auth)))
-		cert = append(cert, auth...)
-		cert = le.AppendUint16(cert, 5) // PCK certificate chain
-		cert = le.AppendUint32(cert, uint32(len(chain)))
-		cert = append(cert, chain...)
-		var sd []byte
-		sd = append(sd, rawSig(attKey, hb)...)
-		sd = append(sd, raw(attKey)...)
-		sd = le.AppendUint16(sd, 6) // QE report certification data
-		sd = le.AppendUint32(sd, uint32(len(cert)))
-		sd = append(sd, cert...)
-		out := append([]byte(nil), hb...)
-		out = le.AppendUint32(out, uint32(len(sd)))
-		return append(out, sd...)
 	}
 }

@@ -165,6 +165,9 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 // ErrNotFound is returned for a VM the destination does not know.
 var ErrNotFound = errors.New("not found")
 
+// ErrConflict is returned for a VM the destination already runs.
+var ErrConflict = errors.New("conflict")
+
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
@@ -191,8 +194,11 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 			e.Error = resp.Status
 		}
 		err := fmt.Errorf("destination %s: %s", c.socket, e.Error)
-		if resp.StatusCode == http.StatusNotFound {
+		switch resp.StatusCode {
+		case http.StatusNotFound:
 			err = fmt.Errorf("%w (%w)", err, ErrNotFound)
+		case http.StatusConflict:
+			err = fmt.Errorf("%w (%w)", err, ErrConflict)
 		}
 		return err
 	}

@@ -11,8 +11,9 @@ import (
 
 // fakeSource is the source's QEMU as a rollback sees it.
 type fakeSource struct {
-	state string
-	calls []string
+	state  string
+	status string // query-migrate's; completed when empty
+	calls  []string
 }
 
 func (f *fakeSource) Execute(_ context.Context, command string, _, _ any) error {
@@ -21,7 +22,10 @@ func (f *fakeSource) Execute(_ context.Context, command string, _, _ any) error 
 }
 func (f *fakeSource) QueryMigrate(context.Context) (vm.MigrationInfo, error) {
 	f.calls = append(f.calls, "query-migrate")
-	return vm.MigrationInfo{Status: vm.MigrationCompleted}, nil
+	if f.status == "" {
+		return vm.MigrationInfo{Status: vm.MigrationCompleted}, nil
+	}
+	return vm.MigrationInfo{Status: f.status}, nil
 }
 func (f *fakeSource) MigrateCancel(context.Context) error {
 	f.calls = append(f.calls, "migrate_cancel")
@@ -45,16 +49,26 @@ func (f fakeDeleter) Delete(context.Context, string) error { return f.err }
 // copies would both hold the pod's released secrets and mesh identity.
 func TestMaliciousHostRollbackNeverRunsTwoCopies(t *testing.T) {
 	cause := errors.New("re-attestation on node node-b failed: connection reset")
-	src := &fakeSource{state: vm.RunStatePostmigrate}
-	err := (&rollback{src: src, dst: fakeDeleter{errors.New("dial node-b: connection refused")}, id: "vm1", node: "node-b"}).do(context.Background(), cause)
-	if err == nil || !strings.Contains(err.Error(), "ROLLBACK INCOMPLETE") || !strings.Contains(err.Error(), "the source stays paused") || !strings.Contains(err.Error(), "connection refused") {
-		t.Fatalf("rollback = %v", err)
-	}
-	for _, c := range src.calls {
-		if c == "cont" {
-			t.Fatalf("the source was resumed while the destination VM may run: %v", src.calls)
+	unreachable := fakeDeleter{errors.New("dial node-b: connection refused")}
+	// The transfer completed (postmigrate), or may complete (QEMU sending
+	// the last pages, or query-migrate says completed whatever the state).
+	for _, src := range []*fakeSource{
+		{state: vm.RunStatePostmigrate},
+		{state: runStateFinishMigrate, status: "failed"},
+		{state: "paused", status: vm.MigrationCompleted},
+	} {
+		err := (&rollback{src: src, dst: unreachable, id: "vm1", node: "node-b"}).do(context.Background(), cause)
+		if err == nil || !strings.Contains(err.Error(), "ROLLBACK INCOMPLETE") || !strings.Contains(err.Error(), "the source stays paused") || !strings.Contains(err.Error(), "connection refused") {
+			t.Fatalf("source %s, migration %s: rollback = %v", src.state, src.status, err)
+		}
+		for _, c := range src.calls {
+			if c == "cont" {
+				t.Fatalf("source %s, migration %s: resumed while the destination VM may run: %v", src.state, src.status, src.calls)
+			}
 		}
 	}
+	var src *fakeSource
+	var err error
 
 	// The destination VM destroyed (or unknown there): the source resumes.
 	for _, derr := range []error{nil, ErrNotFound} {
@@ -66,7 +80,7 @@ func TestMaliciousHostRollbackNeverRunsTwoCopies(t *testing.T) {
 	}
 	// A migration that never completed left the destination no guest to
 	// run: the source resumes even if its VM could not be destroyed.
-	src = &fakeSource{state: "paused"}
+	src = &fakeSource{state: "paused", status: vm.MigrationCancelled}
 	err = (&rollback{src: src, dst: fakeDeleter{errors.New("unreachable")}, id: "vm1", node: "node-b"}).do(context.Background(), cause)
 	if err == nil || !strings.Contains(err.Error(), "ROLLBACK INCOMPLETE") || src.state != "running" {
 		t.Errorf("an incomplete migration: rollback = %v, source %s", err, src.state)

@@ -165,7 +165,11 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 	}
 	if got.err != nil {
 		// The destination may have started the VM and lost only its
-		// answer: it is destroyed all the same.
+		// answer: it is destroyed all the same, unless the destination
+		// refused because it already runs that VM (another attempt's).
+		if errors.Is(got.err, ErrConflict) {
+			return nil, fmt.Errorf("migration of %s to node %s: %w", spec.ID, dnode.Name, got.err)
+		}
 		if err := dst.Delete(context.WithoutCancel(ctx), spec.ID); err != nil && !errors.Is(err, ErrNotFound) {
 			log.G(ctx).WithError(err).WithField("vm", spec.ID).Warn("destroying the destination VM after a failed Incoming")
 		}
@@ -418,6 +422,7 @@ func (r *rollback) do(ctx context.Context, cause error) error {
 	q := r.src
 	var errs []error
 	// 1. End the outgoing migration.
+	status := ""
 	if info, err := q.QueryMigrate(ctx); err == nil && !finished(info.Status) {
 		if err := q.MigrateCancel(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("migrate_cancel: %w", err))
@@ -428,6 +433,9 @@ func (r *rollback) do(ctx context.Context, cause error) error {
 				break
 			}
 		}
+		status = info.Status
+	} else if err == nil {
+		status = info.Status
 	}
 	// The stream's credentials (a next attempt adds them again).
 	resetStreamTLS(ctx, q)
@@ -443,7 +451,7 @@ func (r *rollback) do(ctx context.Context, cause error) error {
 	switch {
 	case err != nil:
 		errs = append(errs, fmt.Errorf("query-status: %w", err))
-	case !destroyed && state == vm.RunStatePostmigrate:
+	case !destroyed && (state == vm.RunStatePostmigrate || state == runStateFinishMigrate || status == vm.MigrationCompleted):
 		errs = append(errs, fmt.Errorf("the source stays paused: the destination VM %s on node %s received the whole guest and was not destroyed, so it may run it; "+
 			"destroy it there (the node's `c8s-launcher serve` API: DELETE of the VM, or stop its QEMU), then resume the source (QMP cont) or delete the pod", r.id, r.node))
 	case state != "running":
@@ -457,6 +465,10 @@ func (r *rollback) do(ctx context.Context, cause error) error {
 	}
 	return fmt.Errorf("migration of %s to node %s failed: %w; rolled back: the VM runs on the source again and the destination VM is destroyed", r.id, r.node, cause)
 }
+
+// runStateFinishMigrate is QEMU's run state while it sends a migration's
+// last pages: the destination may get the whole guest.
+const runStateFinishMigrate = "finish-migrate"
 
 func finished(status string) bool {
 	switch status {

@@ -77,8 +77,6 @@ type Sandbox struct {
 	Info  *agent.GetInfoResponse
 
 	initData []byte
-	// hostPid is the pid of the QEMU the pod booted in, on this host.
-	hostPid int
 
 	// mu guards vm, cur, epoch, moving, stopHost and exitErr: a
 	// migration replaces them.
@@ -154,7 +152,7 @@ func Start(ctx context.Context, opts Options) (_ *Sandbox, retErr error) {
 	}
 	tSpawned := time.Now()
 	hostCtx, stopHost := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Sandbox{ID: opts.ID, vm: v, hostPid: v.Pid(), stopHost: stopHost, initData: opts.InitData, done: make(chan struct{})}
+	s := &Sandbox{ID: opts.ID, vm: v, stopHost: stopHost, initData: opts.InitData, done: make(chan struct{})}
 	s.Agent, s.IO = movingAgent{s}, movingIO{s}
 	go s.follow()
 	defer func() {
@@ -325,10 +323,16 @@ func (s *Sandbox) Err() error {
 	return s.exitErr
 }
 
-// Pid is the pid of the pod's QEMU on this host: the one the pod booted
-// in, which has exited once the pod moved to another node (that node's
-// QEMU pid names nothing here, or another process).
-func (s *Sandbox) Pid() int { return s.hostPid }
+// Pid is a live host process that stands for the pod: its QEMU, or once
+// the pod moved to another node, this shim, which manages it there (that
+// node's QEMU pid names nothing here, or another process; the exited
+// local QEMU's may be reused). Killing either ends the pod.
+func (s *Sandbox) Pid() int {
+	if m, local := s.machine().(*vm.VM); local {
+		return m.Pid()
+	}
+	return os.Getpid()
+}
 
 // follow closes done when the current machine exits.
 func (s *Sandbox) follow() {

@@ -165,7 +165,9 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 // ErrNotFound is returned for a VM the destination does not know.
 var ErrNotFound = errors.New("not found")
 
-// ErrConflict is returned for a VM the destination already runs.
+// ErrConflict is returned when the destination answers 409 (it already
+// runs the VM, or its preflight or a layer conflicts), before it started
+// any QEMU for the request.
 var ErrConflict = errors.New("conflict")
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {

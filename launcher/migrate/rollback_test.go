@@ -12,7 +12,8 @@ import (
 // fakeSource is the source's QEMU as a rollback sees it.
 type fakeSource struct {
 	state  string
-	status string // query-migrate's; completed when empty
+	status string   // query-migrate's; completed when empty
+	seq    []string // query-migrate's first answers, before status
 	calls  []string
 }
 
@@ -22,6 +23,11 @@ func (f *fakeSource) Execute(_ context.Context, command string, _, _ any) error 
 }
 func (f *fakeSource) QueryMigrate(context.Context) (vm.MigrationInfo, error) {
 	f.calls = append(f.calls, "query-migrate")
+	if len(f.seq) > 0 {
+		st := f.seq[0]
+		f.seq = f.seq[1:]
+		return vm.MigrationInfo{Status: st}, nil
+	}
 	if f.status == "" {
 		return vm.MigrationInfo{Status: vm.MigrationCompleted}, nil
 	}
@@ -84,5 +90,43 @@ func TestMaliciousHostRollbackNeverRunsTwoCopies(t *testing.T) {
 	err = (&rollback{src: src, dst: fakeDeleter{errors.New("unreachable")}, id: "vm1", node: "node-b"}).do(context.Background(), cause)
 	if err == nil || !strings.Contains(err.Error(), "ROLLBACK INCOMPLETE") || src.state != "running" {
 		t.Errorf("an incomplete migration: rollback = %v, source %s", err, src.state)
+	}
+}
+
+// A rollback that finds QEMU sending the last pages and device state
+// (status device) lets it finish rather than cancel it: the destination
+// may have the whole guest, and QEMU resumes a source whose migration was
+// cancelled by itself. Completed, with the destination unreachable, the
+// source stays paused.
+func TestRollbackLetsTheLastPagesFinish(t *testing.T) {
+	src := &fakeSource{state: vm.RunStatePostmigrate, seq: []string{migrationStatusDevice, migrationStatusDevice}}
+	err := (&rollback{src: src, dst: fakeDeleter{errors.New("unreachable")}, id: "vm1", node: "node-b"}).do(context.Background(), errors.New("timed out"))
+	if err == nil || !strings.Contains(err.Error(), "the source stays paused") {
+		t.Fatalf("rollback = %v", err)
+	}
+	for _, c := range src.calls {
+		if c == "migrate_cancel" || c == "cont" {
+			t.Fatalf("%s during the device phase: %v", c, src.calls)
+		}
+	}
+	// In the active phase a migration is cancelled.
+	src = &fakeSource{state: "running", seq: []string{"active"}, status: vm.MigrationCancelled}
+	if err := (&rollback{src: src, dst: fakeDeleter{}, id: "vm1", node: "node-b"}).do(context.Background(), errors.New("timed out")); err == nil {
+		t.Fatal("a rollback returned no error")
+	}
+	if !strings.Contains(strings.Join(src.calls, " "), "migrate_cancel") {
+		t.Fatalf("an active migration was not cancelled: %v", src.calls)
+	}
+}
+
+// A VM an earlier migration left behind (its destination not destroyed)
+// is not migrated again: that migration's rollback would resume it beside
+// the first destination's copy.
+func TestMaliciousHostMigratesALeftBehindSource(t *testing.T) {
+	for state, ok := range map[string]bool{"running": true, "paused": true, vm.RunStatePostmigrate: false, runStateFinishMigrate: false, "inmigrate": false} {
+		err := checkSourceState(context.Background(), &fakeSource{state: state})
+		if ok != (err == nil) || !ok && !strings.Contains(err.Error(), "earlier migration") {
+			t.Errorf("state %s: %v", state, err)
+		}
 	}
 }

@@ -114,6 +114,9 @@ func Run(ctx context.Context, src Source, dst *Client, opts Options) (*Result, e
 		opts.Parameters.MaxBandwidth = DefaultMaxBandwidth
 	}
 	q := src.VM.QMP()
+	if err := checkSourceState(ctx, q); err != nil {
+		return nil, err
+	}
 	caps := opts.QEMUCapabilities
 	if caps == nil {
 		var err error
@@ -421,11 +424,16 @@ func (r *rollback) do(ctx context.Context, cause error) error {
 	defer cancel()
 	q := r.src
 	var errs []error
-	// 1. End the outgoing migration.
+	// 1. End the outgoing migration. One sending its last pages and
+	// device state is not cancelled but let finish: the destination may
+	// have the whole guest already, and QEMU resumes a source whose
+	// migration was cancelled by itself; once completed, step 3 decides.
 	status := ""
 	if info, err := q.QueryMigrate(ctx); err == nil && !finished(info.Status) {
-		if err := q.MigrateCancel(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("migrate_cancel: %w", err))
+		if info.Status != migrationStatusDevice {
+			if err := q.MigrateCancel(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("migrate_cancel: %w", err))
+			}
 		}
 		for !finished(info.Status) && ctx.Err() == nil {
 			time.Sleep(20 * time.Millisecond)
@@ -469,6 +477,26 @@ func (r *rollback) do(ctx context.Context, cause error) error {
 // runStateFinishMigrate is QEMU's run state while it sends a migration's
 // last pages: the destination may get the whole guest.
 const runStateFinishMigrate = "finish-migrate"
+
+// migrationStatusDevice is query-migrate's status while QEMU sends the
+// last pages and device state, the guest paused.
+const migrationStatusDevice = "device"
+
+// checkSourceState refuses to migrate a VM that an earlier migration left
+// behind (postmigrate, finish-migrate, inmigrate): its guest went, or may
+// have gone, to a destination that was not destroyed, and a migration's
+// rollback resumes the source, which would run a second copy beside it.
+func checkSourceState(ctx context.Context, q sourceQMP) error {
+	state, err := q.RunState(ctx)
+	if err != nil {
+		return fmt.Errorf("query-status: %w", err)
+	}
+	switch state {
+	case vm.RunStatePostmigrate, runStateFinishMigrate, "inmigrate":
+		return fmt.Errorf("the VM is in state %s, left by an earlier migration whose destination VM may hold the guest: destroy that VM, then resume this one (QMP cont) or delete the pod", state)
+	}
+	return nil
+}
 
 func finished(status string) bool {
 	switch status {

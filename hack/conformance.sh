@@ -9,8 +9,8 @@
 # by a local registry (Debian's docker-registry on 127.0.0.1) that
 # containerd's registry config uses as the mirror of registry.k8s.io and
 # gcr.io. They are all the busybox test image (tests/cmd/mkbusyboximage,
-# every applet linked) under the names critest expects; the web servers are
-# busybox httpd on nginx's port. Images whose content a test checks (a fixed
+# every applet hard-linked) under the names critest expects; the web
+# servers are busybox httpd standing in for nginx and httpd. Images whose content a test checks (a fixed
 # digest, a USER, the nonewprivs binary) are not rebuilt here, so those tests
 # fail on both runtimes alike.
 #
@@ -150,15 +150,25 @@ ctr_seed() { "$TOOLS/ctr" --address "$WORK/seed/containerd.sock" --namespace see
 echo "== images into the local registry $REG"
 (cd "$ROOT" && go build -o "$WORK/mkbusyboximage" ./tests/cmd/mkbusyboximage)
 start_containerd seed runc
-"$WORK/mkbusyboximage" "$WORK/busybox.tar" --name docker.io/c8s/busybox:conformance --all-applets
-"$WORK/mkbusyboximage" "$WORK/pause.tar" --name docker.io/c8s/pause:conformance --cmd "sleep 2147483647"
-# The web servers are busybox httpd serving a page on nginx's port.
+# Applets are hard links, as in the upstream busybox image (masking
+# /bin/ls must not mask every applet).
+mk() { "$WORK/mkbusyboximage" "$@" --all-applets --hardlinks; }
+mk "$WORK/busybox.tar" --name docker.io/c8s/busybox:conformance
+mk "$WORK/pause.tar" --name docker.io/c8s/pause:conformance --cmd "sleep 2147483647"
+# The web servers are busybox httpd serving a page. The nginx stand-in
+# behaves as nginx where critest looks: pid 1's command line names the
+# "nginx: master process" and /var/run/nginx.pid holds its pid (the pid
+# namespace tests read both). The httpd stand-in logs a line naming
+# itself, as httpd does (the container log test looks for it).
 web() { # PORT
 	printf '["sh", "-c", "mkdir -p /www && echo ok >/www/index.html && exec busybox httpd -f -p %s -h /www"]' "$1"
 }
-"$WORK/mkbusyboximage" "$WORK/web80.tar" --name docker.io/c8s/web:80 --all-applets --cmd "$(web 80)"
-"$WORK/mkbusyboximage" "$WORK/web12003.tar" --name docker.io/c8s/web:12003 --all-applets --cmd "$(web 12003)"
-for t in busybox pause web80 web12003; do
+nginx='["sh", "-c", "trap '"'"'kill $srv; exit 0'"'"' TERM INT; mkdir -p /var/run /www && echo $$ >/var/run/nginx.pid && echo ok >/www/index.html; busybox httpd -f -p 80 -h /www & srv=$!; wait", "nginx: master process nginx -g daemon off;"]'
+httpd='["sh", "-c", "mkdir -p /www && echo ok >/www/index.html && echo httpd: serving /www on port 80 >&2 && exec busybox httpd -f -p 80 -h /www"]'
+mk "$WORK/nginx.tar" --name docker.io/c8s/nginx:conformance --cmd "$nginx"
+mk "$WORK/httpd.tar" --name docker.io/c8s/httpd:conformance --cmd "$httpd"
+mk "$WORK/web12003.tar" --name docker.io/c8s/web:12003 --cmd "$(web 12003)"
+for t in busybox pause nginx httpd web12003; do
 	ctr_seed images import "$WORK/$t.tar" >/dev/null
 done
 push() { # LOCAL REMOTE-PATH
@@ -166,8 +176,8 @@ push() { # LOCAL REMOTE-PATH
 }
 push docker.io/c8s/pause:conformance pause:3.10.1
 push docker.io/c8s/busybox:conformance e2e-test-images/busybox:1.29-2
-push docker.io/c8s/web:80 e2e-test-images/nginx:1.14-2
-push docker.io/c8s/web:80 e2e-test-images/httpd:2.4.39-4
+push docker.io/c8s/nginx:conformance e2e-test-images/nginx:1.14-2
+push docker.io/c8s/httpd:conformance e2e-test-images/httpd:2.4.39-4
 staging=k8s-staging-cri-tools
 for ref in test-image-1:latest test-image-2:latest test-image-3:latest test-image-tags:1 test-image-tags:2 \
 	test-image-tags:3 test-image-latest:latest test-image-tag:test test-image-tag:all; do

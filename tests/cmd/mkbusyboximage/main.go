@@ -1,7 +1,7 @@
 // Command mkbusyboximage writes the busybox test image as an OCI image layout
 // tarball, ready for `ctr images import`:
 //
-//	mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd "sleep 2147483647"] [--all-applets]
+//	mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd "sleep 2147483647"] [--all-applets] [--hardlinks]
 package main
 
 import (
@@ -27,9 +27,10 @@ func run(args []string) error {
 	name := fs.String("name", ociimage.DefaultName, "image reference recorded in the index")
 	busybox := fs.String("busybox", ociimage.DefaultBusybox, "static busybox binary to put in the image")
 	allApplets := fs.Bool("all-applets", false, "link every applet `busybox --list` names, not just the common ones")
+	hardLinks := fs.Bool("hardlinks", false, "link the applets with hard links, as the upstream busybox image does, not symbolic links")
 	cmd := fs.String("cmd", "", "the image's default command: split at spaces, or a JSON array (default: sh); e.g. \"sleep 2147483647\" for a pause image")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd CMD] [--all-applets]")
+		fmt.Fprintln(fs.Output(), "usage: mkbusyboximage OUT.tar [--name REF] [--busybox PATH] [--cmd CMD] [--all-applets] [--hardlinks]")
 		fs.PrintDefaults()
 	}
 	// Accept flags before and after the output path.
@@ -62,5 +63,5 @@ func run(args []string) error {
 		}
 		applets = strings.Fields(string(list))
 	}
-	return ociimage.WriteFile(out, ociimage.Options{Name: *name, Busybox: *busybox, Cmd: argv, Applets: applets})
+	return ociimage.WriteFile(out, ociimage.Options{Name: *name, Busybox: *busybox, Cmd: argv, Applets: applets, HardLinks: *hardLinks})
 }

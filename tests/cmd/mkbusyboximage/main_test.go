@@ -120,3 +120,22 @@ func TestRunAllApplets(t *testing.T) {
 		t.Fatal("--all-applets did not link exactly the applets busybox --list names")
 	}
 }
+
+// --hardlinks gives the image of Options.HardLinks.
+func TestRunHardLinks(t *testing.T) {
+	dir := t.TempDir()
+	bb := writeBusybox(t, dir, "#!/bin/sh\necho nc\n")
+	out := filepath.Join(dir, "hard.tar")
+	if err := run([]string{out, "--busybox", bb, "--all-applets", "--hardlinks"}); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(dir, "want.tar")
+	if err := ociimage.WriteFile(want, ociimage.Options{Busybox: bb, Applets: []string{"nc"}, HardLinks: true}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(out)
+	wantData, _ := os.ReadFile(want)
+	if !bytes.Equal(got, wantData) {
+		t.Fatal("--hardlinks did not give the image with hard links")
+	}
+}

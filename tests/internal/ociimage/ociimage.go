@@ -1,6 +1,6 @@
 // Package ociimage writes a small, deterministic OCI image layout tarball for
-// tests: one gzip layer holding Debian's static busybox with symlinks for the
-// common applets, /etc/passwd and /etc/group; config Cmd ["sh"]. The tarball
+// tests: one gzip layer holding Debian's static busybox with symlinks (or hard
+// links) for the common applets, /etc/passwd and /etc/group; config Cmd ["sh"]. The tarball
 // can be imported with `ctr images import`, since tests cannot reach a
 // registry. Equal inputs give byte-identical output.
 package ociimage
@@ -64,6 +64,11 @@ type Options struct {
 	// Applets are the applets linked into /bin (empty: Applets). Images
 	// for suites that expect a full busybox pass `busybox --list`.
 	Applets []string
+	// HardLinks links the applets to /bin/busybox with hard links, as the
+	// upstream busybox image does, rather than symbolic links. A masked
+	// path (/dev/null bound over /bin/ls) then masks that applet alone; a
+	// symbolic link would be followed and mask busybox, every applet.
+	HardLinks bool
 }
 
 func (o Options) withDefaults() Options {
@@ -118,7 +123,7 @@ func Write(w io.Writer, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("read busybox: %w (install busybox-static: make deps)", err)
 	}
-	layerTar, err := rootfsTar(bb, opts.Applets, opts.Created)
+	layerTar, err := rootfsTar(bb, opts.Applets, opts.HardLinks, opts.Created)
 	if err != nil {
 		return err
 	}
@@ -195,7 +200,7 @@ func Write(w io.Writer, opts Options) error {
 
 // rootfsTar returns the uncompressed layer: the directory skeleton, busybox,
 // its applet links and the user database.
-func rootfsTar(busybox []byte, applets []string, mtime time.Time) ([]byte, error) {
+func rootfsTar(busybox []byte, applets []string, hard bool, mtime time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := newTarWriter(&buf, mtime)
 	for _, d := range []string{"bin", "dev", "etc", "proc", "root", "sys", "tmp", "usr", "usr/bin", "var"} {
@@ -212,7 +217,11 @@ func rootfsTar(busybox []byte, applets []string, mtime time.Time) ([]byte, error
 		if a == "" || a == "busybox" || strings.Contains(a, "/") {
 			continue
 		}
-		tw.symlink(path.Join("bin", a), "busybox")
+		if hard {
+			tw.hardlink(path.Join("bin", a), "bin/busybox")
+		} else {
+			tw.symlink(path.Join("bin", a), "busybox")
+		}
 	}
 	tw.file("etc/group", 0o644, []byte("root:x:0:\nnogroup:x:65534:\n"))
 	tw.file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"))
@@ -273,6 +282,11 @@ func (t *tarWriter) file(name string, mode int64, body []byte) {
 
 func (t *tarWriter) symlink(name, target string) {
 	t.header(&tar.Header{Typeflag: tar.TypeSymlink, Name: name, Linkname: target, Mode: 0o777}, nil)
+}
+
+// hardlink adds name as a hard link to target, a path in the layer.
+func (t *tarWriter) hardlink(name, target string) {
+	t.header(&tar.Header{Typeflag: tar.TypeLink, Name: name, Linkname: target, Mode: 0o755}, nil)
 }
 
 func (t *tarWriter) close() error {

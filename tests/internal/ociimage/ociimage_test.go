@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -282,15 +283,7 @@ func TestWriteLinksChosenApplets(t *testing.T) {
 	if err := Write(&out, Options{Busybox: fakeBusybox(t), Applets: []string{"sh", "nc", "nc", "busybox", "../x"}}); err != nil {
 		t.Fatal(err)
 	}
-	files, _, _ := readTar(t, out.Bytes())
-	var index ocispec.Index
-	if err := json.Unmarshal(files["index.json"], &index); err != nil {
-		t.Fatal(err)
-	}
-	var m ocispec.Manifest
-	decodeBlob(t, files, index.Manifests[0], &m)
-	layer := gunzipBlob(t, files, m.Layers[0])
-	_, headers, order := readTar(t, layer)
+	headers, order := layerHeaders(t, out.Bytes())
 	var links []string
 	for _, name := range order {
 		if headers[name].Typeflag == tar.TypeSymlink {
@@ -300,4 +293,41 @@ func TestWriteLinksChosenApplets(t *testing.T) {
 	if strings.Join(links, " ") != "bin/nc bin/sh" || headers["bin/busybox"].Typeflag != tar.TypeReg {
 		t.Fatalf("applet links = %v, bin/busybox type %c; want bin/nc bin/sh and the binary", links, headers["bin/busybox"].Typeflag)
 	}
+}
+
+// Options.HardLinks links the applets to bin/busybox with hard links, as
+// the upstream busybox image does: masking one applet's path then masks
+// that applet alone.
+func TestWriteHardLinks(t *testing.T) {
+	var out bytes.Buffer
+	if err := Write(&out, Options{Busybox: fakeBusybox(t), Applets: []string{"sh", "ls"}, HardLinks: true}); err != nil {
+		t.Fatal(err)
+	}
+	headers, order := layerHeaders(t, out.Bytes())
+	var links []string
+	for _, name := range order {
+		if h := headers[name]; h.Typeflag == tar.TypeLink && h.Linkname == "bin/busybox" {
+			links = append(links, name)
+		} else if h.Typeflag == tar.TypeSymlink {
+			t.Errorf("%s is a symbolic link", name)
+		}
+	}
+	if strings.Join(links, " ") != "bin/ls bin/sh" || slices.Index(order, "bin/busybox") > slices.Index(order, "bin/ls") {
+		t.Fatalf("hard links = %v in order %v; want bin/ls bin/sh after bin/busybox", links, order)
+	}
+}
+
+// layerHeaders returns the tar headers of the single layer of an image
+// layout tarball, by name and in order.
+func layerHeaders(t *testing.T, image []byte) (map[string]*tar.Header, []string) {
+	t.Helper()
+	files, _, _ := readTar(t, image)
+	var index ocispec.Index
+	if err := json.Unmarshal(files["index.json"], &index); err != nil {
+		t.Fatal(err)
+	}
+	var m ocispec.Manifest
+	decodeBlob(t, files, index.Manifests[0], &m)
+	_, headers, order := readTar(t, gunzipBlob(t, files, m.Layers[0]))
+	return headers, order
 }

@@ -53,7 +53,7 @@ func newProcess(containerID, execID string, rp *ociruntime.Process, stdio ocirun
 		claim:   rp.Exit,
 		io:      rp.IO,
 		console: rp.IO.Console,
-		stdin:   &stdin{w: rp.IO.Stdin},
+		stdin:   newStdin(rp.IO.Stdin),
 		stdout:  closedStream(),
 		stderr:  closedStream(),
 		done:    make(chan struct{}),
@@ -107,7 +107,7 @@ func (p *process) exited() bool {
 // dropped (and given back to the agent's output budget); readers still
 // blocked get eof.
 func (p *process) release() {
-	_ = p.stdin.close()
+	_ = p.stdin.close(0)
 	_ = p.io.Close()
 	p.stdout.drop()
 	p.stderr.drop()
@@ -310,7 +310,7 @@ func (s *Service) CloseStdin(ctx context.Context, req *agentapi.ProcessRequest) 
 	if err != nil {
 		return nil, err
 	}
-	if err := p.stdin.close(); err != nil {
+	if err := p.stdin.close(stdinCloseWait); err != nil {
 		return nil, fmt.Errorf("close stdin of %s: %w", p.name(c.id), err)
 	}
 	return &agentapi.Empty{}, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -210,38 +211,61 @@ func (s *stream) read(ctx context.Context, max int) ([]byte, bool, error) {
 	return out, false, nil
 }
 
-// stdin is the write side of a process's stdin. Close waits for writes in
-// progress, so data written before CloseStdin reaches the process.
+// stdin is the write side of a process's stdin. Writes take turns; Close
+// waits, within a bound, for the write in progress, so that data written
+// before CloseStdin reaches a process that reads it. A write that stays
+// blocked (a process, or a child of it, holding stdin open and never
+// reading) never holds Close up past that bound: Close then closes the
+// pipe, which ends the write.
 type stdin struct {
+	w    io.WriteCloser
+	turn chan struct{} // holds a token while a write runs
+
 	mu     sync.Mutex
-	w      io.WriteCloser
 	closed bool
 }
 
+func newStdin(w io.WriteCloser) *stdin {
+	return &stdin{w: w, turn: make(chan struct{}, 1)}
+}
+
+// stdinCloseWait bounds how long CloseStdin waits for a write in progress.
+const stdinCloseWait = 2 * time.Second
+
 func (s *stdin) write(p []byte) (int, error) {
-	if s == nil {
+	if s == nil || s.w == nil {
 		return 0, errNoStdin
 	}
+	s.turn <- struct{}{}
+	defer func() { <-s.turn }()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.w == nil {
-		return 0, errNoStdin
-	}
-	if s.closed {
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
 		return 0, errStdinClosed
 	}
 	return s.w.Write(p)
 }
 
-func (s *stdin) close() error {
-	if s == nil {
+// close closes stdin once the write in progress ends, or after wait if it
+// does not. Later writes are refused.
+func (s *stdin) close(wait time.Duration) error {
+	if s == nil || s.w == nil {
 		return nil
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.w == nil || s.closed {
+	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
 	s.closed = true
+	s.mu.Unlock()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case s.turn <- struct{}{}:
+		defer func() { <-s.turn }()
+	case <-t.C:
+	}
 	return s.w.Close()
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"testing"
 	"time"
 
@@ -125,14 +126,14 @@ func (c *closeCounter) Close() error { c.closes++; return nil }
 
 func TestStdinCloseOnceAndRefuseLaterWrites(t *testing.T) {
 	w := &closeCounter{}
-	in := &stdin{w: w}
+	in := newStdin(w)
 	if n, err := in.write([]byte("abc")); n != 3 || err != nil {
 		t.Fatalf("write: %d, %v", n, err)
 	}
-	if err := in.close(); err != nil {
+	if err := in.close(stdinCloseWait); err != nil {
 		t.Fatal(err)
 	}
-	if err := in.close(); err != nil {
+	if err := in.close(stdinCloseWait); err != nil {
 		t.Fatal(err)
 	}
 	if w.closes != 1 || w.String() != "abc" {
@@ -141,8 +142,69 @@ func TestStdinCloseOnceAndRefuseLaterWrites(t *testing.T) {
 	if _, err := in.write([]byte("x")); !errors.Is(err, errStdinClosed) {
 		t.Errorf("write after close: %v", err)
 	}
-	if _, err := (&stdin{}).write([]byte("x")); !errors.Is(err, errNoStdin) {
+	if _, err := newStdin(nil).write([]byte("x")); !errors.Is(err, errNoStdin) {
 		t.Errorf("write without stdin: %v", err)
+	}
+}
+
+// A write that blocks (stdin's pipe is full and nothing reads it: a
+// process, or a child of it, holds stdin open and never reads) does not
+// hold CloseStdin or the release of the process up: close waits its bound,
+// then closes the pipe, which ends the write. A later write is refused at
+// once.
+func TestStdinCloseEndsAWriteThatNeverCompletes(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	in := newStdin(w)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := in.write(make([]byte, 1<<20)) // far more than a pipe holds
+		wrote <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	closed := make(chan error, 1)
+	go func() { closed <- in.close(100 * time.Millisecond) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("close waited for a write that never completes")
+	}
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Error("the blocked write reported success")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("closing stdin did not end the blocked write")
+	}
+	if _, err := in.write([]byte("x")); !errors.Is(err, errStdinClosed) {
+		t.Errorf("write after close: %v", err)
+	}
+}
+
+// Close waits for a write in progress that completes, so what was written
+// before CloseStdin reaches the process, followed by EOF.
+func TestStdinCloseLetsAWriteInProgressFinish(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	in := newStdin(w)
+	data := bytes.Repeat([]byte("x"), 256<<10)
+	go in.write(data)
+	time.Sleep(50 * time.Millisecond) // the write is blocked on the full pipe
+	closed := make(chan error, 1)
+	go func() { closed <- in.close(10 * time.Second) }()
+	got, err := io.ReadAll(r) // reads until the close after the write
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read %d bytes (%v), want the %d written before close", len(got), err, len(data))
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
 	}
 }
 

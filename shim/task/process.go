@@ -28,8 +28,8 @@ const ioDrainTimeout = 2 * time.Second
 const readStreamBytes = 1 << 20
 
 // stdinDrainTimeout bounds how long CloseIO waits for the stdin copy to
-// reach the end of what the client wrote.
-const stdinDrainTimeout = 5 * time.Second
+// reach the end of what the client wrote (a variable for tests).
+var stdinDrainTimeout = 5 * time.Second
 
 // container is one containerd task: its init process, its execs and its
 // root (root.go).
@@ -83,6 +83,10 @@ type process struct {
 
 	stdin     io.ReadCloser
 	stdinDone chan struct{}
+	// stopStdin ends the stdin copy's call in flight: a write the guest
+	// cannot complete (nothing reads the process's stdin) must not hold
+	// CloseIO up.
+	stopStdin context.CancelFunc
 	// stdinForwardedEOF is set once the copy has closed the guest's stdin.
 	stdinForwardedEOF atomic.Bool
 	outputs           sync.WaitGroup
@@ -197,7 +201,9 @@ func (p *process) startIO(ctx context.Context, ioc agent.IOService, ac agent.Age
 		go p.copyOut(outCtx, o.read, w)
 	}
 	if p.stdin != nil {
-		go p.copyIn(ctx, ioc, ac)
+		inCtx, stopIn := context.WithCancel(ctx)
+		p.stopStdin = stopIn
+		go p.copyIn(inCtx, ioc, ac)
 	}
 	return nil
 }
@@ -266,7 +272,11 @@ func (p *process) closeStdin(ctx context.Context, ac agent.AgentService) error {
 	select {
 	case <-p.stdinDone:
 	case <-time.After(stdinDrainTimeout):
+		// The client keeps the FIFO open, or the guest does not take what
+		// was written: end the copy, then close the guest's stdin, which
+		// ends a write it has in progress.
 		p.closeIO.Do(func() { p.stdin.Close() })
+		p.stopStdin()
 		<-p.stdinDone
 	}
 	if p.stdinForwardedEOF.Load() {
@@ -300,6 +310,9 @@ func (p *process) drainOutputs() {
 func (p *process) releaseIO() {
 	if p.stopOutputs != nil {
 		p.stopOutputs()
+	}
+	if p.stopStdin != nil {
+		p.stopStdin()
 	}
 	if p.stdin != nil {
 		p.closeIO.Do(func() { p.stdin.Close() })

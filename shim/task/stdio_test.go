@@ -4,12 +4,16 @@ import (
 	"context"
 	"io"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	taskAPI "github.com/containerd/containerd/api/runtime/task/v3"
+	"github.com/containerd/containerd/v2/pkg/stdio"
 	"github.com/containerd/fifo"
+
+	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 )
 
 // An exec's stdio goes through containerd's FIFOs and the guest's IO
@@ -87,4 +91,74 @@ func TestExecStdio(t *testing.T) {
 		t.Fatal("the stdout FIFO was not closed at the exit")
 	}
 	h.expect(topicExecAdded, topicExecStarted, topicExit)
+}
+
+// stuckStdin is a guest whose stdin never takes what is written (a process
+// that holds stdin open and never reads): WriteStdin blocks until its call
+// is cancelled. It counts CloseStdin calls.
+type stuckStdin struct {
+	agent.IOService
+	agent.AgentService
+	writing chan struct{}
+	closes  atomic.Int32
+}
+
+func (s *stuckStdin) WriteStdin(ctx context.Context, _ *agent.WriteStdinRequest) (*agent.WriteStdinResponse, error) {
+	select {
+	case s.writing <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+func (s *stuckStdin) CloseStdin(context.Context, *agent.ProcessRequest) (*agent.Empty, error) {
+	s.closes.Add(1)
+	return &agent.Empty{}, nil
+}
+
+// CloseIO returns, and closes the guest's stdin, even while the stdin copy
+// is blocked in a write the guest cannot complete: the copy's call is
+// cancelled once the drain bound has passed.
+func TestCloseIOEndsAStdinCopyTheGuestDoesNotTake(t *testing.T) {
+	defer func(d time.Duration) { stdinDrainTimeout = d }(stdinDrainTimeout)
+	stdinDrainTimeout = 100 * time.Millisecond
+	path := filepath.Join(t.TempDir(), "stdin")
+	if err := syscall.Mkfifo(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	guest := &stuckStdin{writing: make(chan struct{}, 1)}
+	p := newProcess("c1", "", stdio.Stdio{Stdin: path}, nil)
+	if err := p.startIO(ctx, guest, guest); err != nil {
+		t.Fatal(err)
+	}
+	defer p.releaseIO()
+	client, err := fifo.OpenFifo(ctx, path, syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close() // the client keeps its end open
+	if _, err := client.Write([]byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-guest.writing:
+	case <-ctx.Done():
+		t.Fatal("the stdin copy did not write to the guest")
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.closeStdin(ctx, guest) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("CloseIO waited for a stdin write the guest never completes")
+	}
+	if n := guest.closes.Load(); n != 1 {
+		t.Errorf("the guest's stdin was closed %d times, want once", n)
+	}
 }

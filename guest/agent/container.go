@@ -499,10 +499,14 @@ func (s *Service) cleanup(ctx context.Context, id, bundle string) error {
 	return nil
 }
 
-// ListPids lists the container's processes (guest pids).
+// ListPids lists the container's processes (guest pids), when policy.stats
+// allows.
 func (s *Service) ListPids(ctx context.Context, req *agentapi.ListPidsRequest) (*agentapi.ListPidsResponse, error) {
 	c, err := s.lookup(req.GetContainerId())
 	if err != nil {
+		return nil, err
+	}
+	if err := s.evaluator().ListPids(c.policy()); err != nil {
 		return nil, err
 	}
 	// The container's cgroup lists its processes whatever state it is in;

@@ -23,12 +23,12 @@ import (
 //	                  discarded in the guest (newProcess)
 //	WriteStdin        stdin, exec_stdin (service.go)
 //	SignalProcess     signals (process.go)
-//	Stats             policy.stats (container.go)
+//	Stats, ListPids   policy.stats (container.go)
 //	UpdateContainer   policy.update_resources (update.go)
 //	secrets           mounted only where a rule names them (secrets.go)
 //
 // StartContainer, WaitProcess, DeleteProcess, RemoveContainer,
-// CloseStdin, ResizePty, ListPids and Shutdown only drive or stop what the
+// CloseStdin, ResizePty and Shutdown only drive or stop what the
 // policy let the host create (the host can stop the VM anyway), and are
 // not policy decisions; GetInfo, GetEvidence and SetInitData are checked
 // by their own rules (initdata.go).

@@ -226,8 +226,11 @@ func TestMaliciousHostExecUnderPolicy(t *testing.T) {
 	// Signals: those that stop it, nothing else.
 	_, err = e.agent.SignalProcess(ctxT(t), &agentapi.SignalProcessRequest{ContainerId: "c2", Signal: 10})
 	assertCode(t, err, codes.PermissionDenied)
-	// Stats and updates are off in this policy.
+	// Stats and updates are off in this policy, and so is the list of
+	// pids (VM-wide numbers whose turnover shows activity).
 	_, err = e.agent.Stats(ctxT(t), &agentapi.StatsRequest{ContainerId: "c2"})
+	assertCode(t, err, codes.PermissionDenied)
+	_, err = e.agent.ListPids(ctxT(t), &agentapi.ListPidsRequest{ContainerId: "c2"})
 	assertCode(t, err, codes.PermissionDenied)
 	_, err = e.agent.UpdateContainer(ctxT(t), &agentapi.UpdateContainerRequest{ContainerId: "c2", Resources: []byte(`{"pids":{"limit":100}}`)})
 	assertCode(t, err, codes.PermissionDenied)
@@ -326,6 +329,10 @@ func TestPolicyChecksWithoutRunc(t *testing.T) {
 		},
 		"UpdateContainer": func() error {
 			_, err := svc.UpdateContainer(ctx, &agentapi.UpdateContainerRequest{ContainerId: "q", Resources: []byte(`{}`)})
+			return err
+		},
+		"ListPids": func() error {
+			_, err := svc.ListPids(ctx, &agentapi.ListPidsRequest{ContainerId: "q"})
 			return err
 		},
 		"ExecProcess": func() error {

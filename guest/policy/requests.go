@@ -180,6 +180,19 @@ func (e *Evaluator) Stats(c *Container) error {
 	return e.decide(k.ds)
 }
 
+// ListPids decides whether the host may list container c's processes. It
+// is policy.stats's: pids are allocated across the VM, so their numbers and
+// their turnover tell the host when processes and threads start, in the
+// container and around it, as the cgroup metrics would.
+func (e *Evaluator) ListPids(c *Container) error {
+	rule, k, err := e.governed("ListPids", c, "")
+	if rule == nil || e.p.StatsAllowed() {
+		return err
+	}
+	k.deny("stats", "", "policy.stats", "").Reason = "not allowed (it covers ListPids)"
+	return e.decide(k.ds)
+}
+
 // Update decides whether the host may change container c's cgroup limits.
 func (e *Evaluator) Update(c *Container) error {
 	rule, k, err := e.governed("UpdateContainer", c, "")

@@ -174,11 +174,12 @@ func TestSignals(t *testing.T) {
 // Stats and updates are allowed unless the policy turns them off.
 func TestStatsAndUpdate(t *testing.T) {
 	e, c := app(t)
-	if e.Stats(c) != nil || e.Update(c) != nil {
-		t.Fatal("stats or update refused by default")
+	if e.Stats(c) != nil || e.ListPids(c) != nil || e.Update(c) != nil {
+		t.Fatal("stats, pids or update refused by default")
 	}
 	e, c = app(t, "[policy]\n", "[policy]\nstats = false\nupdate_resources = false\n")
 	denied(t, e.Stats(c), "stats", "policy.stats")
+	denied(t, e.ListPids(c), "stats", "policy.stats")
 	denied(t, e.Update(c), "resources", "policy.update_resources")
 }
 

@@ -79,7 +79,9 @@ type Policy struct {
 	// Audit makes the agent log each denial and allow the request. It is
 	// part of the measured document, so the owner's broker sees it.
 	Audit bool `toml:"audit"`
-	// Stats lets the host read containers' cgroup metrics. Absent: true
+	// Stats lets the host read containers' cgroup metrics and list their
+	// processes (ListPids: VM-wide pids, whose turnover shows when
+	// processes and threads start). Absent: true
 	// (they tell the host what it sees of the VM from outside, and the
 	// kubelet needs them).
 	Stats *bool `toml:"stats"`

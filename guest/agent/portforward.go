@@ -13,11 +13,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/log"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
@@ -28,6 +30,10 @@ const (
 	// maxForwardConns bounds the port-forward connections open at once,
 	// so that a host cannot exhaust the guest's memory or sockets.
 	maxForwardConns = 256
+	// maxForwardWrite bounds one Write's data (the shim sends 32 KiB): with
+	// one write at a time per connection, what blocked writes hold in the
+	// agent is at most maxForwardConns times this, 64 MiB.
+	maxForwardWrite = 256 << 10
 	// portPollInterval is how often ListenPorts re-reads the listening
 	// sockets while it waits for a change.
 	portPollInterval = 200 * time.Millisecond
@@ -41,15 +47,54 @@ const (
 type portForward struct {
 	s *Service
 
-	mu    sync.Mutex
-	next  uint64
-	conns map[uint64]*net.TCPConn
+	mu      sync.Mutex
+	next    uint64
+	dialing int // Dials holding a slot of maxForwardConns
+	conns   map[uint64]*fwdConn
+}
+
+// fwdConn is one port-forward connection. It serves one Read and one Write
+// at a time: every request the host sends ahead holds memory in the agent
+// (a Write's data, a Read's buffer). A second Write while the first blocks
+// is refused. A second Read ends the one that waits and takes its turn:
+// the shim retries a Read that a live migration cut off, whose original
+// still waits in the guest.
+type fwdConn struct {
+	*net.TCPConn
+	readTurn chan struct{} // holds a token while a Read runs
+	writing  atomic.Bool
+}
+
+func newFwdConn(c *net.TCPConn) *fwdConn {
+	return &fwdConn{TCPConn: c, readTurn: make(chan struct{}, 1)}
+}
+
+// takeReadTurn waits for the Read in progress to end, ending its wait for
+// data, and returns with the turn, or ctx's error.
+func (c *fwdConn) takeReadTurn(ctx context.Context) error {
+	for {
+		select {
+		case c.readTurn <- struct{}{}:
+			_ = c.SetReadDeadline(time.Time{})
+			return nil
+		default:
+		}
+		_ = c.SetReadDeadline(time.Unix(1, 0))
+		select {
+		case c.readTurn <- struct{}{}:
+			_ = c.SetReadDeadline(time.Time{})
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 var _ agentapi.PortForwardService = (*portForward)(nil)
 
 func newPortForward(s *Service) *portForward {
-	return &portForward{s: s, conns: map[uint64]*net.TCPConn{}}
+	return &portForward{s: s, conns: map[uint64]*fwdConn{}}
 }
 
 // allowed returns nil if the pod's policy lets the host forward to port,
@@ -115,6 +160,20 @@ func (p *portForward) Dial(ctx context.Context, r *agentapi.DialRequest) (*agent
 	if err := p.allowed(ctx, fmt.Sprintf("port-forward to port %d", r.Port), r.Port); err != nil {
 		return nil, err
 	}
+	// The slot is taken before dialling: a Dial past the limit must not
+	// open a connection to the pod's service at all.
+	p.mu.Lock()
+	if n := len(p.conns) + p.dialing; n >= maxForwardConns {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("port-forward to port %d: %d connections are open already: %w", r.Port, n, errdefs.ErrResourceExhausted)
+	}
+	p.dialing++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.dialing--
+		p.mu.Unlock()
+	}()
 	netns, release, err := p.podNetns()
 	if err != nil {
 		return nil, err
@@ -126,12 +185,8 @@ func (p *portForward) Dial(ctx context.Context, r *agentapi.DialRequest) (*agent
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if n := len(p.conns); n >= maxForwardConns {
-		c.Close()
-		return nil, fmt.Errorf("port-forward to port %d: %d connections are open already: %w", r.Port, n, errdefs.ErrResourceExhausted)
-	}
 	p.next++
-	p.conns[p.next] = c
+	p.conns[p.next] = newFwdConn(c)
 	log.G(ctx).WithField("port", r.Port).WithField("conn", p.next).Debug("port-forward connection open")
 	return &agentapi.DialResponse{ConnId: p.next}, nil
 }
@@ -245,7 +300,7 @@ func dialPod(ctx context.Context, netns string, port uint32) (*net.TCPConn, erro
 	return c.(*net.TCPConn), nil
 }
 
-func (p *portForward) conn(id uint64) (*net.TCPConn, error) {
+func (p *portForward) conn(id uint64) (*fwdConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c := p.conns[id]
@@ -255,23 +310,32 @@ func (p *portForward) conn(id uint64) (*net.TCPConn, error) {
 	return c, nil
 }
 
-// Read returns what the pod sent, blocking until there is some.
+// Read returns what the pod sent, blocking until there is some. Its buffer
+// is made once data is there, and no larger than what the socket holds.
 func (p *portForward) Read(ctx context.Context, r *agentapi.ConnReadRequest) (*agentapi.ConnReadResponse, error) {
 	c, err := p.conn(r.ConnId)
 	if err != nil {
 		return nil, err
 	}
+	if err := c.takeReadTurn(ctx); err != nil {
+		return nil, err
+	}
+	defer func() { <-c.readTurn }()
 	size := int(r.MaxBytes)
 	if size == 0 {
 		size = defaultReadBytes
 	}
-	buf := make([]byte, min(size, maxReadBytes))
 	// A cancelled request must not leave a read blocked forever.
 	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
-	n, err := c.Read(buf)
-	if n > 0 {
-		return &agentapi.ConnReadResponse{Data: buf[:n]}, nil
+	avail, err := c.readable()
+	if err == nil {
+		buf := make([]byte, min(size, maxReadBytes, max(avail, 1)))
+		var n int
+		n, err = c.TCPConn.Read(buf)
+		if n > 0 {
+			return &agentapi.ConnReadResponse{Data: buf[:n]}, nil
+		}
 	}
 	if errors.Is(err, io.EOF) {
 		return &agentapi.ConnReadResponse{Eof: true}, nil
@@ -283,14 +347,49 @@ func (p *portForward) Read(ctx context.Context, r *agentapi.ConnReadRequest) (*a
 	return nil, fmt.Errorf("port-forward connection %d: read: %w", r.ConnId, err)
 }
 
-// Write sends data to the pod.
+// readable waits until the connection has data, its end or an error to
+// report, without a buffer, and returns how many bytes the socket holds.
+func (c *fwdConn) readable() (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var avail int
+	err = rc.Read(func(fd uintptr) bool {
+		if n, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil && n > 0 {
+			avail = n
+			return true
+		}
+		// Nothing queued: wait, unless the peer closed or the socket
+		// failed, which the read itself then reports.
+		var b [1]byte
+		_, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return !errors.Is(err, unix.EAGAIN)
+	})
+	return avail, err
+}
+
+// Write sends data to the pod, until it is taken or the request ends.
 func (p *portForward) Write(ctx context.Context, r *agentapi.ConnWriteRequest) (*agentapi.ConnWriteResponse, error) {
 	c, err := p.conn(r.ConnId)
 	if err != nil {
 		return nil, err
 	}
-	n, err := c.Write(r.Data)
+	if len(r.Data) > maxForwardWrite {
+		return nil, fmt.Errorf("port-forward connection %d: a write of %d bytes: at most %d at a time: %w", r.ConnId, len(r.Data), maxForwardWrite, errdefs.ErrInvalidArgument)
+	}
+	if !c.writing.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("port-forward connection %d: a write is in progress already (one at a time): %w", r.ConnId, errdefs.ErrResourceExhausted)
+	}
+	defer c.writing.Store(false)
+	stop := context.AfterFunc(ctx, func() { _ = c.SetWriteDeadline(time.Unix(1, 0)) })
+	defer stop()
+	n, err := c.TCPConn.Write(r.Data)
 	if err != nil {
+		if ctx.Err() != nil {
+			_ = c.SetWriteDeadline(time.Time{})
+			err = ctx.Err()
+		}
 		return &agentapi.ConnWriteResponse{Written: uint32(n)}, fmt.Errorf("port-forward connection %d: write: %w", r.ConnId, err)
 	}
 	return &agentapi.ConnWriteResponse{Written: uint32(n)}, nil

@@ -263,10 +263,11 @@ func TestListenPortsInThePodNamespace(t *testing.T) {
 }
 
 // A host cannot exhaust the guest's sockets and memory with port-forward
-// connections: past maxForwardConns open ones, Dial is refused.
+// connections: past maxForwardConns open ones, Dial is refused, before it
+// connects.
 func TestPortForwardConnectionLimit(t *testing.T) {
 	ctx := context.Background()
-	port := echoServer(t)
+	port, accepted := silentServer(t)
 	s := withPolicy(t, "", fakeProc(t, procNetTCP, ""))
 	first, err := s.forward.Dial(ctx, &agentapi.DialRequest{Port: port})
 	if err != nil {
@@ -281,6 +282,11 @@ func TestPortForwardConnectionLimit(t *testing.T) {
 	}
 	if len(s.forward.conns) != maxForwardConns {
 		t.Fatalf("%d connections recorded, want %d", len(s.forward.conns), maxForwardConns)
+	}
+	// Refused before it connects: the pod's service never sees it.
+	time.Sleep(100 * time.Millisecond)
+	if n := accepted.Load(); n != 1 {
+		t.Errorf("the pod's service accepted %d connections, want only the first", n)
 	}
 }
 

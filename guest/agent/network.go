@@ -42,7 +42,7 @@ func (s *Service) checkNetwork(c *policy.Container, req *agentapi.PodNetwork) er
 		n.Interfaces = append(n.Interfaces, policy.Interface{Name: ni.GetName(), MAC: ni.GetMac(), MTU: ni.GetMtu(), Addresses: ni.GetAddresses()})
 	}
 	for _, r := range req.GetRoutes() {
-		n.Routes = append(n.Routes, policy.Route{Interface: r.GetInterface(), Destination: r.GetDestination(), Gateway: r.GetGateway(), Source: r.GetSource()})
+		n.Routes = append(n.Routes, policy.Route{Interface: r.GetInterface(), Destination: r.GetDestination(), Gateway: r.GetGateway(), Source: r.GetSource(), Scope: r.GetScope()})
 	}
 	return s.evaluator().PodNetwork(c, n)
 }

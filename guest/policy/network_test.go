@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -48,6 +49,46 @@ func TestMaliciousHostPodNetwork(t *testing.T) {
 		if !strings.Contains(d.Error(), "CreateContainer") {
 			t.Errorf("%s: %v", field, d)
 		}
+	}
+	// What the kernel would take otherwise than the checks judged, or a
+	// route that breaks the pod's connections.
+	for _, tc := range []struct {
+		field  string
+		change func(n *PodNetwork)
+	}{
+		{"network.routes[1].source", func(n *PodNetwork) { n.Routes[1].Source = "127.0.0.1" }},
+		{"network.routes[1].source", func(n *PodNetwork) { n.Routes[1].Source = "::ffff:10.88.0.5" }},
+		{"network.routes[2].source", func(n *PodNetwork) { n.Routes[2].Source = "10.88.0.5" }},
+		{"network.routes[2].destination", func(n *PodNetwork) { n.Routes[2].Destination = "::ffff:127.0.0.0/104" }},
+		{"network.routes[2].gateway", func(n *PodNetwork) { n.Routes[2].Gateway = "::ffff:10.88.0.1" }},
+		{"network.routes[1].scope", func(n *PodNetwork) { n.Routes[1].Scope = 254 }},
+		{"network.routes", func(n *PodNetwork) {
+			for range maxRoutes {
+				n.Routes = append(n.Routes, n.Routes[0])
+			}
+		}},
+		{"network.interfaces[0].addresses", func(n *PodNetwork) {
+			for i := range maxAddresses {
+				n.Interfaces[0].Addresses = append(n.Interfaces[0].Addresses, fmt.Sprintf("10.88.1.%d/16", i))
+			}
+		}},
+		{"network.interfaces[0].name", func(n *PodNetwork) { n.Interfaces[0].Name = "lo\x00" }},
+		{"network.interfaces[0].name", func(n *PodNetwork) { n.Interfaces[0].Name = "eth0-with-a-long-name" }},
+		{"network.interfaces[0].mac", func(n *PodNetwork) { n.Interfaces[0].MAC = "not-a-mac" }},
+		{"network.interfaces[1].mac", func(n *PodNetwork) {
+			n.Interfaces = append(n.Interfaces, Interface{Name: "eth1", MAC: "0A-58-0A-58-00-05", MTU: 1500})
+		}},
+	} {
+		n := bridgeNetwork()
+		tc.change(n)
+		denied(t, e.PodNetwork(sb, n), tc.field, "")
+	}
+	// A route from the interface's own address, link scope: as a CNI bridge
+	// sets its subnet's route.
+	n := bridgeNetwork()
+	n.Routes[0].Source, n.Routes[0].Scope = "10.88.0.5", scopeLink
+	if err := e.PodNetwork(sb, n); err != nil {
+		t.Errorf("a link route from the pod's address: %v", err)
 	}
 	// Only with the pod's sandbox.
 	app, err := create(t, e, appSpec())

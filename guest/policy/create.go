@@ -112,7 +112,7 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 	if !k.pullRoot(rule, r.Root) {
 		k.layers(rule, r.Root)
 	}
-	k.dns(e.p.NetworkOf(), r.Spec.Mounts, r.MountKinds, r.Files)   // network.go
+	e.dns(k, r.Spec, r.MountKinds, r.Files)                        // dns.go
 	e.emptyDirPod(k, c.Identity, ann, r.Spec.Mounts, r.MountKinds) // volumes.go
 	if c.Identity.Sandbox() {
 		e.claimSandbox(k, r.ID)

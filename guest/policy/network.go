@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
-
 	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 )
 
@@ -165,7 +163,16 @@ func (e *Evaluator) PodNetwork(c *Container, n *PodNetwork) error {
 			d.Reason = "not a scope of a pod's route"
 		}
 	}
-	return e.decide(k.ds)
+	if err := e.decide(k.ds); err != nil {
+		return err
+	}
+	// The pod's own addresses, where /etc/hosts may name its hostname.
+	e.mu.Lock()
+	for _, as := range own {
+		e.podAddrs = append(e.podAddrs, as...)
+	}
+	e.mu.Unlock()
+	return nil
 }
 
 // interfaceName reports whether name is one the kernel takes as it is:
@@ -207,31 +214,5 @@ func (k *checker) address(field, a string, allowed []netip.Prefix, written []str
 		d.Hint = "the pod's loopback and link-local addresses are the guest's own"
 	case allowed != nil && !policyapi.PrefixWithin(netip.PrefixFrom(ip, ip.BitLen()), allowed):
 		k.deny(field, fmt.Sprintf("%q", a), networkKey+".addresses", strings.Join(written, ", "))
-	}
-}
-
-// dns checks the nameservers of the container's /etc/resolv.conf, a host
-// file passed by value, against [policy.network] dns.
-func (k *checker) dns(rule *policyapi.Network, ms []specs.Mount, kinds []policyapi.MountKind, files map[string][]byte) {
-	if rule.DNS == nil {
-		return
-	}
-	for i, m := range ms {
-		if m.Destination != "/etc/resolv.conf" || i >= len(kinds) || kinds[i] != policyapi.KindFile {
-			continue
-		}
-		// Every line, however long: a reader with a line limit would stop
-		// at a long one and judge nothing after it, which the resolver
-		// still reads.
-		for _, line := range strings.Split(string(files[m.Source]), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 2 || f[0] != "nameserver" {
-				continue
-			}
-			if !policyapi.MatchAny(rule.DNS, f[1]) {
-				d := k.deny(fmt.Sprintf("mounts[%d] /etc/resolv.conf nameserver", i), fmt.Sprintf("%q", f[1]), networkKey+".dns", listed(policyapi.Strings(rule.DNS)))
-				d.Hint = "the host's DNS server answers every name the pod looks up"
-			}
-		}
 	}
 }

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"github.com/containerd/errdefs"
 	"strings"
 	"testing"
 
@@ -111,6 +112,7 @@ min_mtu = 9000
 addresses = ["10.88.0.0/16"]
 routes = ["0.0.0.0/0", "10.0.0.0/8"]
 dns = ["10.96.0.10"]
+dns_search = ["default.svc.cluster.local"]
 `+podPolicy[strings.Index(podPolicy, "[policy.sandbox]"):])
 	sb := sandbox(t, e)
 	n := bridgeNetwork()
@@ -144,8 +146,76 @@ dns = ["10.96.0.10"]
 	denied(t, err, "mounts[8] /etc/resolv.conf nameserver", "policy.network.dns")
 }
 
+// kubeletHosts is the /etc/hosts the kubelet writes for pod web-0 of
+// StatefulSet web (its subdomain) at 10.88.0.5, with a hostAlias.
+const kubeletHosts = `# Kubernetes-managed hosts file.
+127.0.0.1	localhost
+::1	localhost ip6-localhost ip6-loopback
+fe00::0	ip6-localnet
+fe00::0	ip6-mcastprefix
+fe00::1	ip6-allnodes
+fe00::2	ip6-allrouters
+10.88.0.5	web-0.web.default.svc.cluster.local	web-0
+
+# Entries added by HostAliases.
+10.1.2.3	db.internal
+`
+
+// TestMaliciousHostBypassesPinnedDNS: the owner pins the nameservers
+// (dns), and the host answers the pod's lookups anyway: through /etc/hosts,
+// which the resolver reads first, or a search domain it controls, tried
+// first for every short name. With dns set, both are pinned too.
+func TestMaliciousHostBypassesPinnedDNS(t *testing.T) {
+	e := evaluator(t, `
+[policy.network]
+dns = ["10.96.0.10"]
+dns_search = ["default.svc.cluster.local", "svc.cluster.local", "cluster.local"]
+hosts = ["10.1.2.3 db.internal"]
+`+podPolicy[strings.Index(podPolicy, "[policy.sandbox]"):])
+	sb := sandbox(t, e)
+	if err := e.PodNetwork(sb, bridgeNetwork()); err != nil {
+		t.Fatal(err)
+	}
+	const resolv = "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
+	create := func(hosts, resolvConf string) error {
+		s := appSpec()
+		s.Hostname = "web-0"
+		files := map[string][]byte{}
+		for dst, body := range map[string]string{"/etc/hosts": hosts, "/etc/resolv.conf": resolvConf} {
+			src := "/run/c8s/containers/abc/files/" + strings.TrimPrefix(dst, "/etc/")
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "ro"}})
+			files[src] = []byte(body)
+		}
+		_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sb, Files: files})
+		return err
+	}
+	if err := create(kubeletHosts, resolv); err != nil {
+		t.Fatalf("the kubelet's files: %v", err)
+	}
+	for _, tc := range []struct{ hosts, resolv, field string }{
+		{kubeletHosts + "203.0.113.66 api.example.com\n", resolv, "/etc/hosts"},
+		{kubeletHosts + "127.0.0.1 api.example.com\n", resolv, "/etc/hosts"},
+		{kubeletHosts + "203.0.113.66 web-0\n", resolv, "/etc/hosts"},
+		{kubeletHosts + "10.1.2.3 db.internal api.example.com\n", resolv, "/etc/hosts"},
+		{kubeletHosts, "search evil.example\n" + resolv, "/etc/resolv.conf search"},
+		{kubeletHosts, "domain evil.example\n" + resolv, "/etc/resolv.conf domain"},
+	} {
+		err := create(tc.hosts, tc.resolv)
+		if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("hosts %q, resolv.conf %q: %v, want a denial of %s", tc.hosts[len(kubeletHosts):], tc.resolv, err, tc.field)
+		}
+	}
+	// Without dns the host's resolution is taken as it is.
+	e = evaluator(t, podPolicy)
+	sb = sandbox(t, e)
+	if err := create(kubeletHosts+"203.0.113.66 api.example.com\n", "search evil.example\n"+resolv); err != nil {
+		t.Errorf("without dns: %v", err)
+	}
+}
+
 func TestNetworkSectionValidated(t *testing.T) {
-	for _, bad := range []string{"max_interfaces = 100", "min_mtu = 10", `addresses = ["10.0.0.0/33"]`, `routes = ["default"]`, `dns = ["re:("]`} {
+	for _, bad := range []string{"max_interfaces = 100", "min_mtu = 10", `addresses = ["10.0.0.0/33"]`, `routes = ["default"]`, `dns = ["re:("]`,
+		`dns_search = ["cluster.local"]`, "dns = [\"10.96.0.10\"]\nhosts = [\"re:(\"]"} {
 		p := parsePolicy(t, "[policy.network]\n"+bad+"\n")
 		if err := p.Validate(nil); err == nil || !strings.Contains(err.Error(), "policy.network.") {
 			t.Errorf("%s: Validate = %v", bad, err)

@@ -88,6 +88,7 @@ package policy
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 	"sync"
@@ -125,6 +126,9 @@ type Evaluator struct {
 	sandbox string
 	// podUID is the pod whose emptyDir volumes the VM holds (volumes.go).
 	podUID string
+	// podAddrs are the addresses of the pod network the policy admitted
+	// (network.go), where /etc/hosts may name the pod's hostname (dns.go).
+	podAddrs []netip.Addr
 }
 
 // maxReported bounds reported: past it, repeats are reported again.

@@ -219,24 +219,32 @@ func TestShareProcessNamespace(t *testing.T) {
 }
 
 // TestDNSConfigPinned: with dnsPolicy None the pod's nameservers are all
-// its spec names, and the policy pins them; otherwise they are the
-// cluster's or the node's, which the generator cannot know.
+// its spec names, and the policy pins them, with its search domains and
+// its hostAliases (the /etc/hosts entries beside the standard ones);
+// otherwise they are the cluster's or the node's, which the generator
+// cannot know.
 func TestDNSConfigPinned(t *testing.T) {
 	for _, c := range []struct {
-		spec string
-		want []policyapi.Pattern
+		spec               string
+		dns, search, hosts []policyapi.Pattern
 	}{
-		{"  dnsPolicy: None\n  dnsConfig:\n    nameservers: [10.0.0.53, \"fd00::53\"]\n", []policyapi.Pattern{"10.0.0.53", "fd00::53"}},
-		{"  dnsPolicy: None\n", []policyapi.Pattern{}},
-		{"  dnsConfig:\n    nameservers: [10.0.0.53]\n", nil},
-		{"", nil},
+		{"  dnsPolicy: None\n  dnsConfig:\n    nameservers: [10.0.0.53, \"fd00::53\"]\n    searches: [ns1.svc.example]\n  hostAliases:\n  - ip: 10.1.2.3\n    hostnames: [db.internal, db]\n",
+			[]policyapi.Pattern{"10.0.0.53", "fd00::53"}, []policyapi.Pattern{"ns1.svc.example"}, []policyapi.Pattern{"10.1.2.3 db.internal", "10.1.2.3 db"}},
+		{"  dnsPolicy: None\n", []policyapi.Pattern{}, []policyapi.Pattern{}, []policyapi.Pattern{}},
+		{"  dnsConfig:\n    nameservers: [10.0.0.53]\n", nil, nil, nil},
+		{"", nil, nil, nil},
 	} {
-		var got []policyapi.Pattern
+		var dns, search, hosts []policyapi.Pattern
 		if n := rulesOf(t, strings.Replace(pod(pinned), "spec:\n", "spec:\n"+c.spec, 1), Options{})["Pod"].Network; n != nil {
-			got = n.DNS
+			dns, search, hosts = n.DNS, n.DNSSearch, n.Hosts
 		}
-		if !slices.Equal(got, c.want) || (got == nil) != (c.want == nil) {
-			t.Errorf("%q: dns %q, want %q", c.spec, got, c.want)
+		for _, f := range []struct {
+			name      string
+			got, want []policyapi.Pattern
+		}{{"dns", dns, c.dns}, {"dns_search", search, c.search}, {"hosts", hosts, c.hosts}} {
+			if !slices.Equal(f.got, f.want) || (f.got == nil) != (f.want == nil) {
+				t.Errorf("%q: %s %q, want %q", c.spec, f.name, f.got, f.want)
+			}
 		}
 	}
 }

@@ -89,14 +89,24 @@ func (g *gen) plan() (*plan, error) {
 	p.policy.Audit = g.o.Audit
 	// The nameservers the pod's spec names alone (dnsPolicy None); the
 	// cluster's or the node's (the other policies) are not known here.
+	// With them the search domains (the spec's too) and the /etc/hosts
+	// entries beside the standard ones (the spec's hostAliases) are pinned.
 	if g.w.spec.DNSPolicy == corev1.DNSNone {
-		dns := []policyapi.Pattern{} // none named: none at all
+		n := &policyapi.Network{DNS: []policyapi.Pattern{}, DNSSearch: []policyapi.Pattern{}, Hosts: []policyapi.Pattern{}} // none named: none at all
 		if dc := g.w.spec.DNSConfig; dc != nil {
 			for _, ns := range dc.Nameservers {
-				dns = append(dns, exact(ns))
+				n.DNS = append(n.DNS, exact(ns))
+			}
+			for _, d := range dc.Searches {
+				n.DNSSearch = append(n.DNSSearch, exact(d))
 			}
 		}
-		p.policy.Network = &policyapi.Network{DNS: dns}
+		for _, a := range g.w.spec.HostAliases {
+			for _, h := range a.Hostnames {
+				n.Hosts = append(n.Hosts, exact(a.IP+" "+h))
+			}
+		}
+		p.policy.Network = n
 	}
 	p.policy.Sandbox = &sb.c
 	p.policy.Containers = map[string]*policyapi.Container{}
@@ -271,11 +281,10 @@ func (p *plan) write() []byte {
 	}
 	if n := p.policy.Network; n != nil {
 		b.WriteString("\n[policy.network]\n")
-		dns := make([]string, len(n.DNS))
-		for i, d := range n.DNS {
-			dns[i] = str(string(d))
-		}
+		dns := quotedPatterns(n.DNS)
 		b.WriteString("dns = [" + strings.Join(dns, ", ") + "]  # dnsPolicy None: the pod's dnsConfig.nameservers\n")
+		b.WriteString("dns_search = [" + strings.Join(quotedPatterns(n.DNSSearch), ", ") + "]  # its dnsConfig.searches\n")
+		b.WriteString("hosts = [" + strings.Join(quotedPatterns(n.Hosts), ", ") + "]  # its hostAliases, beside the standard entries\n")
 	}
 	p.sandbox.write(&b, "policy.sandbox")
 	for _, r := range p.rules {
@@ -539,4 +548,13 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// quotedPatterns writes patterns as TOML strings.
+func quotedPatterns(ps []policyapi.Pattern) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = str(string(p))
+	}
+	return out
 }

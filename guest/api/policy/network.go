@@ -20,6 +20,16 @@ import (
 //	addresses = ["10.88.0.0/16", "fd00::/8"]  # prefixes (default: any)
 //	routes = ["0.0.0.0/0", "10.0.0.0/8"]      # destination prefixes (default: any)
 //	dns = ["10.96.0.10"]                      # nameservers (patterns; default: any)
+//	dns_search = ["default.svc.cluster.local"] # with dns: search domains (patterns; default: none)
+//	hosts = ["10.1.2.3 db.internal"]          # with dns: /etc/hosts entries (patterns; default: the standard ones)
+//
+// With dns set, the owner pins name resolution, and the rest of it is
+// pinned with it: the search and domain lines of /etc/resolv.conf must
+// match dns_search, and each "address name" entry of /etc/hosts (which
+// the resolver reads before asking DNS) must be a standard one (loopback
+// names on a loopback address, the kubelet's ip6-* names, the pod's
+// hostname on one of its own addresses) or match hosts (the pod's
+// hostAliases).
 //
 // Whatever the section says, the guest refuses:
 //   - an address or route destination in the loopback networks
@@ -50,6 +60,13 @@ type Network struct {
 	// /etc/resolv.conf (passed by value by the host) may hold. Absent:
 	// any; "re:" patterns match the address as written.
 	DNS []Pattern `toml:"dns"`
+	// DNSSearch (patterns) are the search and domain entries
+	// /etc/resolv.conf may hold when DNS is set. Absent: none.
+	DNSSearch []Pattern `toml:"dns_search"`
+	// Hosts (patterns) are the /etc/hosts entries, each "address name"
+	// (one name at a time, the address as written), allowed beside the
+	// standard ones when DNS is set. Absent: the standard ones alone.
+	Hosts []Pattern `toml:"hosts"`
 }
 
 // DefaultMaxInterfaces and DefaultMinMTU are the bounds of a network
@@ -127,10 +144,18 @@ func (n *Network) validate(key string) error {
 	if _, err := ParsePrefixes(n.Routes); err != nil {
 		errs = append(errs, fmt.Errorf("%s.routes: %w", key, err))
 	}
-	for i, p := range n.DNS {
-		if err := p.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("%s.dns[%d]: %w", key, i, err))
+	for _, f := range []struct {
+		name string
+		ps   []Pattern
+	}{{"dns", n.DNS}, {"dns_search", n.DNSSearch}, {"hosts", n.Hosts}} {
+		for i, p := range f.ps {
+			if err := p.Validate(); err != nil {
+				errs = append(errs, fmt.Errorf("%s.%s[%d]: %w", key, f.name, i, err))
+			}
 		}
+	}
+	if n.DNS == nil && (n.DNSSearch != nil || n.Hosts != nil) {
+		errs = append(errs, fmt.Errorf("%s.dns: not set, but dns_search or hosts is: they pin name resolution together with the nameservers: set dns too", key))
 	}
 	return errors.Join(errs...)
 }

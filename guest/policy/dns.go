@@ -1,0 +1,118 @@
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
+)
+
+// Names the standard /etc/hosts entries give: those of a loopback address,
+// and the kubelet's (and Debian's) IPv6 multicast and local names.
+var (
+	loopbackNames = []string{"localhost", "localhost.localdomain", "localhost4", "localhost4.localdomain4",
+		"localhost6", "localhost6.localdomain6", "ip6-localhost", "ip6-loopback"}
+	ip6Names    = []string{"ip6-localnet", "ip6-mcastprefix", "ip6-allnodes", "ip6-allrouters"}
+	ip6Prefixes = []netip.Prefix{netip.MustParsePrefix("fe00::/8"), netip.MustParsePrefix("ff00::/8")}
+)
+
+// dns checks the name resolution the host gives a container, in its
+// /etc/resolv.conf and /etc/hosts (host files passed by value), against
+// [policy.network] dns, dns_search and hosts (policyapi.Network). Without
+// dns the host's resolution is taken as it is.
+func (e *Evaluator) dns(k *checker, spec *specs.Spec, kinds []policyapi.MountKind, files map[string][]byte) {
+	rule := e.p.NetworkOf()
+	if rule.DNS == nil || spec == nil {
+		return
+	}
+	e.mu.Lock()
+	own := slices.Clone(e.podAddrs)
+	e.mu.Unlock()
+	for i, m := range spec.Mounts {
+		if i >= len(kinds) || kinds[i] != policyapi.KindFile {
+			continue
+		}
+		switch m.Destination {
+		case "/etc/resolv.conf":
+			k.resolvConf(rule, i, files[m.Source])
+		case "/etc/hosts":
+			k.hostsFile(rule, i, files[m.Source], spec.Hostname, own)
+		}
+	}
+}
+
+// resolvConf checks the nameserver, search and domain lines. Every line,
+// however long: a reader with a line limit would stop at a long one and
+// judge nothing after it, which the resolver still reads.
+func (k *checker) resolvConf(rule *policyapi.Network, i int, data []byte) {
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		switch f[0] {
+		case "nameserver":
+			if !policyapi.MatchAny(rule.DNS, f[1]) {
+				d := k.deny(fmt.Sprintf("mounts[%d] /etc/resolv.conf nameserver", i), fmt.Sprintf("%q", f[1]), networkKey+".dns", listed(policyapi.Strings(rule.DNS)))
+				d.Hint = "the host's DNS server answers every name the pod looks up"
+			}
+		case "search", "domain":
+			for _, domain := range f[1:] {
+				if !policyapi.MatchAny(rule.DNSSearch, domain) {
+					d := k.deny(fmt.Sprintf("mounts[%d] /etc/resolv.conf %s", i, f[0]), fmt.Sprintf("%q", domain), networkKey+".dns_search", listed(policyapi.Strings(rule.DNSSearch)))
+					d.Hint = "a short name the pod looks up is tried in each search domain first: one the host chose answers it"
+				}
+			}
+		}
+	}
+}
+
+// hostsFile checks each entry of /etc/hosts, which the resolver reads
+// before it asks a nameserver.
+func (k *checker) hostsFile(rule *policyapi.Network, i int, data []byte, hostname string, own []netip.Addr) {
+	field := fmt.Sprintf("mounts[%d] /etc/hosts", i)
+	for _, line := range strings.Split(string(data), "\n") {
+		if j := strings.IndexByte(line, '#'); j >= 0 {
+			line = line[:j]
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		ip, err := netip.ParseAddr(f[0])
+		if err != nil || len(f) < 2 {
+			k.deny(field, fmt.Sprintf("%q", strings.Join(f, " ")), "", "").Reason = "not an entry (an address and its names)"
+			continue
+		}
+		for _, name := range f[1:] {
+			entry := f[0] + " " + name
+			if standardHost(ip, name, hostname, own) || policyapi.MatchAny(rule.Hosts, entry) {
+				continue
+			}
+			d := k.deny(field, fmt.Sprintf("%q", entry), networkKey+".hosts", listed(policyapi.Strings(rule.Hosts)))
+			d.Hint = "the resolver answers a name in /etc/hosts before it asks the pinned nameservers"
+		}
+	}
+}
+
+// standardHost reports whether name on ip is an entry every pod's
+// /etc/hosts has: a loopback name on a loopback address, an ip6-* name
+// on an IPv6 local or multicast address, or the pod's hostname (or a
+// longer name starting with it, its FQDN) on one of the pod's own
+// addresses.
+func standardHost(ip netip.Addr, name, hostname string, own []netip.Addr) bool {
+	ip = ip.Unmap()
+	switch {
+	case ip.IsLoopback():
+		return slices.Contains(loopbackNames, name)
+	case ip.Is6() && slices.ContainsFunc(ip6Prefixes, func(p netip.Prefix) bool { return p.Contains(ip) }):
+		return slices.Contains(ip6Names, name)
+	case hostname != "" && slices.Contains(own, ip):
+		return name == hostname || strings.HasPrefix(name, hostname+".")
+	}
+	return false
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -74,7 +75,7 @@ func stageShares(dir string, shared []*agentapi.SharedMount, stage string) (map[
 		if name == "" || name != filepath.Base(name) || name == "." || name == ".." {
 			return nil, fmt.Errorf("shared mount %q: bad name %q: %w", m.GetSource(), name, errdefs.ErrInvalidArgument)
 		}
-		target, err := stageShare(root, name, stage)
+		target, err := stageShare(root, name, m.GetSubmounts(), stage)
 		if err != nil {
 			return nil, fmt.Errorf("shared mount of %s: %w", m.GetSource(), err)
 		}
@@ -83,8 +84,14 @@ func stageShares(dir string, shared []*agentapi.SharedMount, stage string) (map[
 	return paths, nil
 }
 
-// stageShare stages entry name of the share open at root below stage.
-func stageShare(root int, name, stage string) (string, error) {
+// stageShare stages entry name of the share open at root below stage. A
+// directory is staged from the mount virtio-fs stacks on the entry (the
+// host's bind of it), with the host's mounts below it looked up first
+// (submounts): the guest mounts each on its first lookup, under the mount
+// it is reached through then, and reached through the runtime's read-only
+// bind it would be read-only too, where a bind that is not recursive
+// leaves it as the host has it.
+func stageShare(root int, name string, submounts []string, stage string) (string, error) {
 	fd, err := unix.Openat(root, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", fmt.Errorf("open entry %q of the share: %w", name, err)
@@ -100,6 +107,14 @@ func stageShare(root int, name, stage string) (string, error) {
 		if err := os.Mkdir(target, 0o700); err != nil {
 			return "", err
 		}
+		// Into the mount on the entry; still never through a symlink.
+		dir, err := unix.Openat(root, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", fmt.Errorf("open directory %q of the share: %w", name, err)
+		}
+		defer unix.Close(dir)
+		fd = dir
+		lookUpSubmounts(dir, submounts)
 	case unix.S_IFREG:
 		f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 		if err != nil {
@@ -125,6 +140,33 @@ func stageShare(root int, name, stage string) (string, error) {
 		return "", fmt.Errorf("stage entry %q of the share at %s: %w", name, target, err)
 	}
 	return target, nil
+}
+
+// maxSubmounts bounds the submounts looked up for one shared directory.
+const maxSubmounts = 64
+
+// lookUpSubmounts looks up each of the host's mount points below the
+// shared directory open at dir, which mounts it (virtio-fs announces it).
+// The names are the host's: each must be a clean relative path, and is
+// resolved below dir without a symlink. A lookup that fails only leaves
+// that mount to be mounted later, as it would be without this.
+func lookUpSubmounts(dir int, submounts []string) []string {
+	var done []string
+	for _, p := range submounts[:min(len(submounts), maxSubmounts)] {
+		if p == "" || len(p) > 4096 || filepath.IsAbs(p) || filepath.Clean(p) != p || p == ".." || strings.HasPrefix(p, "../") {
+			continue
+		}
+		fd, err := unix.Openat2(dir, p, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err != nil {
+			continue
+		}
+		unix.Close(fd)
+		done = append(done, p)
+	}
+	return done
 }
 
 // testHookSharesStaged, when set, runs once a create has staged its

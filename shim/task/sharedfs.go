@@ -66,7 +66,15 @@ func (s *service) shareMounts(ctx context.Context, pod *podState, id string, spe
 		s.mu.Lock()
 		pod.shared[id] = append(pod.shared[id], name)
 		s.mu.Unlock()
-		out = append(out, &agent.SharedMount{Source: m.Source, Name: name})
+		sm := &agent.SharedMount{Source: m.Source, Name: name}
+		if fi.IsDir() {
+			// Without them a read-only volume's own mounts turn read-only
+			// in the guest too (best effort: the volume works without).
+			if sm.Submounts, err = sharedfs.Submounts(m.Source); err != nil {
+				log.G(ctx).WithError(err).WithField("source", m.Source).Warn("list the mounts below a shared path")
+			}
+		}
+		out = append(out, sm)
 	}
 	return out, nil
 }

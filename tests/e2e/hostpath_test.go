@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
@@ -17,8 +18,10 @@ const virtiofsd = "/usr/lib/qemu/virtiofsd"
 // TestCRIHostPathVolume mounts host directories into a pod's container
 // (a read-write and a read-only hostPath volume) with the node configured
 // for virtio-fs: the container reads the host's file, its write lands on
-// the host, the read-only volume refuses writes, and removing the pod
-// leaves the host directories as they were and nothing mounted.
+// the host, the read-only volume refuses writes but not in a read-write
+// mount the host has below it (CRI's read-only is not recursive), and
+// removing the pod leaves the host directories as they were and nothing
+// mounted.
 func TestCRIHostPathVolume(t *testing.T) {
 	if _, err := os.Stat(virtiofsd); err != nil {
 		t.Fatalf("%s: %v (Debian package qemu-system-common)", virtiofsd, err)
@@ -39,6 +42,14 @@ func TestCRIHostPathVolume(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ro, "config"), []byte("read me\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	sub := filepath.Join(ro, "tmpfs")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(sub, unix.MNT_DETACH) })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -71,6 +82,12 @@ func TestCRIHostPathVolume(t *testing.T) {
 	}
 	if out, code := execIn("echo no >/etc/app/config"); code == 0 {
 		t.Fatalf("writing the read-only volume succeeded: %q", out)
+	}
+	if out, code := execIn("echo below >/etc/app/tmpfs/file"); code != 0 {
+		t.Fatalf("writing the host's read-write mount below the read-only volume: exit %d, %q", code, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(sub, "file")); err != nil || string(b) != "below\n" {
+		t.Fatalf("the pod's write below the read-only volume, on the host: %q, %v", b, err)
 	}
 	pod.remove(t, ctr)
 	if b, err := os.ReadFile(filepath.Join(ro, "config")); err != nil || string(b) != "read me\n" {

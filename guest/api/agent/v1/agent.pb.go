@@ -652,7 +652,13 @@ type SharedMount struct {
 	// source is the host path, as the spec's mount names it.
 	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
 	// name is the entry of the virtio-fs share that holds it.
-	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// submounts are the host's mount points below source, relative to it
+	// (at most 64). virtio-fs announces each to the guest, which mounts it
+	// on first lookup, under whatever mount it is reached through then; the
+	// agent looks each up before it stages the entry, so that a read-only
+	// bind, which is not recursive, leaves them as the host has them.
+	Submounts     []string `protobuf:"bytes,3,rep,name=submounts,proto3" json:"submounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -699,6 +705,13 @@ func (x *SharedMount) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *SharedMount) GetSubmounts() []string {
+	if x != nil {
+		return x.Submounts
+	}
+	return nil
 }
 
 type CreateContainerResponse struct {
@@ -2777,10 +2790,11 @@ const file_guest_api_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x06 \x01(\tR\tsandboxId\x122\n" +
 	"\anetwork\x18\a \x01(\v2\x18.c8s.agent.v1.PodNetworkR\anetwork\x12>\n" +
-	"\rshared_mounts\x18\b \x03(\v2\x19.c8s.agent.v1.SharedMountR\fsharedMounts\"9\n" +
+	"\rshared_mounts\x18\b \x03(\v2\x19.c8s.agent.v1.SharedMountR\fsharedMounts\"W\n" +
 	"\vSharedMount\x12\x16\n" +
 	"\x06source\x18\x01 \x01(\tR\x06source\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"+\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1c\n" +
+	"\tsubmounts\x18\x03 \x03(\tR\tsubmounts\"+\n" +
 	"\x17CreateContainerResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\rR\x03pid\":\n" +
 	"\x15StartContainerRequest\x12!\n" +

@@ -326,8 +326,7 @@ func (p *portForward) Read(ctx context.Context, r *agentapi.ConnReadRequest) (*a
 		size = defaultReadBytes
 	}
 	// A cancelled request must not leave a read blocked forever.
-	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Unix(1, 0)) })
-	defer stop()
+	defer deadlineOnDone(ctx, c.SetReadDeadline)()
 	avail, err := c.readable()
 	if err == nil {
 		buf := make([]byte, min(size, maxReadBytes, max(avail, 1)))
@@ -341,10 +340,27 @@ func (p *portForward) Read(ctx context.Context, r *agentapi.ConnReadRequest) (*a
 		return &agentapi.ConnReadResponse{Eof: true}, nil
 	}
 	if ctx.Err() != nil {
-		_ = c.SetReadDeadline(time.Time{})
 		return nil, ctx.Err()
 	}
 	return nil, fmt.Errorf("port-forward connection %d: read: %w", r.ConnId, err)
+}
+
+// deadlineOnDone sets a deadline in the past with set when ctx ends,
+// which ends a read or write blocked on the connection, and returns the
+// func that disarms it: once that returns, the deadline is not set, nor
+// being set, so the next request on the connection starts clear.
+func deadlineOnDone(ctx context.Context, set func(time.Time) error) (disarm func()) {
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(done)
+		_ = set(time.Unix(1, 0))
+	})
+	return func() {
+		if !stop() {
+			<-done
+			_ = set(time.Time{})
+		}
+	}
 }
 
 // readable waits until the connection has data, its end or an error to
@@ -382,12 +398,10 @@ func (p *portForward) Write(ctx context.Context, r *agentapi.ConnWriteRequest) (
 		return nil, fmt.Errorf("port-forward connection %d: a write is in progress already (one at a time): %w", r.ConnId, errdefs.ErrResourceExhausted)
 	}
 	defer c.writing.Store(false)
-	stop := context.AfterFunc(ctx, func() { _ = c.SetWriteDeadline(time.Unix(1, 0)) })
-	defer stop()
+	defer deadlineOnDone(ctx, c.SetWriteDeadline)()
 	n, err := c.TCPConn.Write(r.Data)
 	if err != nil {
 		if ctx.Err() != nil {
-			_ = c.SetWriteDeadline(time.Time{})
 			err = ctx.Err()
 		}
 		return &agentapi.ConnWriteResponse{Written: uint32(n)}, fmt.Errorf("port-forward connection %d: write: %w", r.ConnId, err)

@@ -198,3 +198,32 @@ func TestForwardConnReadable(t *testing.T) {
 		t.Fatalf("read after readable at the close: %v, want EOF", err)
 	}
 }
+
+// A request that ends as its Write or Read returns leaves no deadline
+// behind: the next request on the connection works.
+func TestPortForwardRequestEndLeavesNoDeadline(t *testing.T) {
+	port := echoServer(t)
+	s := withPolicy(t, "", fakeProc(t, procNetTCP, ""))
+	live := context.Background()
+	d, err := s.forward.Dial(live, &agentapi.DialRequest{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.forward.Close(live, &agentapi.ConnCloseRequest{ConnId: d.ConnId})
+	for i := range 50 {
+		ended, cancel := context.WithCancel(live)
+		cancel() // the request ends as it runs
+		_, _ = s.forward.Write(ended, &agentapi.ConnWriteRequest{ConnId: d.ConnId, Data: []byte("x")})
+		_, _ = s.forward.Read(ended, &agentapi.ConnReadRequest{ConnId: d.ConnId})
+		time.Sleep(time.Millisecond)
+		if _, err := s.forward.Write(live, &agentapi.ConnWriteRequest{ConnId: d.ConnId, Data: []byte("y")}); err != nil {
+			t.Fatalf("round %d: a write after a request that ended: %v", i, err)
+		}
+		short, stop := context.WithTimeout(live, 5*time.Second)
+		_, err := s.forward.Read(short, &agentapi.ConnReadRequest{ConnId: d.ConnId})
+		stop()
+		if err != nil {
+			t.Fatalf("round %d: a read after a request that ended: %v", i, err)
+		}
+	}
+}

@@ -378,7 +378,7 @@ func (s *Service) WriteStdin(ctx context.Context, req *agentapi.WriteStdinReques
 	if err := s.checkStdin(c, req.GetExecId()); err != nil {
 		return nil, err
 	}
-	n, err := p.stdin.write(req.GetData())
+	n, err := p.stdin.write(ctx, req.GetData())
 	if err != nil {
 		return &agentapi.WriteStdinResponse{Written: uint32(n)}, fmt.Errorf("write stdin of %s: %w", p.name(req.GetContainerId()), err)
 	}

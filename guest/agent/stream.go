@@ -218,31 +218,39 @@ func (s *stream) read(ctx context.Context, max int) ([]byte, bool, error) {
 // reading) never holds Close up past that bound: Close then closes the
 // pipe, which ends the write.
 type stdin struct {
-	w    io.WriteCloser
-	turn chan struct{} // holds a token while a write runs
-
-	mu     sync.Mutex
-	closed bool
+	w       io.WriteCloser
+	turn    chan struct{} // holds a token while a write runs
+	closing chan struct{} // closed by close
+	once    sync.Once
 }
 
 func newStdin(w io.WriteCloser) *stdin {
-	return &stdin{w: w, turn: make(chan struct{}, 1)}
+	return &stdin{w: w, turn: make(chan struct{}, 1), closing: make(chan struct{})}
 }
 
 // stdinCloseWait bounds how long CloseStdin waits for a write in progress.
 const stdinCloseWait = 2 * time.Second
 
-func (s *stdin) write(p []byte) (int, error) {
+// write writes p once the write before it is done. It is refused once
+// stdin is closed, also while it waits for its turn: a terminal's stdin
+// stays open at close, so a write stuck on it is not ended, and the
+// writes after it must not queue behind it.
+func (s *stdin) write(ctx context.Context, p []byte) (int, error) {
 	if s == nil || s.w == nil {
 		return 0, errNoStdin
 	}
-	s.turn <- struct{}{}
-	defer func() { <-s.turn }()
-	s.mu.Lock()
-	closed := s.closed
-	s.mu.Unlock()
-	if closed {
+	select {
+	case s.turn <- struct{}{}:
+	case <-s.closing:
 		return 0, errStdinClosed
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-s.turn }()
+	select {
+	case <-s.closing:
+		return 0, errStdinClosed
+	default:
 	}
 	return s.w.Write(p)
 }
@@ -253,13 +261,11 @@ func (s *stdin) close(wait time.Duration) error {
 	if s == nil || s.w == nil {
 		return nil
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	first := false
+	s.once.Do(func() { close(s.closing); first = true })
+	if !first {
 		return nil
 	}
-	s.closed = true
-	s.mu.Unlock()
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	select {

@@ -127,7 +127,7 @@ func (c *closeCounter) Close() error { c.closes++; return nil }
 func TestStdinCloseOnceAndRefuseLaterWrites(t *testing.T) {
 	w := &closeCounter{}
 	in := newStdin(w)
-	if n, err := in.write([]byte("abc")); n != 3 || err != nil {
+	if n, err := in.write(context.Background(), []byte("abc")); n != 3 || err != nil {
 		t.Fatalf("write: %d, %v", n, err)
 	}
 	if err := in.close(stdinCloseWait); err != nil {
@@ -139,10 +139,10 @@ func TestStdinCloseOnceAndRefuseLaterWrites(t *testing.T) {
 	if w.closes != 1 || w.String() != "abc" {
 		t.Errorf("closes %d, content %q", w.closes, w.String())
 	}
-	if _, err := in.write([]byte("x")); !errors.Is(err, errStdinClosed) {
+	if _, err := in.write(context.Background(), []byte("x")); !errors.Is(err, errStdinClosed) {
 		t.Errorf("write after close: %v", err)
 	}
-	if _, err := newStdin(nil).write([]byte("x")); !errors.Is(err, errNoStdin) {
+	if _, err := newStdin(nil).write(context.Background(), []byte("x")); !errors.Is(err, errNoStdin) {
 		t.Errorf("write without stdin: %v", err)
 	}
 }
@@ -161,7 +161,7 @@ func TestStdinCloseEndsAWriteThatNeverCompletes(t *testing.T) {
 	in := newStdin(w)
 	wrote := make(chan error, 1)
 	go func() {
-		_, err := in.write(make([]byte, 1<<20)) // far more than a pipe holds
+		_, err := in.write(context.Background(), make([]byte, 1<<20)) // far more than a pipe holds
 		wrote <- err
 	}()
 	time.Sleep(50 * time.Millisecond)
@@ -180,7 +180,7 @@ func TestStdinCloseEndsAWriteThatNeverCompletes(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("closing stdin did not end the blocked write")
 	}
-	if _, err := in.write([]byte("x")); !errors.Is(err, errStdinClosed) {
+	if _, err := in.write(context.Background(), []byte("x")); !errors.Is(err, errStdinClosed) {
 		t.Errorf("write after close: %v", err)
 	}
 }
@@ -195,7 +195,7 @@ func TestStdinCloseLetsAWriteInProgressFinish(t *testing.T) {
 	defer r.Close()
 	in := newStdin(w)
 	data := bytes.Repeat([]byte("x"), 256<<10)
-	go in.write(data)
+	go in.write(context.Background(), data)
 	time.Sleep(50 * time.Millisecond) // the write is blocked on the full pipe
 	closed := make(chan error, 1)
 	go func() { closed <- in.close(10 * time.Second) }()
@@ -264,5 +264,45 @@ func TestMaliciousHostNeverReadsOutput(t *testing.T) {
 	}
 	if n := used(); n != 0 {
 		t.Fatalf("%d bytes still counted after every stream was dropped", n)
+	}
+}
+
+// stuckWriter never completes a write, and closing it does not end one:
+// a terminal's stdin (the pty master stays open at CloseStdin).
+type stuckWriter struct{ release chan struct{} }
+
+func (w stuckWriter) Write(p []byte) (int, error) { <-w.release; return 0, io.ErrClosedPipe }
+func (stuckWriter) Close() error                  { return nil }
+
+// Writes after CloseStdin are refused at once, also while a write stuck
+// before it holds the turn: they must not queue up behind it, each
+// holding its data in the agent.
+func TestStdinWritesAfterCloseDoNotQueue(t *testing.T) {
+	w := stuckWriter{release: make(chan struct{})}
+	defer close(w.release)
+	in := newStdin(w)
+	go in.write(context.Background(), []byte("stuck"))
+	time.Sleep(20 * time.Millisecond)
+	if err := in.close(20 * time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := in.write(context.Background(), []byte("later")); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errStdinClosed) {
+			t.Fatalf("a write after close: %v, want %v", err, errStdinClosed)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a write after close queued behind the stuck one")
+	}
+	// Before close, a write waiting for its turn ends with its request.
+	in = newStdin(stuckWriter{release: w.release})
+	go in.write(context.Background(), []byte("stuck"))
+	time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := in.write(ctx, []byte("waits")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a write waiting for its turn past its request: %v", err)
 	}
 }

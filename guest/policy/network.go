@@ -208,6 +208,10 @@ func (k *checker) address(field, a string, allowed []netip.Prefix, written []str
 	}
 	ip := p.Addr()
 	switch {
+	case ip.Is4In6():
+		// netlink adds it as the IPv4 address, which the IPv6 prefixes
+		// below would have judged.
+		k.deny(field, fmt.Sprintf("%q", a), "", "").Reason = "an IPv4-mapped IPv6 address"
 	case ip.IsLoopback() || ip.IsUnspecified() || ip.IsMulticast() || ip.IsLinkLocalUnicast():
 		d := k.deny(field, fmt.Sprintf("%q", a), "", "")
 		d.Reason = "a loopback, unspecified, multicast or link-local address"

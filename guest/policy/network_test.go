@@ -63,6 +63,7 @@ func TestMaliciousHostPodNetwork(t *testing.T) {
 		{"network.routes[2].destination", func(n *PodNetwork) { n.Routes[2].Destination = "::ffff:127.0.0.0/104" }},
 		{"network.routes[2].gateway", func(n *PodNetwork) { n.Routes[2].Gateway = "::ffff:10.88.0.1" }},
 		{"network.routes[1].scope", func(n *PodNetwork) { n.Routes[1].Scope = 254 }},
+		{"network.interfaces[0].addresses[1]", func(n *PodNetwork) { n.Interfaces[0].Addresses[1] = "::ffff:10.96.0.10/104" }},
 		{"network.routes", func(n *PodNetwork) {
 			for range maxRoutes {
 				n.Routes = append(n.Routes, n.Routes[0])

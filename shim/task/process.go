@@ -192,7 +192,9 @@ func (p *process) startIO(ctx context.Context, ioc agent.IOService, ac agent.Age
 				w.Close()
 			}
 			if p.stdin != nil {
+				// No copy runs: CloseIO has nothing to wait for.
 				p.stdin.Close()
+				p.stdin, p.stdinDone = nil, nil
 			}
 			return err
 		}
@@ -276,7 +278,9 @@ func (p *process) closeStdin(ctx context.Context, ac agent.AgentService) error {
 		// was written: end the copy, then close the guest's stdin, which
 		// ends a write it has in progress.
 		p.closeIO.Do(func() { p.stdin.Close() })
-		p.stopStdin()
+		if p.stopStdin != nil {
+			p.stopStdin()
+		}
 		<-p.stdinDone
 	}
 	if p.stdinForwardedEOF.Load() {

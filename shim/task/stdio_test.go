@@ -162,3 +162,31 @@ func TestCloseIOEndsAStdinCopyTheGuestDoesNotTake(t *testing.T) {
 		t.Errorf("the guest's stdin was closed %d times, want once", n)
 	}
 }
+
+// An exec whose IO setup failed after its stdin FIFO was opened (its
+// stdout FIFO is missing) has no copy: CloseIO closes the guest's stdin at
+// once, rather than wait for a copy that never ran.
+func TestCloseIOAfterFailedStartIO(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "stdin")
+	if err := syscall.Mkfifo(in, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	guest := &stuckStdin{writing: make(chan struct{}, 1)}
+	p := newProcess("c1", "e1", stdio.Stdio{Stdin: in, Stdout: filepath.Join(dir, "missing", "stdout")}, nil)
+	if err := p.startIO(ctx, guest, guest); err == nil {
+		t.Fatal("startIO succeeded without a stdout FIFO")
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.closeStdin(ctx, guest) }()
+	select {
+	case err := <-done:
+		if err != nil || guest.closes.Load() != 1 {
+			t.Fatalf("CloseIO: %v, the guest's stdin closed %d times", err, guest.closes.Load())
+		}
+	case <-time.After(2 * stdinDrainTimeout):
+		t.Fatal("CloseIO waited for a stdin copy that never ran")
+	}
+}

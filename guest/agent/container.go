@@ -324,6 +324,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err := s.configureNetwork(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
 		return nil, err
 	}
+	s.evaluator().PodWired(grant, plan.Spec.Hostname, podNetworkOf(req.GetNetwork()))
 	if err := s.startMesh(ctx, c.id, req.GetNetwork(), rp.Pid); err != nil {
 		return nil, err
 	}

@@ -37,6 +37,11 @@ func (s *Service) checkNetwork(c *policy.Container, req *agentapi.PodNetwork) er
 	if req == nil {
 		return nil
 	}
+	return s.evaluator().PodNetwork(c, podNetworkOf(req))
+}
+
+// podNetworkOf is the pod network request as the policy sees it.
+func podNetworkOf(req *agentapi.PodNetwork) *policy.PodNetwork {
 	n := &policy.PodNetwork{}
 	for _, ni := range req.GetInterfaces() {
 		n.Interfaces = append(n.Interfaces, policy.Interface{Name: ni.GetName(), MAC: ni.GetMac(), MTU: ni.GetMtu(), Addresses: ni.GetAddresses()})
@@ -44,7 +49,7 @@ func (s *Service) checkNetwork(c *policy.Container, req *agentapi.PodNetwork) er
 	for _, r := range req.GetRoutes() {
 		n.Routes = append(n.Routes, policy.Route{Interface: r.GetInterface(), Destination: r.GetDestination(), Gateway: r.GetGateway(), Source: r.GetSource(), Scope: r.GetScope()})
 	}
-	return s.evaluator().PodNetwork(c, n)
+	return n
 }
 
 // fileContents are the contents of the host files a plan writes, by guest

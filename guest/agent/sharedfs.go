@@ -47,7 +47,25 @@ func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest, bundle stri
 	if err := s.mountShare(dir); err != nil {
 		return nil, err
 	}
-	return stageShares(dir, shared, filepath.Join(bundle, "shares"))
+	subs := make([][]string, len(shared))
+	for i, m := range shared {
+		subs[i] = s.submountLookups(m)
+	}
+	return stageShares(dir, shared, subs, filepath.Join(bundle, "shares"))
+}
+
+// submountLookups returns the host's mounts below share m that the agent
+// looks up before it stages m. None under a policy: there they are left
+// to be mounted on first use, under the runtime's bind, so that a volume
+// the policy requires read-only is read-only all the way down, whatever
+// the host announces below it (a writable mount there would be an outlet
+// the policy's read_only closes). Without a policy a read-only volume is
+// read-only at its top only, as CRI asks.
+func (s *Service) submountLookups(m *agentapi.SharedMount) []string {
+	if s.evaluator().Governs() {
+		return nil
+	}
+	return m.GetSubmounts()
 }
 
 // stageShares pins each share entry where the runtime will bind it from.
@@ -60,7 +78,7 @@ func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest, bundle stri
 // attached at stage/<name> in the container's bundle; the runtime binds
 // that path, which no later change on the host can redirect. cleanup
 // unmounts the staged mounts with the bundle.
-func stageShares(dir string, shared []*agentapi.SharedMount, stage string) (map[string]string, error) {
+func stageShares(dir string, shared []*agentapi.SharedMount, submounts [][]string, stage string) (map[string]string, error) {
 	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open the pod's share %s: %w", dir, err)
@@ -70,12 +88,12 @@ func stageShares(dir string, shared []*agentapi.SharedMount, stage string) (map[
 		return nil, err
 	}
 	paths := map[string]string{}
-	for _, m := range shared {
+	for i, m := range shared {
 		name := m.GetName()
 		if name == "" || name != filepath.Base(name) || name == "." || name == ".." {
 			return nil, fmt.Errorf("shared mount %q: bad name %q: %w", m.GetSource(), name, errdefs.ErrInvalidArgument)
 		}
-		target, err := stageShare(root, name, m.GetSubmounts(), stage)
+		target, err := stageShare(root, name, submounts[i], stage)
 		if err != nil {
 			return nil, fmt.Errorf("shared mount of %s: %w", m.GetSource(), err)
 		}

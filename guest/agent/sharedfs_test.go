@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 )
 
 // lookUpSubmounts looks up only clean paths below the shared directory,
@@ -39,5 +41,26 @@ func TestLookUpSubmountsStaysBelow(t *testing.T) {
 	}
 	if got := lookUpSubmounts(fd, many); len(got) != maxSubmounts {
 		t.Fatalf("%d lookups of %d names, want at most %d", len(got), len(many), maxSubmounts)
+	}
+}
+
+// TestMaliciousHostAnnouncesWritableSubmount: the host announces a
+// writable mount below a volume the policy requires read-only; looked up
+// before the runtime's read-only bind (which is not recursive), it would
+// stay writable, an outlet the policy closes. Under a policy the agent
+// looks none up; without one it does (CRI's non-recursive read-only).
+func TestMaliciousHostAnnouncesWritableSubmount(t *testing.T) {
+	m := &agentapi.SharedMount{Source: "/host/vol", Name: "c-1", Submounts: []string{"out"}}
+	if got := (&Service{}).submountLookups(m); !slices.Equal(got, []string{"out"}) {
+		t.Fatalf("without a policy: %q, want the host's submounts", got)
+	}
+	doc := policyDoc(t, "")
+	svc := snpService(t, doc)
+	svc.secrets = []secretMount{{resource: "kbs:///default/key/db", source: "/x", destination: "/run/secrets/db"}} // fetched already
+	if _, err := svc.SetInitData(ctxT(t), &agentapi.SetInitDataRequest{InitData: doc}); err != nil {
+		t.Fatal(err)
+	}
+	if got := svc.submountLookups(m); got != nil {
+		t.Fatalf("under a policy the agent looks up %q", got)
 	}
 }

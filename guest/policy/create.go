@@ -154,6 +154,7 @@ func (e *Evaluator) ReleaseSandbox(c *Container) {
 	defer e.mu.Unlock()
 	if e.sandbox == c.ID {
 		e.sandbox = ""
+		e.podHostname, e.podAddrs = "", nil
 	}
 }
 

@@ -30,7 +30,7 @@ func (e *Evaluator) dns(k *checker, spec *specs.Spec, kinds []policyapi.MountKin
 		return
 	}
 	e.mu.Lock()
-	own := slices.Clone(e.podAddrs)
+	hostname, own := e.podHostname, slices.Clone(e.podAddrs)
 	e.mu.Unlock()
 	for i, m := range spec.Mounts {
 		if i >= len(kinds) || kinds[i] != policyapi.KindFile {
@@ -40,8 +40,35 @@ func (e *Evaluator) dns(k *checker, spec *specs.Spec, kinds []policyapi.MountKin
 		case "/etc/resolv.conf":
 			k.resolvConf(rule, i, files[m.Source])
 		case "/etc/hosts":
-			k.hostsFile(rule, i, files[m.Source], spec.Hostname, own)
+			k.hostsFile(rule, i, files[m.Source], hostname, own)
 		}
+	}
+}
+
+// PodWired records what the pod's sandbox c was wired with, once its
+// network is up: its hostname and its interfaces' addresses, on which
+// /etc/hosts may name the pod (dns). Not before: a network the policy
+// admitted but the guest could not configure (a MAC no NIC has) must not
+// lend its addresses to the pod's name. Only the claimed sandbox's, and
+// what ReleaseSandbox gives back goes with the claim.
+func (e *Evaluator) PodWired(c *Container, hostname string, n *PodNetwork) {
+	if !e.Governs() || c == nil || !c.Identity.Sandbox() {
+		return
+	}
+	var addrs []netip.Addr
+	if n != nil {
+		for _, ni := range n.Interfaces {
+			for _, a := range ni.Addresses {
+				if p, err := netip.ParsePrefix(a); err == nil {
+					addrs = append(addrs, p.Addr())
+				}
+			}
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sandbox == c.ID {
+		e.podHostname, e.podAddrs = hostname, addrs
 	}
 }
 
@@ -103,7 +130,7 @@ func (k *checker) hostsFile(rule *policyapi.Network, i int, data []byte, hostnam
 // /etc/hosts has: a loopback name on a loopback address, an ip6-* name
 // on an IPv6 local or multicast address, or the pod's hostname (or a
 // longer name starting with it, its FQDN) on one of the pod's own
-// addresses.
+// addresses (PodWired: the sandbox's, which the pod's containers share).
 func standardHost(ip netip.Addr, name, hostname string, own []netip.Addr) bool {
 	ip = ip.Unmap()
 	switch {

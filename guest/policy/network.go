@@ -163,16 +163,7 @@ func (e *Evaluator) PodNetwork(c *Container, n *PodNetwork) error {
 			d.Reason = "not a scope of a pod's route"
 		}
 	}
-	if err := e.decide(k.ds); err != nil {
-		return err
-	}
-	// The pod's own addresses, where /etc/hosts may name its hostname.
-	e.mu.Lock()
-	for _, as := range own {
-		e.podAddrs = append(e.podAddrs, as...)
-	}
-	e.mu.Unlock()
-	return nil
+	return e.decide(k.ds)
 }
 
 // interfaceName reports whether name is one the kernel takes as it is:

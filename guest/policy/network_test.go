@@ -179,8 +179,7 @@ hosts = ["10.1.2.3 db.internal"]
 	}
 	const resolv = "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
 	create := func(hosts, resolvConf string) error {
-		s := appSpec()
-		s.Hostname = "web-0"
+		s := appSpec() // no hostname: containerd's app containers join the sandbox's UTS namespace
 		files := map[string][]byte{}
 		for dst, body := range map[string]string{"/etc/hosts": hosts, "/etc/resolv.conf": resolvConf} {
 			src := "/run/c8s/containers/abc/files/" + strings.TrimPrefix(dst, "/etc/")
@@ -190,6 +189,12 @@ hosts = ["10.1.2.3 db.internal"]
 		_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sb, Files: files})
 		return err
 	}
+	// The pod's own line needs the sandbox wired: admitted is not enough
+	// (the guest may fail to configure what the policy admitted).
+	if err := create(kubeletHosts, resolv); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "10.88.0.5 web-0") {
+		t.Fatalf("the pod's line before the sandbox was wired: %v", err)
+	}
+	e.PodWired(sb, "web-0", bridgeNetwork())
 	if err := create(kubeletHosts, resolv); err != nil {
 		t.Fatalf("the kubelet's files: %v", err)
 	}
@@ -204,6 +209,22 @@ hosts = ["10.1.2.3 db.internal"]
 		err := create(tc.hosts, tc.resolv)
 		if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("hosts %q, resolv.conf %q: %v, want a denial of %s", tc.hosts[len(kubeletHosts):], tc.resolv, err, tc.field)
+		}
+	}
+	// A sandbox whose create failed gives back what it was wired with; the
+	// next one's hostname and addresses replace it, not add to it.
+	e.ReleaseSandbox(sb)
+	if err := create(kubeletHosts, resolv); err == nil || !strings.Contains(err.Error(), "/etc/hosts") {
+		t.Fatalf("the pod's line after its sandbox was released: %v", err)
+	}
+	sb = sandbox(t, e)
+	spoof := bridgeNetwork()
+	spoof.Interfaces[0].Addresses = []string{"203.0.113.66/32"}
+	e.PodWired(sb, "api", spoof)
+	e.PodWired(sb, "web-0", bridgeNetwork())
+	for _, line := range []string{"203.0.113.66 api.bank.example", "203.0.113.66 api", "203.0.113.66 web-0"} {
+		if err := create(kubeletHosts+line+"\n", resolv); err == nil || !strings.Contains(err.Error(), line) {
+			t.Errorf("%q after the sandbox was wired again: %v", line, err)
 		}
 	}
 	// Without dns the host's resolution is taken as it is.

@@ -126,9 +126,11 @@ type Evaluator struct {
 	sandbox string
 	// podUID is the pod whose emptyDir volumes the VM holds (volumes.go).
 	podUID string
-	// podAddrs are the addresses of the pod network the policy admitted
-	// (network.go), where /etc/hosts may name the pod's hostname (dns.go).
-	podAddrs []netip.Addr
+	// podHostname and podAddrs are the hostname and interface addresses
+	// the claimed sandbox was wired with (PodWired), where /etc/hosts may
+	// name the pod's hostname (dns.go).
+	podHostname string
+	podAddrs    []netip.Addr
 }
 
 // maxReported bounds reported: past it, repeats are reported again.

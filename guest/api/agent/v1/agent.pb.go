@@ -655,9 +655,11 @@ type SharedMount struct {
 	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// submounts are the host's mount points below source, relative to it
 	// (at most 64). virtio-fs announces each to the guest, which mounts it
-	// on first lookup, under whatever mount it is reached through then; the
-	// agent looks each up before it stages the entry, so that a read-only
-	// bind, which is not recursive, leaves them as the host has them.
+	// on first lookup, under whatever mount it is reached through then.
+	// Without a policy the agent looks each up before it stages the entry,
+	// so that a read-only bind, which is not recursive, leaves them as the
+	// host has them; under one it does not, and a read-only volume stays
+	// read-only all the way down.
 	Submounts     []string `protobuf:"bytes,3,rep,name=submounts,proto3" json:"submounts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

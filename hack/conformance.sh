@@ -10,9 +10,11 @@
 # containerd's registry config uses as the mirror of registry.k8s.io and
 # gcr.io. They are all the busybox test image (tests/cmd/mkbusyboximage,
 # every applet hard-linked) under the names critest expects; the web
-# servers are busybox httpd standing in for nginx and httpd. Images whose content a test checks (a fixed
-# digest, a USER, the nonewprivs binary) are not rebuilt here, so those tests
-# fail on both runtimes alike.
+# servers are busybox httpd standing in for nginx and httpd, and the
+# image with a group of its own has that group. Images whose content a
+# test checks otherwise (a fixed digest, a USER, the nonewprivs binary,
+# distinct images under distinct names) are not rebuilt here, so those
+# tests fail on both runtimes alike.
 #
 # Environment: C8S_CONFORMANCE_FOCUS (a ginkgo focus regexp, default all),
 # C8S_CONFORMANCE_RUNTIMES (default "c8s runc"), C8S_REGISTRY_PORT (5123),
@@ -168,7 +170,12 @@ httpd='["sh", "-c", "mkdir -p /www && echo ok >/www/index.html && echo httpd: se
 mk "$WORK/nginx.tar" --name docker.io/c8s/nginx:conformance --cmd "$nginx"
 mk "$WORK/httpd.tar" --name docker.io/c8s/httpd:conformance --cmd "$httpd"
 mk "$WORK/web12003.tar" --name docker.io/c8s/web:12003 --cmd "$(web 12003)"
-for t in busybox pause nginx httpd web12003; do
+# critest's image whose default user (1000) belongs to a group of the
+# image's own (50000): the SupplementalGroupsPolicy tests.
+mk "$WORK/groups.tar" --name docker.io/c8s/groups:conformance --user 1000 \
+	--passwd "default-user:x:1000:1000:default-user:/:/bin/sh" \
+	--group "default-user:x:1000:" --group "group-defined-in-image:x:50000:default-user"
+for t in busybox pause nginx httpd web12003 groups; do
 	ctr_seed images import "$WORK/$t.tar" >/dev/null
 done
 push() { # LOCAL REMOTE-PATH
@@ -184,8 +191,9 @@ for ref in test-image-1:latest test-image-2:latest test-image-3:latest test-imag
 	push docker.io/c8s/busybox:conformance "$staging/$ref"
 done
 push docker.io/c8s/web:12003 "$staging/hostnet-nginx-amd64:latest"
+push docker.io/c8s/groups:conformance "$staging/test-image-predefined-group:latest"
 echo "served: registry.k8s.io/{pause:3.10.1,e2e-test-images/{busybox:1.29-2,nginx:1.14-2,httpd:2.4.39-4}}," \
-	"gcr.io/$staging/{test-image-{1,2,3,tags,latest,tag},hostnet-nginx-amd64}"
+	"gcr.io/$staging/{test-image-{1,2,3,tags,latest,tag,predefined-group},hostnet-nginx-amd64}"
 
 # --- critest, once per runtime ---------------------------------------------
 declare -A ran passed failed skipped secs

@@ -69,6 +69,11 @@ type Options struct {
 	// path (/dev/null bound over /bin/ls) then masks that applet alone; a
 	// symbolic link would be followed and mask busybox, every applet.
 	HardLinks bool
+	// User is the config's default user ("" for root). Passwd and Group
+	// are lines added to /etc/passwd and /etc/group (an image whose user
+	// belongs to groups of its own, say).
+	User          string
+	Passwd, Group []string
 }
 
 func (o Options) withDefaults() Options {
@@ -123,7 +128,12 @@ func Write(w io.Writer, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("read busybox: %w (install busybox-static: make deps)", err)
 	}
-	layerTar, err := rootfsTar(bb, opts.Applets, opts.HardLinks, opts.Created)
+	for _, l := range slices.Concat(opts.Passwd, opts.Group) {
+		if strings.ContainsAny(l, "\n") || strings.Count(l, ":") < 3 {
+			return fmt.Errorf("user database line %q is not one line of name:x:... fields", l)
+		}
+	}
+	layerTar, err := rootfsTar(bb, opts, opts.Created)
 	if err != nil {
 		return err
 	}
@@ -140,7 +150,7 @@ func Write(w io.Writer, opts Options) error {
 	config, err := json.Marshal(ocispec.Image{
 		Created:  &created,
 		Platform: ocispec.Platform{Architecture: runtime.GOARCH, OS: "linux"},
-		Config:   ocispec.ImageConfig{Env: Env, Cmd: opts.Cmd},
+		Config:   ocispec.ImageConfig{Env: Env, Cmd: opts.Cmd, User: opts.User},
 		RootFS:   ocispec.RootFS{Type: "layers", DiffIDs: []digest.Digest{digest.FromBytes(layerTar)}},
 	})
 	if err != nil {
@@ -200,7 +210,8 @@ func Write(w io.Writer, opts Options) error {
 
 // rootfsTar returns the uncompressed layer: the directory skeleton, busybox,
 // its applet links and the user database.
-func rootfsTar(busybox []byte, applets []string, hard bool, mtime time.Time) ([]byte, error) {
+func rootfsTar(busybox []byte, opts Options, mtime time.Time) ([]byte, error) {
+	applets, hard := opts.Applets, opts.HardLinks
 	var buf bytes.Buffer
 	tw := newTarWriter(&buf, mtime)
 	for _, d := range []string{"bin", "dev", "etc", "proc", "root", "sys", "tmp", "usr", "usr/bin", "var"} {
@@ -223,8 +234,8 @@ func rootfsTar(busybox []byte, applets []string, hard bool, mtime time.Time) ([]
 			tw.symlink(path.Join("bin", a), "busybox")
 		}
 	}
-	tw.file("etc/group", 0o644, []byte("root:x:0:\nnogroup:x:65534:\n"))
-	tw.file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"))
+	tw.file("etc/group", 0o644, []byte("root:x:0:\nnogroup:x:65534:\n"+lines(opts.Group)))
+	tw.file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"+lines(opts.Passwd)))
 	if err := tw.close(); err != nil {
 		return nil, fmt.Errorf("build layer: %w", err)
 	}
@@ -294,4 +305,13 @@ func (t *tarWriter) close() error {
 		return t.err
 	}
 	return t.tw.Close()
+}
+
+// lines joins ls, each ended by a newline.
+func lines(ls []string) string {
+	var b strings.Builder
+	for _, l := range ls {
+		b.WriteString(l + "\n")
+	}
+	return b.String()
 }

@@ -331,3 +331,37 @@ func layerHeaders(t *testing.T, image []byte) (map[string]*tar.Header, []string)
 	_, headers, order := readTar(t, gunzipBlob(t, files, m.Layers[0]))
 	return headers, order
 }
+
+// Options.User sets the config's user; Passwd and Group add lines to the
+// user database (critest's image whose user belongs to a group of its
+// own); a line that is not one is refused.
+func TestWriteUserDatabase(t *testing.T) {
+	var out bytes.Buffer
+	opts := Options{Busybox: fakeBusybox(t), User: "1000", Passwd: []string{"default-user:x:1000:1000::/home:/bin/sh"}, Group: []string{"default-user:x:1000:", "group-defined-in-image:x:50000:default-user"}}
+	if err := Write(&out, opts); err != nil {
+		t.Fatal(err)
+	}
+	files, _, _ := readTar(t, out.Bytes())
+	var index ocispec.Index
+	if err := json.Unmarshal(files["index.json"], &index); err != nil {
+		t.Fatal(err)
+	}
+	var m ocispec.Manifest
+	decodeBlob(t, files, index.Manifests[0], &m)
+	var cfg ocispec.Image
+	decodeBlob(t, files, m.Config, &cfg)
+	if cfg.Config.User != "1000" {
+		t.Errorf("config user %q", cfg.Config.User)
+	}
+	layer, _, _ := readTar(t, gunzipBlob(t, files, m.Layers[0]))
+	if g := string(layer["etc/group"]); !strings.HasSuffix(g, "nogroup:x:65534:\ndefault-user:x:1000:\ngroup-defined-in-image:x:50000:default-user\n") {
+		t.Errorf("/etc/group:\n%s", g)
+	}
+	if p := string(layer["etc/passwd"]); !strings.HasSuffix(p, "\ndefault-user:x:1000:1000::/home:/bin/sh\n") {
+		t.Errorf("/etc/passwd:\n%s", p)
+	}
+	opts.Group = []string{"two\nlines:x:1:"}
+	if err := Write(&out, opts); err == nil {
+		t.Error("a group line with a newline was written")
+	}
+}

@@ -239,6 +239,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	if err != nil {
 		return nil, err
 	}
+	own := s.ownDirs()
 	plan, err := spec.Adapt(req.GetSpec(), spec.Options{
 		ContainerID:   c.id,
 		Rootfs:        c.rootfs,
@@ -247,7 +248,7 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		Files:         files,
 		SandboxNS:     join.namespaces(),
 		Terminal:      stdio.Terminal,
-		Exists:        func(p string) bool { _, err := os.Stat(p); return err == nil },
+		Exists:        func(p string) bool { return guestBindSourceExists(p, own) },
 		Warn:          func(msg string) { log.G(ctx).WithField("container", c.id).Warn(msg) },
 		OCIVersion:    s.cfg.Runtime.SpecVersion,
 		Shared:        shared,
@@ -276,6 +277,9 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	}
 	if err := s.checkNetwork(grant, req.GetNetwork()); err != nil {
 		return nil, err
+	}
+	if s.evaluator().Governs() {
+		flattenShared(plan.Spec.Mounts, plan.Origins)
 	}
 	c.mu.Lock()
 	c.grant = grant

@@ -18,16 +18,7 @@ import (
 // image is ls, bottom first.
 func layeredRule(ls ...*layerDisk) string {
 	var b strings.Builder
-	b.WriteString(`
-[policy.containers.layered]
-image = "example/app:1"
-args = ["sh", "-c", "re:.*"]
-env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"]
-working_dir = "/"
-uid = 0
-gid = 0
-logs = true
-`)
+	b.WriteString(shRule("layered", ""))
 	for _, l := range ls {
 		fmt.Fprintf(&b, "[[policy.containers.layered.layers]]\ndigest = %q\nverity = %q\nblocks = %d\n", l.digest, l.root, l.blocks)
 	}

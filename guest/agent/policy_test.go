@@ -64,8 +64,14 @@ env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TER
 working_dir = "/"
 uid = 0
 gid = 0
+%s`, cert, extra, shRule("other", ""))
+}
 
-[policy.containers.other]
+// shRule is a [policy] rule for containers named name that run sh -c
+// anything as root in the test image, with their logs, and extra.
+func shRule(name, extra string) string {
+	return fmt.Sprintf(`
+[policy.containers.%s]
 image = "example/app:1"
 args = ["sh", "-c", "re:.*"]
 env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"]
@@ -73,7 +79,7 @@ working_dir = "/"
 uid = 0
 gid = 0
 logs = true
-`, cert, extra)
+%s`, name, extra)
 }
 
 // enforce puts doc in force as a malicious host must: through SetInitData,

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
@@ -51,7 +52,7 @@ func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest, bundle stri
 	for i, m := range shared {
 		subs[i] = s.submountLookups(m)
 	}
-	return stageShares(dir, shared, subs, filepath.Join(bundle, "shares"))
+	return stageShares(dir, shared, subs, filepath.Join(bundle, "shares"), !s.evaluator().Governs())
 }
 
 // submountLookups returns the host's mounts below share m that the agent
@@ -68,17 +69,40 @@ func (s *Service) submountLookups(m *agentapi.SharedMount) []string {
 	return m.GetSubmounts()
 }
 
+// flattenShared makes the runtime's binds of staged shares (origin
+// spec.OriginShared) binds of the staged mount alone, not recursive: under
+// a policy a share is staged without the mounts below it (stageShares),
+// and whatever is mounted below the staged copy after that is not carried
+// into the container either. What lies below is mounted on first use,
+// under the container's bind and with its flags.
+func flattenShared(mounts []specs.Mount, origins []spec.MountOrigin) {
+	for i := range mounts {
+		if i >= len(origins) || origins[i] != spec.OriginShared {
+			continue
+		}
+		for j, o := range mounts[i].Options {
+			if o == "rbind" {
+				mounts[i].Options[j] = "bind"
+			}
+		}
+	}
+}
+
 // stageShares pins each share entry where the runtime will bind it from.
 // The host (virtiofsd) writes the share and can swap an entry at any
 // time, for a symlink to / or /run/c8s/secrets say, which a bind by path
 // would follow. So each entry is opened once without following a
 // symlink (O_PATH|O_NOFOLLOW, below the share's root), checked on that
 // file descriptor (a directory or a regular file, nothing else), cloned
-// from it as a detached mount (open_tree OPEN_TREE_CLONE|AT_RECURSIVE) and
-// attached at stage/<name> in the container's bundle; the runtime binds
-// that path, which no later change on the host can redirect. cleanup
-// unmounts the staged mounts with the bundle.
-func stageShares(dir string, shared []*agentapi.SharedMount, submounts [][]string, stage string) (map[string]string, error) {
+// from it as a detached mount (open_tree OPEN_TREE_CLONE) and attached at
+// stage/<name> in the container's bundle; the runtime binds that path,
+// which no later change on the host can redirect. cleanup unmounts the
+// staged mounts with the bundle. The clone is recursive (AT_RECURSIVE,
+// the mounts below the entry too) only without a policy: under one a
+// mount found below the entry in the agent's namespace is the host's
+// doing (a walk it directed there mounts a virtio-fs submount, writable)
+// and is left out of the container's read-only volume.
+func stageShares(dir string, shared []*agentapi.SharedMount, submounts [][]string, stage string, recursive bool) (map[string]string, error) {
 	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open the pod's share %s: %w", dir, err)
@@ -93,7 +117,7 @@ func stageShares(dir string, shared []*agentapi.SharedMount, submounts [][]strin
 		if name == "" || name != filepath.Base(name) || name == "." || name == ".." {
 			return nil, fmt.Errorf("shared mount %q: bad name %q: %w", m.GetSource(), name, errdefs.ErrInvalidArgument)
 		}
-		target, err := stageShare(root, name, submounts[i], stage)
+		target, err := stageShare(root, name, submounts[i], stage, recursive)
 		if err != nil {
 			return nil, fmt.Errorf("shared mount of %s: %w", m.GetSource(), err)
 		}
@@ -109,7 +133,7 @@ func stageShares(dir string, shared []*agentapi.SharedMount, submounts [][]strin
 // it is reached through then, and reached through the runtime's read-only
 // bind it would be read-only too, where a bind that is not recursive
 // leaves it as the host has it.
-func stageShare(root int, name string, submounts []string, stage string) (string, error) {
+func stageShare(root int, name string, submounts []string, stage string, recursive bool) (string, error) {
 	fd, err := unix.Openat(root, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return "", fmt.Errorf("open entry %q of the share: %w", name, err)
@@ -149,7 +173,11 @@ func stageShare(root int, name string, submounts []string, stage string) (string
 		}
 		return "", fmt.Errorf("entry %q of the share is a %s, not a directory or a regular file: %w", name, what, errdefs.ErrPermissionDenied)
 	}
-	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
+	flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_EMPTY_PATH
+	if recursive {
+		flags |= unix.AT_RECURSIVE
+	}
+	tree, err := unix.OpenTree(fd, "", uint(flags))
 	if err != nil {
 		return "", fmt.Errorf("clone entry %q of the share: %w", name, err)
 	}

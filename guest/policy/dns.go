@@ -117,7 +117,7 @@ func (k *checker) hostsFile(rule *policyapi.Network, i int, data []byte, hostnam
 		}
 		for _, name := range f[1:] {
 			entry := f[0] + " " + name
-			if standardHost(ip, name, hostname, own) || policyapi.MatchAny(rule.Hosts, entry) {
+			if standardHost(rule, ip, name, hostname, own) || policyapi.MatchAny(rule.Hosts, entry) {
 				continue
 			}
 			d := k.deny(field, fmt.Sprintf("%q", entry), networkKey+".hosts", listed(policyapi.Strings(rule.Hosts)))
@@ -128,18 +128,62 @@ func (k *checker) hostsFile(rule *policyapi.Network, i int, data []byte, hostnam
 
 // standardHost reports whether name on ip is an entry every pod's
 // /etc/hosts has: a loopback name on a loopback address, an ip6-* name
-// on an IPv6 local or multicast address, or the pod's hostname (or a
-// longer name starting with it, its FQDN) on one of the pod's own
-// addresses (PodWired: the sandbox's, which the pod's containers share).
-func standardHost(ip netip.Addr, name, hostname string, own []netip.Addr) bool {
+// on an IPv6 local or multicast address, or one of the pod's own names
+// (ownName) on one of its own addresses (PodWired: the sandbox's, which
+// the pod's containers share).
+func standardHost(rule *policyapi.Network, ip netip.Addr, name, hostname string, own []netip.Addr) bool {
 	ip = ip.Unmap()
 	switch {
 	case ip.IsLoopback():
 		return slices.Contains(loopbackNames, name)
 	case ip.Is6() && slices.ContainsFunc(ip6Prefixes, func(p netip.Prefix) bool { return p.Contains(ip) }):
 		return slices.Contains(ip6Names, name)
-	case hostname != "" && slices.Contains(own, ip):
-		return name == hostname || strings.HasPrefix(name, hostname+".")
+	case slices.Contains(own, ip):
+		return ownName(rule, hostname, name)
 	}
 	return false
+}
+
+// ownName reports whether the pod's hostname gives it name: the hostname
+// itself, its first label, or that label's FQDN (the kubelet's
+// LABEL.SUBDOMAIN.NAMESPACE.svc.CLUSTER-DOMAIN), whose domain after the
+// subdomain matches dns_search. The host chooses the hostname, and these
+// names answer with the pod's own address: it is taken only if it
+// matches the policy's hostname or, without one, if it is a single DNS
+// label, so that the host cannot name the pod "api.bank.example".
+func ownName(rule *policyapi.Network, hostname, name string) bool {
+	if hostname == "" || name == "" {
+		return false
+	}
+	if rule.Hostname != "" {
+		if !rule.Hostname.Match(hostname) {
+			return false
+		}
+	} else if !dnsLabel(hostname) {
+		return false
+	}
+	short, _, _ := strings.Cut(hostname, ".")
+	if name == hostname || name == short {
+		return true
+	}
+	rest, ok := strings.CutPrefix(name, short+".")
+	if !ok {
+		return false
+	}
+	sub, domain, ok := strings.Cut(rest, ".")
+	return ok && dnsLabel(sub) && policyapi.MatchAny(rule.DNSSearch, domain)
+}
+
+// dnsLabel reports whether s is one DNS label (RFC 1123): 1 to 63
+// letters, digits and hyphens, not starting or ending with a hyphen.
+func dnsLabel(s string) bool {
+	if s == "" || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
 }

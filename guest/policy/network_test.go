@@ -178,17 +178,7 @@ hosts = ["10.1.2.3 db.internal"]
 		t.Fatal(err)
 	}
 	const resolv = "search default.svc.cluster.local svc.cluster.local cluster.local\nnameserver 10.96.0.10\noptions ndots:5\n"
-	create := func(hosts, resolvConf string) error {
-		s := appSpec() // no hostname: containerd's app containers join the sandbox's UTS namespace
-		files := map[string][]byte{}
-		for dst, body := range map[string]string{"/etc/hosts": hosts, "/etc/resolv.conf": resolvConf} {
-			src := "/run/c8s/containers/abc/files/" + strings.TrimPrefix(dst, "/etc/")
-			s.Mounts = append(s.Mounts, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "ro"}})
-			files[src] = []byte(body)
-		}
-		_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sb, Files: files})
-		return err
-	}
+	create := func(hosts, resolvConf string) error { return createWithDNSFiles(e, sb, hosts, resolvConf) }
 	// The pod's own line needs the sandbox wired: admitted is not enough
 	// (the guest may fail to configure what the policy admitted).
 	if err := create(kubeletHosts, resolv); !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "10.88.0.5 web-0") {

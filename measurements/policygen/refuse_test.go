@@ -227,16 +227,22 @@ func TestDNSConfigPinned(t *testing.T) {
 	for _, c := range []struct {
 		spec               string
 		dns, search, hosts []policyapi.Pattern
+		hostname           policyapi.Pattern
 	}{
 		{"  dnsPolicy: None\n  dnsConfig:\n    nameservers: [10.0.0.53, \"fd00::53\"]\n    searches: [ns1.svc.example]\n  hostAliases:\n  - ip: 10.1.2.3\n    hostnames: [db.internal, db]\n",
-			[]policyapi.Pattern{"10.0.0.53", "fd00::53"}, []policyapi.Pattern{"ns1.svc.example"}, []policyapi.Pattern{"10.1.2.3 db.internal", "10.1.2.3 db"}},
-		{"  dnsPolicy: None\n", []policyapi.Pattern{}, []policyapi.Pattern{}, []policyapi.Pattern{}},
-		{"  dnsConfig:\n    nameservers: [10.0.0.53]\n", nil, nil, nil},
-		{"", nil, nil, nil},
+			[]policyapi.Pattern{"10.0.0.53", "fd00::53"}, []policyapi.Pattern{"ns1.svc.example"}, []policyapi.Pattern{"10.1.2.3 db.internal", "10.1.2.3 db"}, "p"},
+		{"  dnsPolicy: None\n  hostname: web-0\n", []policyapi.Pattern{}, []policyapi.Pattern{}, []policyapi.Pattern{}, "web-0"},
+		{"  dnsPolicy: None\n  hostNetwork: true\n", []policyapi.Pattern{}, []policyapi.Pattern{}, []policyapi.Pattern{}, ""},
+		{"  dnsConfig:\n    nameservers: [10.0.0.53]\n", nil, nil, nil, ""},
+		{"", nil, nil, nil, ""},
 	} {
 		var dns, search, hosts []policyapi.Pattern
+		var hostname policyapi.Pattern
 		if n := rulesOf(t, strings.Replace(pod(pinned), "spec:\n", "spec:\n"+c.spec, 1), Options{})["Pod"].Network; n != nil {
-			dns, search, hosts = n.DNS, n.DNSSearch, n.Hosts
+			dns, search, hosts, hostname = n.DNS, n.DNSSearch, n.Hosts, n.Hostname
+		}
+		if hostname != c.hostname {
+			t.Errorf("%q: hostname %q, want %q", c.spec, hostname, c.hostname)
 		}
 		for _, f := range []struct {
 			name      string

@@ -106,6 +106,15 @@ func (g *gen) plan() (*plan, error) {
 				n.Hosts = append(n.Hosts, exact(a.IP+" "+h))
 			}
 		}
+		// The hostname /etc/hosts may name the pod by (the node's, with
+		// hostNetwork, is left to the default: one DNS label).
+		if !g.w.spec.HostNetwork {
+			if host, _ := g.hostname(); host.exact {
+				n.Hostname = exact(host.s)
+			} else {
+				n.Hostname = policyapi.Pattern(policyapi.RegexPrefix + host.s)
+			}
+		}
 		p.policy.Network = n
 	}
 	p.policy.Sandbox = &sb.c
@@ -285,6 +294,9 @@ func (p *plan) write() []byte {
 		b.WriteString("dns = [" + strings.Join(dns, ", ") + "]  # dnsPolicy None: the pod's dnsConfig.nameservers\n")
 		b.WriteString("dns_search = [" + strings.Join(quotedPatterns(n.DNSSearch), ", ") + "]  # its dnsConfig.searches\n")
 		b.WriteString("hosts = [" + strings.Join(quotedPatterns(n.Hosts), ", ") + "]  # its hostAliases, beside the standard entries\n")
+		if n.Hostname != "" {
+			b.WriteString("hostname = " + str(string(n.Hostname)) + "  # the pod's hostname, by which /etc/hosts names it\n")
+		}
 	}
 	p.sandbox.write(&b, "policy.sandbox")
 	for _, r := range p.rules {

@@ -22,6 +22,7 @@ import (
 //	dns = ["10.96.0.10"]                      # nameservers (patterns; default: any)
 //	dns_search = ["default.svc.cluster.local"] # with dns: search domains (patterns; default: none)
 //	hosts = ["10.1.2.3 db.internal"]          # with dns: /etc/hosts entries (patterns; default: the standard ones)
+//	hostname = "re:web-[0-9]+"                # with dns: the pod's hostname (pattern; default: any one DNS label)
 //
 // With dns set, the owner pins name resolution, and the rest of it is
 // pinned with it: the search and domain lines of /etc/resolv.conf must
@@ -29,7 +30,14 @@ import (
 // the resolver reads before asking DNS) must be a standard one (loopback
 // names on a loopback address, the kubelet's ip6-* names, the pod's
 // hostname on one of its own addresses) or match hosts (the pod's
-// hostAliases).
+// hostAliases). The host chooses the hostname, and an /etc/hosts entry
+// naming the pod by it answers that name with the pod's own address: it
+// is taken only if it matches hostname or, without hostname, if it is a
+// single DNS label (so never "api.bank.example"), and the pod's names
+// are then the hostname, its first label and that label's FQDNs
+// (LABEL.SUBDOMAIN.DOMAIN, DOMAIN matching dns_search). Pin hostname to
+// keep the host from naming the pod after a short name it looks up
+// (a service's).
 //
 // Whatever the section says, the guest refuses:
 //   - an address or route destination in the loopback networks
@@ -67,6 +75,10 @@ type Network struct {
 	// (one name at a time, the address as written), allowed beside the
 	// standard ones when DNS is set. Absent: the standard ones alone.
 	Hosts []Pattern `toml:"hosts"`
+	// Hostname (pattern) is the pod's hostname, the sandbox's, by which
+	// /etc/hosts may name the pod on its own addresses when DNS is set.
+	// Absent: any single DNS label.
+	Hostname Pattern `toml:"hostname"`
 }
 
 // DefaultMaxInterfaces and DefaultMinMTU are the bounds of a network
@@ -154,8 +166,11 @@ func (n *Network) validate(key string) error {
 			}
 		}
 	}
-	if n.DNS == nil && (n.DNSSearch != nil || n.Hosts != nil) {
-		errs = append(errs, fmt.Errorf("%s.dns: not set, but dns_search or hosts is: they pin name resolution together with the nameservers: set dns too", key))
+	if err := n.Hostname.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%s.hostname: %w", key, err))
+	}
+	if n.DNS == nil && (n.DNSSearch != nil || n.Hosts != nil || n.Hostname != "") {
+		errs = append(errs, fmt.Errorf("%s.dns: not set, but dns_search, hosts or hostname is: they pin name resolution together with the nameservers: set dns too", key))
 	}
 	return errors.Join(errs...)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/google/go-sev-guest/abi"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
@@ -36,7 +37,7 @@ var (
 	sandboxArgs       = []string{"sh", "-c", "httpd -p 8080 && httpd -p 9090 && netstat -ltn && exec sleep 3600"}
 	appArgs           = []string{"sh", "-c", "cat /run/secrets/db-password && exec sleep 3600"}
 	policySandboxArgs = []string{"sleep", "3600"}
-	readerArgs        = []string{"cat", "/config/hello"}
+	readerArgs        = []string{"sh", "-c", "cat /config/hello; if touch /config/sub/w 2>/dev/null; then echo wrote; else echo refused; fi"}
 )
 
 // tomlStrings writes a TOML array of strings.
@@ -357,6 +358,16 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 	if err := os.WriteFile(filepath.Join(hostDir, "hello"), []byte("from the host's share\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// With a writable mount of the host's below it, which virtio-fs
+	// announces: the policy requires /config read-only all the way down.
+	sub := filepath.Join(hostDir, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", sub, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(sub, unix.MNT_DETACH) })
 	p := h.boot(t, c, "policy-pod", doc, withVirtioFS, "sandbox", "app", "reader")
 	p.shareHostPath(t, hostDir, "host-config", true)
 	ag := p.sb.Agent
@@ -528,13 +539,29 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 			fmt.Sprintf(`mounts[%d] "/scratch" (shared)`, scratch), "policy.containers.reader.mounts", "/scratch (tmpfs)")
 	})
 
+	t.Run("GuestBindIntoShare", func(t *testing.T) {
+		// A guest bind through the share's writable submount: had the
+		// agent looked whether the source exists, the look would have
+		// mounted the submount, writable, in its namespace, for the
+		// share's next stage to carry into reader's read-only /config.
+		s := readerSpec(scratchTmpfs, shareOn("/config"))
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/walk", Type: "bind", Source: "/run/c8s/shared/host-config/sub/x", Options: []string{"rbind", "ro"}})
+		p.createRefused(t, c, "attack-walk", "sandbox", s, "reader", errdefs.ErrPermissionDenied,
+			`.source "/run/c8s/shared/host-config/sub/x"`, "policy.containers.reader.mounts", "guest-internal")
+	})
+
 	t.Run("VirtioFSNamed", func(t *testing.T) {
 		// The control: the share where the policy names one is served,
-		// and the container reads the host's file through it.
+		// and the container reads the host's file through it; the host's
+		// writable mount below it is read-only there too.
 		p.run(t, c, "reader", "sandbox", readerSpec(scratchTmpfs, shareOn("/config")), "reader")
-		out, err := readOutput(c, p.sb.IO, "reader", "", "from the host's share\n")
-		if err != nil || out != "from the host's share\n" {
-			t.Fatalf("reader printed %q (%v): want the host's file", out, err)
+		const want = "from the host's share\nrefused\n"
+		out, err := readOutput(c, p.sb.IO, "reader", "", want)
+		if err != nil || out != want {
+			t.Fatalf("reader printed %q (%v): want the host's file, and its submount read-only", out, err)
+		}
+		if _, err := os.Stat(filepath.Join(sub, "w")); err == nil {
+			t.Error("reader wrote to the host's mount below its read-only volume")
 		}
 		if w, err := ag.WaitProcess(c, &agent.ProcessRequest{ContainerId: "reader"}); err != nil || w.ExitStatus != 0 {
 			t.Fatalf("reader: %v, %v", w, errgrpc.ToNative(err))

@@ -348,7 +348,7 @@ func (s *Service) openLayer(ctx context.Context, l *layer, disk *agentapi.ScsiDi
 }
 
 // checkLayer returns the layer's corruption, once dm-verity has reported
-// it, and logs it the first time.
+// it, and logs it the first time; or the failure to read its status.
 func (s *Service) checkLayer(ctx context.Context, l *layer) error {
 	if l.corrupt != nil {
 		// A copy: the one returned before may still be formatted by
@@ -362,8 +362,8 @@ func (s *Service) checkLayer(ctx context.Context, l *layer) error {
 	}
 	bad, err := s.layerDevices().Corrupted(l.dm)
 	if err != nil {
-		log.G(ctx).WithError(err).WithField("layer", l.digest).Warn("read the dm-verity status of the layer")
-		return nil
+		// Fail closed: a status that cannot be read is no proof.
+		return fmt.Errorf("layer %s (scsi %s): read its dm-verity status: %w", l.digest, l.disk, err)
 	}
 	if !bad {
 		return nil

@@ -125,6 +125,8 @@ type fakeLayerDevices struct {
 	corrupt map[string]bool
 	// corruptWhen, if set, decides Corrupted for a mapping that verified.
 	corruptWhen func(name string) bool
+	// statusErr, if set, fails Corrupted (a status that cannot be read).
+	statusErr error
 	// busy is how many Close calls fail with EBUSY first (a file system
 	// on the mapping still lazily unmounting).
 	busy int
@@ -196,9 +198,12 @@ func (f *fakeLayerDevices) Close(name string) error {
 
 func (f *fakeLayerDevices) Corrupted(name string) (bool, error) {
 	f.mu.Lock()
-	bad, when := f.corrupt[name], f.corruptWhen
+	bad, when, serr := f.corrupt[name], f.corruptWhen, f.statusErr
 	_, ok := f.open[name]
 	f.mu.Unlock()
+	if serr != nil {
+		return false, serr
+	}
 	if !ok {
 		return false, fmt.Errorf("device-mapper: status of %s: %w", name, unix.ENXIO)
 	}

@@ -1,14 +1,17 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
@@ -239,5 +242,64 @@ func TestMaliciousHostMalformedLayers(t *testing.T) {
 		t.Errorf("a layer named twice was opened %d times", len(devs.opened))
 	}
 	e.remove(t, "twice")
+	e.assertLayersClosed(t, devs)
+}
+
+// TestMaliciousHostCorruptsLayerAfterStart: the host changes a block of a
+// running container's layer that the container reads only later (a
+// config, a marker file): dm-verity fails that read with EIO, which the
+// program may take for a missing file. The agent kills the container as
+// soon as it sees the corruption, and refuses new containers of it.
+func TestMaliciousHostCorruptsLayerAfterStart(t *testing.T) {
+	old := layerWatchInterval
+	layerWatchInterval = 20 * time.Millisecond
+	t.Cleanup(func() { layerWatchInterval = old })
+	e := newEnv(t)
+	e.startedAsTEE(t, "sim")
+	base := busyboxLayer(t, 1, nil)
+	devs := newFakeLayerDevices(base)
+	e.layers(devs)
+	e.create(t, "app", e.spec(t, "sleep", "60"), pipes(), layeredReq(base))
+	e.start(t, "app")
+	devs.mu.Lock()
+	devs.corruptWhen = func(string) bool { return true }
+	devs.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctxT(t), 5*time.Second)
+	defer cancel()
+	w, err := e.agent.WaitProcess(ctx, &agentapi.ProcessRequest{ContainerId: "app"})
+	if err != nil {
+		t.Fatalf("the container of a corrupted layer still runs: %v", err)
+	}
+	if w.GetExitStatus() != 128+uint32(unix.SIGKILL) {
+		t.Errorf("exit status %d, want %d (killed)", w.GetExitStatus(), 128+uint32(unix.SIGKILL))
+	}
+	// A new container of the layer is refused.
+	if err := e.createLayered(t, "app-2", "app", "true", nil, base); !errdefs.IsDataLoss(err) || !strings.Contains(err.Error(), base.digest) {
+		t.Errorf("a new container of the corrupted layer: %v", err)
+	}
+	e.assertRefusedGone(t, "app-2")
+	e.remove(t, "app")
+	e.assertLayersClosed(t, devs)
+}
+
+// A layer whose dm-verity status cannot be read is not taken as sound:
+// the start of its container fails, naming the layer.
+func TestLayerStatusUnreadableFailsClosed(t *testing.T) {
+	e := newEnv(t)
+	base := busyboxLayer(t, 1, nil)
+	devs := newFakeLayerDevices(base)
+	e.layers(devs)
+	e.create(t, "app", e.spec(t, "true"), pipes(), layeredReq(base))
+	devs.mu.Lock()
+	devs.statusErr = unix.EIO
+	devs.mu.Unlock()
+	_, err := e.agent.StartContainer(ctxT(t), &agentapi.StartContainerRequest{ContainerId: "app"})
+	if err == nil || !strings.Contains(err.Error(), "read its dm-verity status") || !strings.Contains(err.Error(), base.digest) {
+		t.Errorf("StartContainer with an unreadable layer status = %v, want a failure naming the layer", err)
+	}
+	devs.mu.Lock()
+	devs.statusErr = nil
+	devs.mu.Unlock()
+	e.remove(t, "app")
 	e.assertLayersClosed(t, devs)
 }

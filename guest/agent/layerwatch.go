@@ -24,7 +24,7 @@ import (
 //     has exec'd its program or failed to (awaitLayeredStart), so that an
 //     entrypoint the host changed fails the start naming the layer;
 //   - ExecProcess: before the exec, and after a failed one;
-//   - the exit of a container's process (watchLayers), which logs it.
+//   - while the container runs (watchLayers), which kills it.
 //
 // Once seen, a layer's corruption refuses every later create, start and
 // exec of a container that uses it.
@@ -101,15 +101,42 @@ func (s *Service) awaitLayeredStart(ctx context.Context, c *container, p *proces
 	return nil
 }
 
-// watchLayers logs, when container c's init exits, a corruption of its
-// layers that dm-verity has seen: what made it fail, if nothing else
-// reported it.
+// layerWatchInterval is how often a running container's layers are
+// looked at (watchLayers).
+var layerWatchInterval = 250 * time.Millisecond
+
+// watchLayers looks at the layers of container c while its init runs,
+// every layerWatchInterval, and kills the container (its whole cgroup)
+// once dm-verity has seen one corrupted: a block the host changed fails
+// its read with EIO, which a program may take for a missing file (a
+// config, a marker that turns authentication on) and run on without it;
+// killed, it runs on no view of its image that the host has changed. The
+// window is the interval. When init exits, a corruption seen is logged:
+// what made it fail, if nothing else reported it.
 func (s *Service) watchLayers(c *container, init *process) {
-	<-init.done
-	if err := s.layersCorrupted(context.Background(), c.heldLayers()); err != nil {
-		init.mu.Lock()
-		status := init.status
-		init.mu.Unlock()
-		log.L.WithField("container", c.id).WithField("status", status).Errorf("container exited, and its image does not verify: %v", err)
+	tick := time.NewTicker(layerWatchInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-init.done:
+			if err := s.layersCorrupted(context.Background(), c.heldLayers()); err != nil {
+				init.mu.Lock()
+				status := init.status
+				init.mu.Unlock()
+				log.L.WithField("container", c.id).WithField("status", status).Errorf("container exited, and its image does not verify: %v", err)
+			}
+			return
+		case <-tick.C:
+			err := s.layersCorrupted(context.Background(), c.heldLayers())
+			if err == nil {
+				continue
+			}
+			log.L.WithField("container", c.id).Errorf("killing the container: its image does not verify: %v", err)
+			if kerr := c.byID(func() error { return signalCgroup(c.cgroupPath(), unix.SIGKILL) }); kerr != nil && !errors.Is(kerr, errRemoved) {
+				log.L.WithError(kerr).WithField("container", c.id).Warn("kill the container of a corrupted layer")
+			}
+			<-init.done
+			return
+		}
 	}
 }

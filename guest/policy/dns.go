@@ -145,17 +145,23 @@ func standardHost(rule *policyapi.Network, ip netip.Addr, name, hostname string,
 }
 
 // ownName reports whether the pod's hostname gives it name: the hostname
-// itself, its first label, or that label's FQDN (the kubelet's
+// itself, its first label, or, with the hostname pinned, that label's
+// FQDN in the pod's own namespace (the kubelet's
 // LABEL.SUBDOMAIN.NAMESPACE.svc.CLUSTER-DOMAIN), whose domain after the
-// subdomain matches dns_search. The host chooses the hostname, and these
+// subdomain matches the first dns_search pattern (the kubelet writes the
+// namespace's domain first). The host chooses the hostname, and these
 // names answer with the pod's own address: it is taken only if it
 // matches the policy's hostname or, without one, if it is a single DNS
-// label, so that the host cannot name the pod "api.bank.example".
+// label, and then it names no FQDN (the host could choose another pod's
+// name, db-0, and its FQDN db-0.db.NAMESPACE.svc.cluster.local). So the
+// host can neither name the pod "api.bank.example" nor after a Service,
+// "kubernetes.default.svc.cluster.local".
 func ownName(rule *policyapi.Network, hostname, name string) bool {
 	if hostname == "" || name == "" {
 		return false
 	}
-	if rule.Hostname != "" {
+	pinned := rule.Hostname != ""
+	if pinned {
 		if !rule.Hostname.Match(hostname) {
 			return false
 		}
@@ -167,11 +173,11 @@ func ownName(rule *policyapi.Network, hostname, name string) bool {
 		return true
 	}
 	rest, ok := strings.CutPrefix(name, short+".")
-	if !ok {
+	if !ok || !pinned || len(rule.DNSSearch) == 0 {
 		return false
 	}
 	sub, domain, ok := strings.Cut(rest, ".")
-	return ok && dnsLabel(sub) && policyapi.MatchAny(rule.DNSSearch, domain)
+	return ok && dnsLabel(sub) && rule.DNSSearch[0].Match(domain)
 }
 
 // dnsLabel reports whether s is one DNS label (RFC 1123): 1 to 63

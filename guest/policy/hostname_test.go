@@ -53,11 +53,14 @@ dns_search = ["default.svc.cluster.local", "svc.cluster.local", "cluster.local"]
 		name, extra, hostname, line string
 		ok                          bool
 	}{
-		{"kubelet's names", "", "web-0", "10.88.0.5 web-0.web.default.svc.cluster.local web-0", true},
+		{"kubelet's short name", "", "web-0", "10.88.0.5 web-0", true},
+		{"an FQDN, hostname not pinned", "", "db-0", "10.88.0.5 db-0.db.default.svc.cluster.local", false},
+		{"a Service's FQDN", "", "kubernetes", "10.88.0.5 kubernetes.default.svc.cluster.local", false},
+		{"a Service of another namespace", `hostname = "re:web-[0-9]+"` + "\n", "web-0", "10.88.0.5 web-0.prod.svc.cluster.local", false},
 		{"a dotted hostname", "", "api.bank.example", "10.88.0.5 api.bank.example", false},
 		{"its first label", "", "api.bank.example", "10.88.0.5 api", false},
-		{"a subdomain outside the search domains", "", "web-0", "10.88.0.5 web-0.evil.example", false},
-		{"a deeper name", "", "web-0", "10.88.0.5 web-0.a.b.default.svc.cluster.local", false},
+		{"a subdomain outside the search domains", `hostname = "re:web-[0-9]+"` + "\n", "web-0", "10.88.0.5 web-0.evil.example", false},
+		{"a deeper name", `hostname = "re:web-[0-9]+"` + "\n", "web-0", "10.88.0.5 web-0.a.b.default.svc.cluster.local", false},
 		{"not a label", "", "web_0", "10.88.0.5 web_0", false},
 		{"pinned", `hostname = "re:web-[0-9]+"` + "\n", "web-0", "10.88.0.5 web-0.web.default.svc.cluster.local web-0", true},
 		{"a service's short name", `hostname = "re:web-[0-9]+"` + "\n", "db", "10.88.0.5 db", false},

@@ -172,6 +172,7 @@ func TestMaliciousHostBypassesPinnedDNS(t *testing.T) {
 dns = ["10.96.0.10"]
 dns_search = ["default.svc.cluster.local", "svc.cluster.local", "cluster.local"]
 hosts = ["10.1.2.3 db.internal"]
+hostname = "re:web-[0-9]+"
 `+podPolicy[strings.Index(podPolicy, "[policy.sandbox]"):])
 	sb := sandbox(t, e)
 	if err := e.PodNetwork(sb, bridgeNetwork()); err != nil {

@@ -34,10 +34,11 @@ import (
 // naming the pod by it answers that name with the pod's own address: it
 // is taken only if it matches hostname or, without hostname, if it is a
 // single DNS label (so never "api.bank.example"), and the pod's names
-// are then the hostname, its first label and that label's FQDNs
-// (LABEL.SUBDOMAIN.DOMAIN, DOMAIN matching dns_search). Pin hostname to
-// keep the host from naming the pod after a short name it looks up
-// (a service's).
+// are then the hostname and its first label and, with hostname pinned,
+// that label's FQDN in the pod's namespace (LABEL.SUBDOMAIN.DOMAIN,
+// DOMAIN matching the first dns_search pattern). Pin hostname to keep
+// the host from naming the pod after a short name it looks up (a
+// service's).
 //
 // Whatever the section says, the guest refuses:
 //   - an address or route destination in the loopback networks

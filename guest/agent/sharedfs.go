@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -70,21 +71,33 @@ func (s *Service) submountLookups(m *agentapi.SharedMount) []string {
 }
 
 // flattenShared makes the runtime's binds of staged shares (origin
-// spec.OriginShared) binds of the staged mount alone, not recursive: under
-// a policy a share is staged without the mounts below it (stageShares),
-// and whatever is mounted below the staged copy after that is not carried
-// into the container either. What lies below is mounted on first use,
-// under the container's bind and with its flags.
+// spec.OriginShared) binds of the staged mount alone, under a policy:
+// not recursive ("bind" for "rbind", and the propagation options without
+// their r-, which crun ORs into the bind as MS_REC), so that whatever is
+// mounted below the staged copy after its stage (stageShares leaves out
+// what was there before) is not carried into the container. And it
+// makes the bind's flags recursive ("rro" with "ro", "rnosuid",
+// "rnodev"), applied right after the bind, before the runtime walks
+// through it to a nested destination: a share entry's submount the guest
+// mounts then, or later, on first use, takes the bind's flags, so a
+// volume the policy requires read-only is read-only all the way down.
 func flattenShared(mounts []specs.Mount, origins []spec.MountOrigin) {
+	flat := map[string]string{"rbind": "bind", "rprivate": "private", "rslave": "slave", "rshared": "shared", "runbindable": "unbindable"}
 	for i := range mounts {
 		if i >= len(origins) || origins[i] != spec.OriginShared {
 			continue
 		}
-		for j, o := range mounts[i].Options {
-			if o == "rbind" {
-				mounts[i].Options[j] = "bind"
+		opts := mounts[i].Options[:0:0]
+		for _, o := range mounts[i].Options {
+			if f, ok := flat[o]; ok {
+				o = f
 			}
+			opts = append(opts, o)
 		}
+		if slices.Contains(opts, "ro") {
+			opts = append(opts, "rro")
+		}
+		mounts[i].Options = append(opts, "rnosuid", "rnodev")
 	}
 }
 

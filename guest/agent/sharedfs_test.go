@@ -6,9 +6,11 @@ import (
 	"slices"
 	"testing"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
+	"github.com/c8s-dev/c8s/guest/spec"
 )
 
 // lookUpSubmounts looks up only clean paths below the shared directory,
@@ -62,5 +64,26 @@ func TestMaliciousHostAnnouncesWritableSubmount(t *testing.T) {
 	}
 	if got := svc.submountLookups(m); got != nil {
 		t.Fatalf("under a policy the agent looks up %q", got)
+	}
+}
+
+// Under a policy a staged share is bound alone, whatever recursion its
+// options ask for (crun takes a recursive propagation option as a
+// recursive bind), and with its flags applied recursively at once.
+func TestFlattenShared(t *testing.T) {
+	ms := []specs.Mount{
+		{Destination: "/config", Type: "bind", Source: "/s/c-0", Options: []string{"rbind", "rprivate", "ro", "nosuid", "nodev"}},
+		{Destination: "/data", Type: "bind", Source: "/s/c-1", Options: []string{"rbind", "rslave", "nosuid", "nodev"}},
+		{Destination: "/etc/hosts", Type: "bind", Source: "/f/0", Options: []string{"rbind", "rprivate", "ro"}},
+	}
+	flattenShared(ms, []spec.MountOrigin{spec.OriginShared, spec.OriginShared, spec.OriginHostFile})
+	for i, want := range [][]string{
+		{"bind", "private", "ro", "nosuid", "nodev", "rro", "rnosuid", "rnodev"},
+		{"bind", "slave", "nosuid", "nodev", "rnosuid", "rnodev"},
+		{"rbind", "rprivate", "ro"},
+	} {
+		if !slices.Equal(ms[i].Options, want) {
+			t.Errorf("%s: options %q, want %q", ms[i].Destination, ms[i].Options, want)
+		}
 	}
 }

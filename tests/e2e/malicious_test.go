@@ -258,9 +258,20 @@ func testAgentPolicyPod(t *testing.T, h *hostEnv) {
 		if _, err := pf.Write(c, &agent.ConnWriteRequest{ConnId: conn.ConnId, Data: []byte("GET / HTTP/1.0\r\n\r\n")}); err != nil {
 			t.Fatal(errgrpc.ToNative(err))
 		}
-		r, err := pf.Read(c, &agent.ConnReadRequest{ConnId: conn.ConnId})
-		if err != nil || !bytes.HasPrefix(r.Data, []byte("HTTP/1.")) {
-			t.Fatalf("port 8080 answered %q (%v): want the sandbox's httpd", r.GetData(), errgrpc.ToNative(err))
+		// A read gives what has arrived: the status line may come in parts.
+		var got []byte
+		for len(got) < len("HTTP/1.") {
+			r, err := pf.Read(c, &agent.ConnReadRequest{ConnId: conn.ConnId})
+			if err != nil {
+				t.Fatalf("port 8080 answered %q, then %v: want the sandbox's httpd", got, errgrpc.ToNative(err))
+			}
+			got = append(got, r.Data...)
+			if r.Eof {
+				break
+			}
+		}
+		if !bytes.HasPrefix(got, []byte("HTTP/1.")) {
+			t.Fatalf("port 8080 answered %q: want the sandbox's httpd", got)
 		}
 	})
 

@@ -403,8 +403,23 @@ func (g *gen) hostname() (value, string) {
 	if g.w.namespace != "" {
 		ns = regexp.QuoteMeta(g.w.namespace)
 	}
-	return reValue(host.re() + `\.` + regexp.QuoteMeta(subdomain) + `\.` + ns + `\.svc\.[a-z0-9.-]+`), "setHostnameAsFQDN: HOSTNAME.SUBDOMAIN.NAMESPACE.svc.CLUSTER-DOMAIN"
+	return reValue(host.re() + `\.` + regexp.QuoteMeta(subdomain) + `\.` + ns + `\.svc\.` + regexp.QuoteMeta(g.o.ClusterDomain)), "setHostnameAsFQDN: HOSTNAME.SUBDOMAIN.NAMESPACE.svc." + g.o.ClusterDomain
 }
+
+// validDomain reports whether d is a DNS name of RFC 1123 labels.
+func validDomain(d string) bool {
+	if len(d) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(d, ".") {
+		if len(l) > 63 || !labelRE.MatchString(l) {
+			return false
+		}
+	}
+	return true
+}
+
+var labelRE = regexp.MustCompile(`^` + reLabel + `$`)
 
 // env is container c's env rule.
 func (g *gen) env(c *corev1.Container, img *Image) ([]envEntry, func(string) (value, bool), error) {

@@ -84,6 +84,10 @@ import (
 // container's io.kubernetes.cri.podsandbox.image-name annotation.
 const DefaultSandboxImage = "registry.k8s.io/pause:3.10.1"
 
+// DefaultClusterDomain is the kubelet's clusterDomain as kubeadm and
+// most clusters set it.
+const DefaultClusterDomain = "cluster.local"
+
 // Options say what to generate beyond what the YAML states.
 type Options struct {
 	// Format is initdata.FormatC8s (default) or initdata.FormatCoCo.
@@ -93,6 +97,10 @@ type Options struct {
 	Algorithm string
 	// SandboxImage is the node's sandbox image (DefaultSandboxImage).
 	SandboxImage string
+	// ClusterDomain is the cluster's DNS domain, the kubelet's
+	// clusterDomain (DefaultClusterDomain): the end of a hostname the
+	// pod takes as its FQDN (setHostnameAsFQDN).
+	ClusterDomain string
 	// Images are the images' configs, and Layouts the paths of OCI image
 	// layouts to read them from (LoadImage), by image reference as the
 	// pod spec (or SandboxImage) writes it, or by container name.
@@ -197,6 +205,12 @@ func Generate(data []byte, o Options) ([]Result, error) {
 	}
 	if o.SandboxImage == "" {
 		o.SandboxImage = DefaultSandboxImage
+	}
+	if o.ClusterDomain == "" {
+		o.ClusterDomain = DefaultClusterDomain
+	}
+	if !validDomain(o.ClusterDomain) {
+		return nil, fmt.Errorf("cluster domain %q: want a DNS name of lower-case labels (a-z, 0-9, -) joined by dots, as the kubelet's clusterDomain, e.g. %s", o.ClusterDomain, DefaultClusterDomain)
 	}
 	var out []Result
 	used := map[string]bool{}

@@ -109,6 +109,23 @@ func TestHostNamespacesAndFQDN(t *testing.T) {
 	if !envMatch(c, "HOSTNAME=h.s.ns.svc.cluster.local") || envMatch(c, "HOSTNAME=p") || envMatch(c, "HOSTNAME=h.s.other.svc.cluster.local") {
 		t.Error("setHostnameAsFQDN: HOSTNAME is not h.s.ns.svc.CLUSTER-DOMAIN")
 	}
+	// The cluster domain is the kubelet's, not any the host names: a
+	// hostname under a domain of the host's choosing is refused.
+	for _, h := range []string{"h.s.ns.svc.evil.example", "h.s.ns.svc.cluster.local.evil.example", "h.s.ns.svc.cluster-local"} {
+		if envMatch(c, "HOSTNAME="+h) {
+			t.Errorf("setHostnameAsFQDN: HOSTNAME=%s allowed", h)
+		}
+	}
+	c = rulesOf(t, y, Options{ClusterDomain: "corp.internal"})["Pod"].Containers["c"]
+	if !envMatch(c, "HOSTNAME=h.s.ns.svc.corp.internal") || envMatch(c, "HOSTNAME=h.s.ns.svc.cluster.local") {
+		t.Error("setHostnameAsFQDN: HOSTNAME does not end in the cluster domain given")
+	}
+	for _, d := range []string{"Cluster.Local", "cluster..local", "cluster.local.", "-x.local", "a_b.local", strings.Repeat("a", 64) + ".local"} {
+		_, err := Generate([]byte(y), Options{ClusterDomain: d})
+		if err == nil || !strings.Contains(err.Error(), "cluster domain") {
+			t.Errorf("cluster domain %q: err = %v, want it refused by name", d, err)
+		}
+	}
 }
 
 // The kubelet's $(VAR) expansion: defined variables, escapes, service

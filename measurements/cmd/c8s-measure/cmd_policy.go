@@ -49,6 +49,7 @@ func runPolicy(args []string, stdout, stderr io.Writer) error {
 	patch := fs.String("patch", "", "write the YAML with each workload's pod annotated io.c8s.initdata to `FILE` (- for stdout)")
 	outFmt := fs.String("output-format", "text", "what stdout gets: text (a summary), initdata (the document), annotation (its base64) or json")
 	sandbox := fs.String("sandbox-image", policygen.DefaultSandboxImage, "the node's sandbox (pause) `IMAGE`, as containerd's config names it")
+	clusterDomain := fs.String("cluster-domain", policygen.DefaultClusterDomain, "the cluster's DNS `DOMAIN` (the kubelet's clusterDomain), which ends the FQDN of a pod with setHostnameAsFQDN")
 	strict := fs.Bool("strict", false, "refuse images not pinned by digest (NAME@sha256:...), and images whose files are not pinned (--image with the image's layers) unless the guest pulls them (--pull)")
 	noLogs := fs.Bool("no-logs", false, "keep every container's stdout and stderr from the host (kubectl logs is refused)")
 	audit := fs.Bool("audit", false, "write policy.audit = true: denials are logged, not enforced (bring-up; the owner's broker sees it)")
@@ -91,7 +92,7 @@ func runPolicy(args []string, stdout, stderr io.Writer) error {
 		return errors.New("--patch - writes the YAML to stdout: --output-format does not apply")
 	}
 	o := policygen.Options{
-		Format: *format, Algorithm: *alg, SandboxImage: *sandbox, Strict: *strict,
+		Format: *format, Algorithm: *alg, SandboxImage: *sandbox, ClusterDomain: *clusterDomain, Strict: *strict,
 		NoLogs: *noLogs, Audit: *audit, ExecStdin: execStdin,
 		KBS:     initdata.KBS{URL: *kbsURL},
 		Layouts: map[string]string{}, Exec: map[string][][]policyapi.Pattern{},

@@ -141,9 +141,14 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.baseSpec = raw
 	var s specs.Spec
 	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	// As containerd's CRI gives it: no ambient or inheritable set
+	// (WithoutAmbientCaps), which `runc spec` has and a policy refuses.
+	s.Process.Capabilities.Ambient, s.Process.Capabilities.Inheritable = nil, nil
+	if e.baseSpec, err = json.Marshal(&s); err != nil {
 		t.Fatal(err)
 	}
 	e.baseProc = *s.Process

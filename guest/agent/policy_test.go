@@ -341,6 +341,10 @@ func TestPolicyChecksWithoutRunc(t *testing.T) {
 			_, err := svc.ListPids(ctx, &agentapi.ListPidsRequest{ContainerId: "q"})
 			return err
 		},
+		"ResizePty": func() error {
+			_, err := svc.ResizePty(ctx, &agentapi.ResizePtyRequest{ContainerId: "q", Width: 1, Height: 1})
+			return err
+		},
 		"ExecProcess": func() error {
 			p.done = make(chan struct{}) // running
 			_, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "q", ExecId: "e", Process: []byte(`{"args":["sh"]}`)})

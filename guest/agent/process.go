@@ -293,6 +293,9 @@ func (s *Service) ResizePty(ctx context.Context, req *agentapi.ResizePtyRequest)
 	if err != nil {
 		return nil, err
 	}
+	if err := s.evaluator().Resize(c.policy(), req.GetExecId()); err != nil {
+		return nil, err
+	}
 	if p.console == nil {
 		return nil, fmt.Errorf("%s has no terminal: %w", p.name(c.id), errdefs.ErrFailedPrecondition)
 	}

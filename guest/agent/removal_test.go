@@ -131,7 +131,7 @@ func TestMaliciousHostExecRacesRemoveAndRecreate(t *testing.T) {
 	h := newSlowHarness(t)
 	svc, root, ctx := h.svc, h.root, ctxT(t)
 	create := func(name string) error { return h.create(t, "x", name) }
-	echo := mustJSON(t, specs.Process{Args: []string{"echo", "allowed"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Cwd: "/"})
+	echo := mustJSON(t, specs.Process{Args: []string{"echo", "allowed"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "TERM=xterm"}, Cwd: "/"})
 	exec := func(id string) error {
 		_, err := svc.ExecProcess(ctx, &agentapi.ExecProcessRequest{ContainerId: "x", ExecId: id, Process: echo, Stdio: pipes()})
 		return err

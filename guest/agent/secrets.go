@@ -173,16 +173,17 @@ func (s *Service) kbsEvidence(ctx context.Context, reportData [64]byte) (string,
 }
 
 // secretPaths are the fetched secrets' [[kbs.secrets]] paths, by
-// resource, for the policy to check where they will be mounted.
-func (s *Service) secretPaths() map[string]string {
+// resource (every entry's: secretMounts binds each), for the policy to
+// check where they will be mounted.
+func (s *Service) secretPaths() map[string][]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.secrets) == 0 {
 		return nil
 	}
-	paths := make(map[string]string, len(s.secrets))
+	paths := make(map[string][]string, len(s.secrets))
 	for _, m := range s.secrets {
-		paths[m.resource] = m.destination
+		paths[m.resource] = append(paths[m.resource], m.destination)
 	}
 	return paths
 }

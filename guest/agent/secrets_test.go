@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -154,5 +155,21 @@ func TestKeepSecretReplacesWhole(t *testing.T) {
 	n, _ := old.ReadAt(b, 0)
 	if string(b[:n]) != "old" {
 		t.Errorf("the old file now reads %q: it was rewritten in place", b[:n])
+	}
+}
+
+// A resource the init data lists twice is bound at both of its paths
+// (secretMounts), so the policy is given both to check: a path below a
+// shared mount is refused whichever entry comes first.
+func TestMaliciousHostDuplicateResourceSecretBelowShare(t *testing.T) {
+	const res = "kbs:///default/key/tls"
+	for _, order := range [][]string{{"/config/tls.key", "/run/secrets/tls.key"}, {"/run/secrets/tls.key", "/config/tls.key"}} {
+		svc := &Service{secrets: []secretMount{
+			{resource: res, source: "/s/0", destination: order[0]},
+			{resource: res, source: "/s/1", destination: order[1]},
+		}}
+		if got := svc.secretPaths()[res]; !slices.Equal(got, order) {
+			t.Errorf("secretPaths()[%s] = %v, want both entries' paths %v", res, got, order)
+		}
 	}
 }

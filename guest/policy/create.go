@@ -28,10 +28,11 @@ type CreateContainer struct {
 	// Joined is the container whose namespaces the spec joins (the one
 	// the host named as the pod's sandbox), or nil.
 	Joined *Container
-	// SecretPaths are the pod's fetched secrets: the [[kbs.secrets]] path
-	// of each resource, where a rule that names the resource without a
+	// SecretPaths are the pod's fetched secrets: the [[kbs.secrets]]
+	// paths of each resource (one per entry: a document may list a
+	// resource twice), where a rule that names the resource without a
 	// path mounts it.
-	SecretPaths map[string]string
+	SecretPaths map[string][]string
 	// Terminal is the stdio the host asks for: a terminal.
 	Terminal bool
 	// MeshDir is where the agent binds the pod's mesh files (certificate,
@@ -77,7 +78,13 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 	}
 	c.rule, c.key = rule, key
 	if r.Spec != nil && r.Spec.Process != nil {
-		c.cwd, c.user = r.Spec.Process.Cwd, r.Spec.Process.User
+		p := r.Spec.Process
+		c.cwd, c.user, c.noNewPrivileges = p.Cwd, p.User, p.NoNewPrivileges
+		c.user.AdditionalGids = slices.Clone(p.User.AdditionalGids)
+		if p.Capabilities != nil {
+			caps := *p.Capabilities
+			c.caps = &caps
+		}
 	}
 	k := &checker{req: "CreateContainer", name: c.Identity.Name, id: r.ID, key: key}
 	if !rule.Image.Match(c.Identity.Image) {
@@ -166,7 +173,7 @@ func (e *Evaluator) ReleaseSandbox(c *Container) {
 // (d_invalidate), which detaches the mounts on and below it, and the
 // container reads the host's files where it expects the secret, its mesh
 // key and trust bundle, the tmpfs or the guest's copy.
-func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds []policyapi.MountKind, secretPaths map[string]string, meshDir string) {
+func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds []policyapi.MountKind, secretPaths map[string][]string, meshDir string) {
 	var shared []string
 	for i, m := range ms {
 		if i < len(kinds) && kinds[i] == policyapi.KindShared && cleanAbs(m.Destination) {
@@ -200,17 +207,22 @@ func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds
 		}
 	}
 	for i, sec := range rule.Secrets {
-		p := sec.Path
-		if p == "" {
-			p = secretPaths[sec.Resource]
-		}
-		if _, fetched := secretPaths[sec.Resource]; !fetched || p == "" {
+		paths, fetched := secretPaths[sec.Resource]
+		if !fetched {
 			continue // not mounted
 		}
-		if s := below(path.Clean("/" + p)); s != "" {
-			d := k.deny("secret "+sec.Resource, fmt.Sprintf("%q", p), fmt.Sprintf("%s.secrets[%d]", k.key, i), "")
-			d.Reason = fmt.Sprintf("at or below the shared (virtio-fs) mount on %q", s)
-			d.Hint = hint
+		if sec.Path != "" {
+			paths = []string{sec.Path} // the agent binds each entry there
+		}
+		for _, p := range paths {
+			if p == "" {
+				continue
+			}
+			if s := below(path.Clean("/" + p)); s != "" {
+				d := k.deny("secret "+sec.Resource, fmt.Sprintf("%q", p), fmt.Sprintf("%s.secrets[%d]", k.key, i), "")
+				d.Reason = fmt.Sprintf("at or below the shared (virtio-fs) mount on %q", s)
+				d.Hint = hint
+			}
 		}
 	}
 	if meshDir == "" {
@@ -250,9 +262,10 @@ var capHints = map[string]string{
 }
 
 // process checks a container's or an exec's process. An exec's argv is
-// checked against the exec list by the caller, and the env it lacks is
-// not required (containerd's CRI gives an exec the container's env, and
-// TERM=xterm with a terminal).
+// checked against the exec list by the caller, and what it must share
+// with the container's process by Exec; its env may add TERM=xterm with
+// a terminal (containerd's CRI gives an exec the container's env, and
+// that).
 func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, terminal bool) {
 	if !exec && !rule.AnyArgs && !policyapi.MatchList(rule.Args, p.Args) {
 		k.deny("process.args", quoted(p.Args), k.key+".args", quoted(policyapi.Strings(rule.Args)))
@@ -276,11 +289,11 @@ func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, ter
 		}
 		k.deny(fmt.Sprintf("process.env[%d]", i), fmt.Sprintf("%q", env), k.key+".env", allowedEnv)
 	}
-	if !exec {
-		for _, want := range rule.Env {
-			if !want.IsRegex() && !slices.Contains(p.Env, string(want)) {
-				k.deny("process.env", fmt.Sprintf("%q", want), k.key+".env", "").Reason = "missing, required"
-			}
+	// An exec too: containerd's CRI gives it the container's env, and
+	// crun gives one with none the container's.
+	for _, want := range rule.Env {
+		if !want.IsRegex() && !slices.Contains(p.Env, string(want)) {
+			k.deny("process.env", fmt.Sprintf("%q", want), k.key+".env", "").Reason = "missing, required"
 		}
 	}
 	// An exec's cwd, uid and gid are checked by Exec, against the
@@ -295,30 +308,7 @@ func (k *checker) process(rule *policyapi.Container, p *specs.Process, exec, ter
 	if rule.AdditionalGIDs != nil && !sameSet(p.User.AdditionalGids, *rule.AdditionalGIDs) {
 		k.deny("process.user.additionalGids", fmt.Sprint(p.User.AdditionalGids), k.key+".additional_gids", fmt.Sprint(*rule.AdditionalGIDs))
 	}
-	if c := p.Capabilities; c != nil {
-		allowed := rule.AllowedCapabilities()
-		for _, set := range []struct {
-			name string
-			caps []string
-		}{{"bounding", c.Bounding}, {"effective", c.Effective}, {"permitted", c.Permitted}, {"inheritable", c.Inheritable}, {"ambient", c.Ambient}} {
-			var extra, hints []string
-			for _, capName := range set.caps {
-				if !slices.Contains(allowed, capName) && !slices.Contains(extra, capName) {
-					extra = append(extra, capName)
-					if h := capHints[capName]; h != "" {
-						hints = append(hints, h)
-					}
-				}
-			}
-			if len(extra) > 0 {
-				d := k.deny("process.capabilities."+set.name, quoted(extra), k.key+".capabilities", listed(allowed))
-				d.Hint = strings.Join(hints, "; ")
-				if rule.Capabilities == nil && !rule.Privileged {
-					d.Expected += " (containerd's defaults: the rule lists none)"
-				}
-			}
-		}
-	}
+	k.capabilities(rule, p.Capabilities) // process.go
 	if rule.NoNewPrivileges && !p.NoNewPrivileges {
 		k.deny("process.noNewPrivileges", "false", k.key+".no_new_privileges", "true")
 	}

@@ -56,7 +56,7 @@ func TestMaliciousHostSecretBelowSharedMount(t *testing.T) {
 			e := evaluator(t, doc)
 			s := appSpec()
 			_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
-				SecretPaths: map[string]string{res: tc.kbsPath}})
+				SecretPaths: map[string][]string{res: {tc.kbsPath}}})
 			d := denied(t, err, "secret "+res, "policy.containers.app.secrets[0]")
 			want := tc.rulePath
 			if want == "" {
@@ -67,11 +67,24 @@ func TestMaliciousHostSecretBelowSharedMount(t *testing.T) {
 			}
 		})
 	}
+	// A resource the document lists twice is bound at each of its paths:
+	// each is checked, whichever comes first.
+	doc := strings.Replace(podPolicy, `secrets = [{ resource = "kbs:///default/key/db", path = "/etc/app/db" }]`,
+		`secrets = [{ resource = "kbs:///default/key/db" }]`, 1)
+	for _, paths := range [][]string{{"/run/secrets/db", saDir + "/db"}, {saDir + "/db", "/run/secrets/db"}} {
+		e := evaluator(t, doc)
+		s := appSpec()
+		_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
+			SecretPaths: map[string][]string{res: paths}})
+		if d := denied(t, err, "secret "+res, "policy.containers.app.secrets[0]"); d.Actual != `"`+saDir+`/db"` {
+			t.Errorf("paths %v: denial %v, want the one below the share named", paths, d)
+		}
+	}
 	// The policy's own layout: the secret at /etc/app/db.
 	e := evaluator(t, podPolicy)
 	s := appSpec()
 	if _, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
-		SecretPaths: map[string]string{res: saDir + "/db"}}); err != nil {
+		SecretPaths: map[string][]string{res: {saDir + "/db"}}}); err != nil {
 		t.Fatalf("the secret at the rule's /etc/app/db: %v", err)
 	}
 }
@@ -85,7 +98,7 @@ func TestMaliciousHostMeshFilesOnSharedMount(t *testing.T) {
 		e := evaluator(t, podPolicy)
 		s := appSpec()
 		_, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
-			SecretPaths: map[string]string{"kbs:///default/key/db": "/etc/app/db"}, MeshDir: dir, MeshInto: []string{"app"}})
+			SecretPaths: map[string][]string{"kbs:///default/key/db": {"/etc/app/db"}}, MeshDir: dir, MeshInto: []string{"app"}})
 		d := denied(t, err, "mesh files", "mesh.containers")
 		if !strings.Contains(d.Error(), `"`+saDir+`"`) {
 			t.Errorf("denial %q does not name the share", d)
@@ -95,7 +108,7 @@ func TestMaliciousHostMeshFilesOnSharedMount(t *testing.T) {
 	e := evaluator(t, podPolicy)
 	s := appSpec()
 	if _, err := e.CreateContainer(&CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
-		SecretPaths: map[string]string{"kbs:///default/key/db": "/etc/app/db"}, MeshDir: saDir, MeshInto: []string{"other"}}); err != nil {
+		SecretPaths: map[string][]string{"kbs:///default/key/db": {"/etc/app/db"}}, MeshDir: saDir, MeshInto: []string{"other"}}); err != nil {
 		t.Fatalf("a container without mesh files: %v", err)
 	}
 }
@@ -182,7 +195,7 @@ func TestMaliciousHostGivesATerminal(t *testing.T) {
 	e := evaluator(t, podPolicy)
 	s := appSpec()
 	req := &CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e),
-		SecretPaths: map[string]string{"kbs:///default/key/db": "/etc/app/db"}, Terminal: true}
+		SecretPaths: map[string][]string{"kbs:///default/key/db": {"/etc/app/db"}}, Terminal: true}
 	_, err := e.CreateContainer(req)
 	denied(t, err, "stdio.terminal", "policy.containers.app.tty")
 

@@ -37,10 +37,13 @@
 //	process.user.uid, gid              pinned (uid, gid)
 //	process.user.additionalGids        pinned by additional_gids (policygen writes it
 //	                                   from the image's /etc/group, supplementalGroups
-//	                                   and fsGroup); absent: not pinned
+//	                                   and fsGroup); absent: an exec's the container's
 //	process.user.umask                 pinned by umask; absent: 022 or stricter
-//	process.capabilities               bounded (capabilities, privileged)
-//	process.noNewPrivileges            required by no_new_privileges
+//	process.capabilities               bounded (capabilities, privileged); inheritable
+//	                                   and ambient refused; an exec's within the
+//	                                   container's
+//	process.noNewPrivileges            required by no_new_privileges; an exec's if
+//	                                   the container's
 //	process.rlimits                    bounded: each type the rule's rlimits (absent:
 //	                                   RLIMIT_NOFILE ≤ 1048576) name, hard ≤ max;
 //	                                   RLIMIT_CORE fixed to 0 (guest/spec)
@@ -226,9 +229,13 @@ type Container struct {
 	key   string
 	audit bool
 	// cwd and user are the container's process's, as created: what an
-	// exec defaults to and is held to (ExecDefaults, Exec).
-	cwd  string
-	user specs.User
+	// exec defaults to and is held to (ExecDefaults, Exec), as it is to
+	// its capabilities (nil: the runtime's, which the rule bounded) and
+	// no_new_privileges.
+	cwd             string
+	user            specs.User
+	caps            *specs.LinuxCapabilities
+	noNewPrivileges bool
 }
 
 // Governed reports whether a policy rule governs the container.

@@ -25,6 +25,91 @@ var schedulers = []specs.LinuxSchedulerPolicy{specs.SchedOther, specs.SchedBatch
 // IOPRIO_CLASS_RT, which starves the agent's I/O.
 var ioClasses = []specs.IOPriorityClass{specs.IOPRIO_CLASS_BE, specs.IOPRIO_CLASS_IDLE}
 
+// capabilities checks process.capabilities against the rule. The
+// bounding, effective and permitted sets are bounded by it; the
+// inheritable and ambient sets are refused outright: containerd sets
+// neither (no inheritable set since CVE-2022-24769), and an ambient set
+// gives its capabilities to a process that is not root, past the uid
+// the rule pins (crun raises them at exec, noNewPrivileges or not).
+func (k *checker) capabilities(rule *policyapi.Container, c *specs.LinuxCapabilities) {
+	if c == nil {
+		return // none: crun starts the process with no capabilities
+	}
+	allowed := rule.AllowedCapabilities()
+	for _, set := range []struct {
+		name string
+		caps []string
+	}{{"bounding", c.Bounding}, {"effective", c.Effective}, {"permitted", c.Permitted}} {
+		var extra, hints []string
+		for _, capName := range set.caps {
+			if !slices.Contains(allowed, capName) && !slices.Contains(extra, capName) {
+				extra = append(extra, capName)
+				if h := capHints[capName]; h != "" {
+					hints = append(hints, h)
+				}
+			}
+		}
+		if len(extra) > 0 {
+			d := k.deny("process.capabilities."+set.name, quoted(extra), k.key+".capabilities", listed(allowed))
+			d.Hint = strings.Join(hints, "; ")
+			if rule.Capabilities == nil && !rule.Privileged {
+				d.Expected += " (containerd's defaults: the rule lists none)"
+			}
+		}
+	}
+	for _, set := range []struct {
+		name string
+		caps []string
+	}{{"inheritable", c.Inheritable}, {"ambient", c.Ambient}} {
+		if len(set.caps) > 0 {
+			d := k.deny("process.capabilities."+set.name, quoted(set.caps), "", "none")
+			d.Reason = "never allowed"
+			d.Hint = "inheritable and ambient capabilities survive execve: a process that is not root would keep them (CAP_SETUID: root; CAP_DAC_OVERRIDE: every file)"
+		}
+	}
+}
+
+// execHeld holds an exec's process to what the container's was created
+// with where containerd's CRI copies it unchanged into each exec: each
+// capability set within the container's, no_new_privileges if the
+// container's had it, and the container's supplementary groups where
+// the rule does not pin them (additional_gids). An exec is then no more
+// than another process of the container; its cwd, uid and gid are
+// Exec's.
+func (k *checker) execHeld(c *Container, p *specs.Process) {
+	if p.Capabilities != nil {
+		var own specs.LinuxCapabilities
+		if c.caps != nil {
+			own = *c.caps
+		}
+		for _, set := range []struct {
+			name      string
+			exec, own []string
+		}{{"bounding", p.Capabilities.Bounding, own.Bounding}, {"effective", p.Capabilities.Effective, own.Effective}, {"permitted", p.Capabilities.Permitted, own.Permitted}} {
+			var extra []string
+			for _, capName := range set.exec {
+				if !slices.Contains(set.own, capName) && !slices.Contains(extra, capName) {
+					extra = append(extra, capName)
+				}
+			}
+			if len(extra) > 0 {
+				d := k.deny("process.capabilities."+set.name, quoted(extra), "", "within the container's: "+listed(set.own))
+				d.Reason = "not the container's"
+				d.Hint = "an exec runs with the capabilities its container was created with"
+			}
+		}
+	}
+	if c.noNewPrivileges && !p.NoNewPrivileges {
+		d := k.deny("process.noNewPrivileges", "false", "", "true (the container's)")
+		d.Reason = "not the container's"
+		d.Hint = "without it a setuid file in the container's image runs as its owner"
+	}
+	if c.rule.AdditionalGIDs == nil && !sameSet(p.User.AdditionalGids, c.user.AdditionalGids) {
+		d := k.deny("process.user.additionalGids", fmt.Sprint(p.User.AdditionalGids), k.key+".additional_gids", fmt.Sprint(c.user.AdditionalGids)+" (the container's; the rule has no additional_gids)")
+		d.Hint = "a supplementary group opens what that group owns: files in the image, and the pod's shared volumes"
+	}
+}
+
 // limits checks what process adds to the user, args and capabilities:
 // the umask, the resource limits, the OOM score, the scheduler and the
 // I/O priority, for a container's process and an exec's alike.

@@ -67,8 +67,9 @@ func (c *Container) ExecDefaults(p *specs.Process, hasUser bool) {
 // Exec decides whether the host may run the process in container c: its
 // argv must be on the rule's exec list; its cwd, uid and gid must be the
 // container's (what it was created with), unless the rule's
-// exec_working_dir, exec_uid or exec_gid allow others; the rest of it
-// (env, additional gids, capabilities, no-new-privileges) as the
+// exec_working_dir, exec_uid or exec_gid allow others; its capabilities,
+// no-new-privileges and (unless the rule pins them) supplementary groups
+// the container's (execHeld); the rest of it (env, limits) as the
 // container's rule allows.
 func (e *Evaluator) Exec(c *Container, r *Exec) error {
 	rule, k, err := e.governed("ExecProcess", c, r.ExecID)
@@ -90,6 +91,7 @@ func (e *Evaluator) Exec(c *Container, r *Exec) error {
 		}
 	}
 	k.process(rule, r.Process, true, r.Terminal)
+	k.execHeld(c, r.Process) // process.go
 	uid, gid := c.user.UID, c.user.GID
 	k.workingDir(r.Process.Cwd, rule.ExecWorkingDir, "exec_working_dir", c.cwd)
 	k.id32("process.user.uid", r.Process.User.UID, rule.ExecUID, "exec_uid", &uid)
@@ -160,6 +162,23 @@ func (e *Evaluator) Signal(c *Container, execID string, sig int, all bool) error
 	if rule.Signals == nil {
 		d.Expected += " (the defaults: the rule lists none)"
 	}
+	return e.decide(k.ds)
+}
+
+// Resize decides whether the host may resize a process's terminal, which
+// sends SIGWINCH to the terminal's foreground processes (httpd stops
+// gracefully on it, nginx stops its workers): an exec's, whose terminal
+// exec_stdin allowed, always; the container's own only when it takes
+// the host's input (stdin: kubectl attach, kubectl run -it) or its rule
+// allows SIGWINCH.
+func (e *Evaluator) Resize(c *Container, execID string) error {
+	rule, k, err := e.governed("ResizePty", c, execID)
+	if rule == nil || execID != "" || rule.Stdin || slices.Contains(rule.AllowedSignals(), int(unix.SIGWINCH)) {
+		return err
+	}
+	d := k.deny("terminal size", "", k.key+".stdin", "")
+	d.Reason = "not allowed"
+	d.Hint = "a resize sends SIGWINCH to the container's foreground processes; the rule takes no input from the host (stdin) and lists no SIGWINCH (signals)"
 	return e.decide(k.ds)
 }
 

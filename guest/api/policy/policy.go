@@ -151,10 +151,11 @@ type Container struct {
 	// then not used. Built-in policies only (a document pins the user).
 	AnyUser bool `toml:"-"`
 	// AdditionalGIDs pins process.user.additionalGids. Absent: not
-	// pinned.
+	// pinned for the container; an exec's are the container's.
 	AdditionalGIDs *[]uint32 `toml:"additional_gids"`
-	// Capabilities bounds each capability set of the process (bounding,
-	// effective, permitted, inheritable, ambient): each must be a subset.
+	// Capabilities bounds the process's bounding, effective and
+	// permitted capability sets: each must be a subset. The inheritable
+	// and ambient sets must be empty whatever the rule.
 	// Names as in OCI specs ("CAP_NET_BIND_SERVICE"). Absent: containerd's
 	// default set (DefaultCapabilities).
 	Capabilities *[]string `toml:"capabilities"`
@@ -195,9 +196,11 @@ type Container struct {
 	// exec in the container. Absent: no exec. An exec runs in the
 	// container's working directory, as its user and group (those it was
 	// created with; the guest fills them in when the host leaves them
-	// out), unless ExecWorkingDir, ExecUID or ExecGID say otherwise; the
-	// rest of its process (env, capabilities, additional_gids,
-	// no_new_privileges) is held to the container's rule.
+	// out), unless ExecWorkingDir, ExecUID or ExecGID say otherwise; its
+	// capabilities within the container's, no_new_privileges if the
+	// container's had it, the container's supplementary groups unless
+	// additional_gids pins them; the rest of its process (env with the
+	// required entries, limits) is held to the container's rule.
 	Exec [][]Pattern `toml:"exec"`
 	// ExecWorkingDir (pattern) is the process.cwd an exec may have.
 	// Absent: the container's own.

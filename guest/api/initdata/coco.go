@@ -160,7 +160,9 @@ func parseCoCo(data []byte) (*InitData, error) {
 	}
 	d.Format, d.CoCo = FormatCoCo, c
 	if d.KBS.URL == "" && len(d.KBS.Secrets) > 0 {
-		d.KBS.URL, d.KBS.Cert = cocoBroker(c)
+		if d.KBS.URL, d.KBS.Cert, err = cocoBroker(c); err != nil {
+			return nil, err
+		}
 	}
 	if err := d.KBS.validate(); err != nil {
 		return nil, err
@@ -170,15 +172,27 @@ func parseCoCo(data []byte) (*InitData, error) {
 
 // cocoBroker returns the broker URL and certificate CoCo's own configs
 // give: cdh.toml's [kbc] (a cc_kbc), else aa.toml's [token_configs.kbs].
-func cocoBroker(c *CoCo) (url, cert string) {
+// Their other keys are CoCo's, not read here; one of those read in
+// another case ([KBC], URL) is refused, as CoCo's components would not
+// read it.
+func cocoBroker(c *CoCo) (url, cert string, err error) {
 	var cdh cdhConfig
-	if body, ok := c.Data[CoCoCDHKey]; ok && toml.Unmarshal([]byte(body), &cdh) == nil &&
-		cdh.KBC.URL != "" && (cdh.KBC.Name == "" || cdh.KBC.Name == "cc_kbc") {
-		return cdh.KBC.URL, cdh.KBC.KBSCert
+	if body, ok := c.Data[CoCoCDHKey]; ok {
+		if err := exactKeys([]byte(body), &cdh); err != nil {
+			return "", "", fmt.Errorf("init data entry %s: %w", CoCoCDHKey, err)
+		}
+		if toml.Unmarshal([]byte(body), &cdh) == nil && cdh.KBC.URL != "" && (cdh.KBC.Name == "" || cdh.KBC.Name == "cc_kbc") {
+			return cdh.KBC.URL, cdh.KBC.KBSCert, nil
+		}
 	}
 	var aa aaConfig
-	if body, ok := c.Data[CoCoAAKey]; ok && toml.Unmarshal([]byte(body), &aa) == nil && aa.TokenConfigs.KBS.URL != "" {
-		return aa.TokenConfigs.KBS.URL, aa.TokenConfigs.KBS.Cert
+	if body, ok := c.Data[CoCoAAKey]; ok {
+		if err := exactKeys([]byte(body), &aa); err != nil {
+			return "", "", fmt.Errorf("init data entry %s: %w", CoCoAAKey, err)
+		}
+		if toml.Unmarshal([]byte(body), &aa) == nil && aa.TokenConfigs.KBS.URL != "" {
+			return aa.TokenConfigs.KBS.URL, aa.TokenConfigs.KBS.Cert, nil
+		}
 	}
-	return "", ""
+	return "", "", nil
 }

@@ -220,9 +220,12 @@ func parseC8s(data []byte) (*InitData, error) {
 	return d, nil
 }
 
-// decodeStrict decodes TOML data into v; an unknown key is an error
-// naming it and the known ones.
+// decodeStrict decodes TOML data into v; an unknown key, or a known one
+// in another case (exactKeys), is an error naming it and the known ones.
 func decodeStrict(data []byte, v any, known string) error {
+	if err := exactKeys(data, v); err != nil && toml.Unmarshal(data, new(map[string]any)) == nil {
+		return err
+	}
 	dec := toml.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)

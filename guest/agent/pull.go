@@ -27,6 +27,7 @@ import (
 	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	policyapi "github.com/c8s-dev/c8s/guest/api/policy"
 	"github.com/c8s-dev/c8s/guest/kbs"
+	"github.com/c8s-dev/c8s/guest/mesh"
 	"github.com/c8s-dev/c8s/guest/policy"
 	"github.com/c8s-dev/c8s/guest/pull"
 )
@@ -410,7 +411,7 @@ var pullNameserver = func(addr string) string { return addr }
 func netnsDialer(netns *os.File) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	var st unix.Stat_t
 	nsErr := unix.Fstat(int(netns.Fd()), &st)
-	inPodNS := func(string, string, syscall.RawConn) error {
+	inPodNS := func(network, addr string, c syscall.RawConn) error {
 		if nsErr != nil {
 			return fmt.Errorf("the pod's network namespace: %w", nsErr)
 		}
@@ -421,7 +422,9 @@ func netnsDialer(netns *os.File) func(ctx context.Context, network, addr string)
 		if cur.Ino != st.Ino || cur.Dev != st.Dev {
 			return errors.New("a socket of the pull outside the pod's network namespace")
 		}
-		return nil
+		// The agent's own connection: the pod's mesh neither redirects
+		// nor, with unmeshed = "refuse", drops it (guest/mesh Rules).
+		return mesh.MarkControl(network, addr, c)
 	}
 	// within runs dial on a locked thread in netns.
 	within := func(ctx context.Context, dial func(ctx context.Context) (net.Conn, error)) (net.Conn, error) {

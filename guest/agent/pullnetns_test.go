@@ -11,7 +11,9 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/net/dns/dnsmessage"
+	"golang.org/x/sys/unix"
 
+	"github.com/c8s-dev/c8s/guest/mesh"
 	"github.com/c8s-dev/c8s/internal/netnsdo"
 )
 
@@ -24,14 +26,7 @@ import (
 // be the pod's: here the pod's namespace listens on neither address, so
 // the dial fails.
 func TestMaliciousHostDualStackNameStaysInPodNetns(t *testing.T) {
-	name := fmt.Sprintf("c8spull-%d", os.Getpid())
-	pod, err := netnsdo.Create(name, func() error {
-		return netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo"}})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { netnsdo.Remove(name) })
+	_, dial := podNetnsWithDNS(t, "c8spull", netip.MustParseAddr("::1"))
 	// The VM's own namespace (the test's) listens on both loopbacks.
 	l4, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -53,28 +48,7 @@ func TestMaliciousHostDualStackNameStaysInPodNetns(t *testing.T) {
 			}
 		}()
 	}
-	// The host's DNS, in the pod's namespace.
-	var dns net.PacketConn
-	if err := netnsdo.Do(pod, func() (err error) {
-		dns, err = net.ListenPacket("udp4", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer dns.Close()
-	go answer(dns, "registry.test.", netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1"))
-	old := pullNameserver
-	pullNameserver = func(string) string { return dns.LocalAddr().String() }
-	t.Cleanup(func() { pullNameserver = old })
-
-	f, err := os.Open(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := netnsDialer(f)(ctx, "tcp", fmt.Sprintf("registry.test:%d", port))
+	c, err := dial("tcp", fmt.Sprintf("registry.test:%d", port))
 	if err == nil {
 		c.Close()
 		t.Fatalf("the pull dialled %s, a listener outside the pod's network namespace", <-accepted)
@@ -84,6 +58,73 @@ func TestMaliciousHostDualStackNameStaysInPodNetns(t *testing.T) {
 		t.Fatalf("the VM's own namespace took a pull's connection on %s", a)
 	case <-time.After(100 * time.Millisecond):
 	}
+}
+
+// The pull's sockets are the agent's own, marked so that the pod's mesh
+// neither redirects them into its proxy (a meshed port 443) nor, with
+// unmeshed = "refuse", drops them: its lookups' too.
+func TestPullSocketsCarryMeshMark(t *testing.T) {
+	pod, dial := podNetnsWithDNS(t, "c8smark", netip.MustParseAddr("127.0.0.1"))
+	var l net.Listener
+	if err := netnsdo.Do(pod, func() (err error) {
+		l, err = net.Listen("tcp4", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := dial("tcp4", fmt.Sprintf("registry.test:%d", l.Addr().(*net.TCPAddr).Port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mark int
+	var serr error
+	if err := raw.Control(func(fd uintptr) { mark, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK) }); err != nil || serr != nil {
+		t.Fatal(err, serr)
+	}
+	if uint32(mark) != mesh.Mark {
+		t.Errorf("the pull's socket has mark %#x, want the mesh's %#x (the agent's own)", mark, mesh.Mark)
+	}
+}
+
+// podNetnsWithDNS makes a pod network namespace with loopback up and the
+// host's DNS in it, which answers registry.test with 127.0.0.1 (A) and
+// v6 (AAAA), and returns its path and a pull's dialer into it.
+func podNetnsWithDNS(t *testing.T, prefix string, v6 netip.Addr) (string, func(network, addr string) (net.Conn, error)) {
+	t.Helper()
+	name := fmt.Sprintf("%s-%d", prefix, os.Getpid())
+	pod, err := netnsdo.Create(name, func() error {
+		return netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo"}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { netnsdo.Remove(name) })
+	var dns net.PacketConn
+	if err := netnsdo.Do(pod, func() (err error) {
+		dns, err = net.ListenPacket("udp4", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dns.Close() })
+	go answer(dns, "registry.test.", netip.MustParseAddr("127.0.0.1"), v6)
+	old := pullNameserver
+	pullNameserver = func(string) string { return dns.LocalAddr().String() }
+	t.Cleanup(func() { pullNameserver = old })
+	f, err := os.Open(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return pod, func(network, addr string) (net.Conn, error) { return netnsDialer(f)(ctx, network, addr) }
 }
 
 // answer serves DNS on pc: name has the addresses v4 (A) and v6 (AAAA).

@@ -59,8 +59,10 @@ func OriginalDst(c net.Conn) (netip.AddrPort, error) {
 	return dst, nil
 }
 
-// markControl sets Mark on a socket before it connects.
-func markControl(_, _ string, c syscall.RawConn) error {
+// MarkControl sets Mark on a socket before it connects (a
+// net.Dialer's Control): the agent's own connection, which the pod's
+// mesh rules let pass untouched.
+func MarkControl(_, _ string, c syscall.RawConn) error {
 	var serr error
 	if err := c.Control(func(fd uintptr) {
 		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(Mark))
@@ -68,14 +70,14 @@ func markControl(_, _ string, c syscall.RawConn) error {
 		return err
 	}
 	if serr != nil {
-		return fmt.Errorf("mesh: mark the proxy's socket (SO_MARK, needs CAP_NET_ADMIN): %w", serr)
+		return fmt.Errorf("mesh: mark the agent's socket (SO_MARK, needs CAP_NET_ADMIN): %w", serr)
 	}
 	return nil
 }
 
 // Dialer is the dialer of the agent's connections in the pod's network
 // namespace: they carry Mark, which the outbound redirect passes.
-func Dialer() *net.Dialer { return &net.Dialer{Control: markControl} }
+func Dialer() *net.Dialer { return &net.Dialer{Control: MarkControl} }
 
 // DialMarked dials addr with Dialer.
 func DialMarked(ctx context.Context, network, addr string) (net.Conn, error) {

@@ -29,9 +29,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxUnclaimed bounds how many unclaimed exits are remembered. Orphans that
-// nobody ever claims (daemons' grandchildren) would otherwise pile up.
-const maxUnclaimed = 4096
+// Unclaimed exits are remembered until they are claimed, and swept once
+// maxUnclaimed of them pile up (orphans nobody ever claims: daemons'
+// grandchildren). A sweep drops only those older than unclaimedKeep: a
+// process's exit is claimed within moments of the runtime naming its pid,
+// and one dropped before then would leave its claim waiting, and Signal
+// free to hit the next process given the pid. Younger ones are kept
+// whatever their number: they are keyed by pid, so the VM's pid space
+// (pid_max: 32768 in a pod VM of up to 32 vCPUs) bounds them.
+const (
+	maxUnclaimed  = 4096
+	unclaimedKeep = 2 * time.Minute
+)
 
 // Exit is one reaped child.
 type Exit struct {
@@ -48,9 +57,12 @@ type Reaper struct {
 	commands  map[int]chan runc.Exit
 	claims    map[int][]chan Exit
 	unclaimed map[int]Exit
-	sigs      chan os.Signal
-	stop      chan struct{}
-	stopped   chan struct{}
+	// sweepAt is the number of unclaimed exits that starts a sweep
+	// (at least maxUnclaimed).
+	sweepAt int
+	sigs    chan os.Signal
+	stop    chan struct{}
+	stopped chan struct{}
 }
 
 // New installs the SIGCHLD handler and starts reaping. When the process is
@@ -161,20 +173,22 @@ func (r *Reaper) dispatchLocked(e Exit) {
 		}
 		return
 	}
-	if len(r.unclaimed) >= maxUnclaimed {
-		r.dropOldestLocked()
+	if len(r.unclaimed) >= max(r.sweepAt, maxUnclaimed) {
+		r.sweepLocked(e.Timestamp)
 	}
 	r.unclaimed[e.Pid] = e
 }
 
-func (r *Reaper) dropOldestLocked() {
-	oldest := -1
+// sweepLocked drops the unclaimed exits older than unclaimedKeep at now,
+// and sets the size of the next sweep: twice what is left, so that
+// exits arriving faster than they age cost no scan each.
+func (r *Reaper) sweepLocked(now time.Time) {
 	for pid, e := range r.unclaimed {
-		if oldest < 0 || e.Timestamp.Before(r.unclaimed[oldest].Timestamp) {
-			oldest = pid
+		if now.Sub(e.Timestamp) > unclaimedKeep {
+			delete(r.unclaimed, pid)
 		}
 	}
-	delete(r.unclaimed, oldest)
+	r.sweepAt = 2 * len(r.unclaimed)
 }
 
 // Claim returns a channel that receives the exit of pid exactly once. An

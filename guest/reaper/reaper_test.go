@@ -128,20 +128,40 @@ func TestStaleUnclaimedExitIsNotDelivered(t *testing.T) {
 	testReaper.mu.Unlock()
 }
 
+// Unclaimed exits are swept once they pile up, the old ones only: an
+// exit not yet claimed because its process was just created is never
+// dropped, however many orphans exit around it (its claim would wait
+// forever, and Signal could hit the pid's next process).
 func TestUnclaimedExitsAreBounded(t *testing.T) {
 	r := &Reaper{commands: nil, claims: map[int][]chan Exit{}, unclaimed: map[int]Exit{}}
 	base := time.Now()
-	for i := 0; i < maxUnclaimed+10; i++ {
-		r.dispatchLocked(Exit{Pid: 100000 + i, Timestamp: base.Add(time.Duration(i) * time.Millisecond)})
+	// Old orphans, then a burst of young ones around a container's init
+	// (pid 7), each twice the sweep size.
+	for i := range maxUnclaimed {
+		r.dispatchLocked(Exit{Pid: 100000 + i, Timestamp: base})
 	}
-	if len(r.unclaimed) != maxUnclaimed {
-		t.Fatalf("kept %d unclaimed exits, want %d", len(r.unclaimed), maxUnclaimed)
+	at := base.Add(unclaimedKeep + time.Second)
+	r.dispatchLocked(Exit{Pid: 7, Status: 3, Timestamp: at})
+	for i := range 2 * maxUnclaimed {
+		r.dispatchLocked(Exit{Pid: 200000 + i, Timestamp: at.Add(time.Duration(i) * time.Microsecond)})
 	}
 	if _, ok := r.unclaimed[100000]; ok {
-		t.Error("oldest exit was kept, newest dropped")
+		t.Error("an exit older than unclaimedKeep was kept past a sweep")
 	}
-	if _, ok := r.unclaimed[100000+maxUnclaimed+9]; !ok {
-		t.Error("newest exit was dropped")
+	if n := len(r.unclaimed); n != 2*maxUnclaimed+1 {
+		t.Errorf("kept %d unclaimed exits, want the %d young ones", n, 2*maxUnclaimed+1)
+	}
+	select {
+	case e := <-r.Claim(7, at.Add(-time.Second)):
+		if e.Status != 3 {
+			t.Errorf("the young exit claimed late = %+v, want status 3", e)
+		}
+	default:
+		t.Error("the young exit was dropped: its claim would wait forever")
+	}
+	// The sweeps are spaced by what they leave: not one per exit.
+	if r.sweepAt < 2*maxUnclaimed {
+		t.Errorf("next sweep at %d exits, want at least twice the young ones left", r.sweepAt)
 	}
 }
 

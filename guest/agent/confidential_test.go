@@ -287,7 +287,8 @@ func TestMaliciousHostZeroLaunchDigest(t *testing.T) {
 	calls := 0
 	e.svc.cfg.Evidence = snpEvidence([32]byte{}, &calls)
 	share := t.TempDir()
-	e.svc.cfg.SharedDir, e.svc.cfg.MountShared = share, func(string, string) error { return nil }
+	shareMounts := 0
+	e.svc.cfg.SharedDir, e.svc.cfg.MountShared = share, func(string, string) error { shareMounts++; return nil }
 	if err := os.Mkdir(filepath.Join(share, "c-0"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -359,6 +360,10 @@ func TestMaliciousHostZeroLaunchDigest(t *testing.T) {
 			}()})
 		explained(name, err, policyapi.ZeroLaunchName+".mounts")
 		e.assertGone(t, "evil")
+	}
+	// The policy allows no share: the host's virtio-fs was never mounted.
+	if shareMounts != 0 {
+		t.Errorf("the virtio-fs share was mounted %d times under a policy that allows none", shareMounts)
 	}
 }
 

@@ -42,6 +42,9 @@ func (s *Service) sharedMounts(req *agentapi.CreateContainerRequest, bundle stri
 	if len(shared) == 0 {
 		return nil, nil
 	}
+	if err := s.evaluator().MountShare(req.GetContainerId()); err != nil {
+		return nil, err
+	}
 	dir := s.cfg.SharedDir
 	if dir == "" {
 		return nil, fmt.Errorf("container %q has host paths shared over virtio-fs, but this agent has no shared directory: %w", req.GetContainerId(), errdefs.ErrFailedPrecondition)

@@ -64,3 +64,36 @@ func (e *Evaluator) emptyDirPod(k *checker, who Identity, ann map[string]string,
 	}
 	e.podUID = pod
 }
+
+// MountShare decides whether the guest may mount the host's virtio-fs
+// share for container id's create: only if some rule of the policy
+// allows a shared mount. Otherwise no create of the pod could use it,
+// and the guest kernel's FUSE client is kept from the host's server.
+func (e *Evaluator) MountShare(id string) error {
+	if !e.Governs() {
+		return nil
+	}
+	rules := []*policyapi.Container{e.p.Sandbox, e.p.Default}
+	for _, r := range e.p.Containers {
+		rules = append(rules, r)
+	}
+	for _, r := range rules {
+		if r == nil {
+			continue
+		}
+		for _, m := range r.Mounts {
+			if m.Kind == policyapi.KindShared {
+				return nil
+			}
+		}
+	}
+	k := &checker{req: "CreateContainer", id: id}
+	rule := "policy.containers.*.mounts"
+	if e.p.Default != nil {
+		rule = e.defaultKey() + ".mounts"
+	}
+	d := k.deny("shared mounts", "", rule, "")
+	d.Reason = "no rule of the policy allows a mount of kind shared"
+	d.Hint = "the host's paths (hostPath, configMap, secret and projected volumes) reach the guest over virtio-fs, which this pod's policy never uses: the guest does not mount it"
+	return e.decide(k.ds)
+}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -77,5 +78,28 @@ mounts = [{ destination = "/d", kind = "tmpfs", volume = "cache" }]
 `)
 	if err := p.Validate(nil); err == nil {
 		t.Error("a tmpfs mount naming a volume: Validate passed")
+	}
+}
+
+// A pod whose policy allows no shared mount anywhere never has the host's
+// virtio-fs mounted in the guest: a create that brings shares is refused
+// before the agent mounts it (the guest kernel's FUSE client stays out of
+// the host's reach). Audit mode logs it.
+func TestMaliciousHostShareUnderPolicyWithoutOne(t *testing.T) {
+	if err := evaluator(t, podPolicy).MountShare("abc"); err != nil {
+		t.Fatalf("a policy with a shared mount: %v", err)
+	}
+	noShare := strings.Replace(podPolicy, `  { destination = "/var/run/secrets/kubernetes.io/serviceaccount", kind = "shared", read_only = true },
+`, "", 1)
+	d := denied(t, evaluator(t, noShare).MountShare("abc"), "shared mounts", "policy.containers.*.mounts")
+	if d.ContainerID != "abc" || !strings.Contains(d.Reason, "kind shared") {
+		t.Errorf("denial %v: want the container and the missing kind named", d)
+	}
+	if err := evaluator(t, "[policy]\naudit = true\n"+strings.TrimPrefix(noShare, "\n[policy]\n")).MountShare("abc"); err != nil {
+		t.Errorf("audit mode: %v", err)
+	}
+	var none *Evaluator
+	if err := none.MountShare("abc"); err != nil {
+		t.Errorf("no policy: %v", err)
 	}
 }

@@ -436,6 +436,19 @@ func testPolicyPod(t *testing.T, h *hostEnv) {
 		}
 	})
 
+	t.Run("ExecAmbientCapabilities", func(t *testing.T) {
+		// The allowed argv with an ambient set: crun would raise it at
+		// exec, for a user that is not root too.
+		nb := []string{"CAP_NET_BIND_SERVICE"}
+		raw, err := json.Marshal(specs.Process{Args: []string{"echo", "allowed"}, Env: []string{imagePath}, Cwd: "/",
+			Capabilities: &specs.LinuxCapabilities{Bounding: nb, Effective: nb, Permitted: nb, Ambient: nb}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = ag.ExecProcess(c, &agent.ExecProcessRequest{ContainerId: "app", ExecId: "ambient", Process: raw, Stdio: &agent.Stdio{Stdout: true}})
+		refused(t, err, errdefs.ErrPermissionDenied, `process.capabilities.ambient ["CAP_NET_BIND_SERVICE"]`, "never allowed")
+	})
+
 	t.Run("ChangedWorkingDir", func(t *testing.T) {
 		s := containerSpec("app", true, appArgs...)
 		s.Process.Cwd = "/tmp"

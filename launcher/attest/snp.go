@@ -65,7 +65,7 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims,
 	if e.upstream {
 		// go-sev-guest's validation, with the same expectations, as a
 		// second opinion where it can read the evidence.
-		min, _ := v.minTCB(p, r, e.line)
+		min, _, _ := v.minTCB(p, r, e.line) // checked by checkSNPTCB
 		vmpl := p.vmpl()
 		if err := validate.SnpAttestation(att, &validate.Options{
 			GuestPolicy:               abi.SnpPolicy{Debug: p.AllowDebug, SMT: true},
@@ -74,6 +74,7 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims,
 			ReportData:                wantRD,
 			ChipID:                    p.ChipID,
 			MinimumTCB:                kds.DecomposeTCBVersion(kds.TCBVersion(min.Raw())),
+			MinimumLaunchTCB:          kds.DecomposeTCBVersion(kds.TCBVersion(min.Raw())),
 			VMPL:                      &vmpl,
 			PermitProvisionalFirmware: p.AllowProvisionalFirmware,
 		}); err != nil {
@@ -93,6 +94,7 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims,
 		ReportData:    r.GetReportData(),
 		ChipID:        r.GetChipId(),
 		ReportedTCB:   r.GetReportedTcb(),
+		LaunchTCB:     r.GetLaunchTcb(),
 		TCB:           reported.String(),
 		Provisional:   r.GetCommittedTcb() != r.GetCurrentTcb() || r.GetReportedTcb() != r.GetCurrentTcb(),
 		GuestPolicy:   r.GetPolicy(),

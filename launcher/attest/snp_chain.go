@@ -28,7 +28,7 @@ type snpEndorsement struct {
 	cert *x509.Certificate
 	exts *snpext.Extensions
 	// ica and ark are the intermediate (ASK or ASVK) and root the chain was
-	// verified with; nil when the chain verified before (cached).
+	// verified with (now or, cached, before).
 	ica, ark *x509.Certificate
 	// upstream: go-sev-guest v0.15.0 can verify this report and its key
 	// too (Milan and Genoa of the CPUID models it knows), and does.
@@ -92,30 +92,32 @@ func (v *Verifier) verifySNPEndorsement(raw []byte, att *spb.Attestation) (*snpE
 		return nil, err
 	}
 	e.upstream = upstreamHandles(raw, e.line)
-	cached := v.cachedVCEK(der)
-	if cached == nil {
+	cached, hit := v.cachedVCEK(der)
+	if !hit {
 		if err := v.verifyKeyChain(&e); err != nil {
 			return nil, err
 		}
-		if err := checkSNPRevocation(v.amdCRLs, &e, v.now()); err != nil {
-			return nil, err
-		}
-		if err := v.fetchedRevocation(&e); err != nil {
-			return nil, err
-		}
 	} else {
-		e.cert = cached
+		e.cert, e.ica, e.ark = cached.cert, cached.ica, cached.ark
+	}
+	// Every time, cached or not: a CRL past its next update, or one that
+	// revokes the chain since, fails a chip seen before too.
+	if err := checkSNPRevocation(v.amdCRLs, &e, v.now()); err != nil {
+		return nil, err
+	}
+	if err := v.fetchedRevocation(&e); err != nil {
+		return nil, err
 	}
 	if err := verify.SnpReportSignature(raw, e.cert); err != nil {
 		return nil, failure(KindSignature, "report signature", err, "the report was altered after it was signed, or signed by another key")
 	}
-	if cached == nil {
+	if !hit {
 		if e.upstream {
 			if err := v.verifyUpstream(att); err != nil {
 				return nil, err
 			}
 		}
-		v.cacheVCEK(e.cert)
+		v.cacheVCEK(verifiedChain{cert: e.cert, ica: e.ica, ark: e.ark})
 	}
 	return &e, nil
 }
@@ -276,7 +278,8 @@ func (v *Verifier) fetchVCEK(r *spb.Report, line string) ([]byte, error) {
 }
 
 // fetchedRevocation fetches and checks the line's CRL when the verifier
-// fetches collateral and has no CRL file for it.
+// fetches collateral and has no CRL file for it. A fetched CRL serves
+// until its next update, then is fetched again.
 func (v *Verifier) fetchedRevocation(e *snpEndorsement) error {
 	if v.trust.Mode != ModeSNP || !v.trust.FetchCertificates || e.ark == nil {
 		return nil
@@ -286,19 +289,30 @@ func (v *Verifier) fetchedRevocation(e *snpEndorsement) error {
 			return nil
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), v.fetchTimeout())
-	defer cancel()
-	der, err := fetchAMDCRL(ctx, e.line, e.key, v.getter())
-	if err != nil {
-		return err
-	}
-	roots, err := v.snpTrustedRoots()
-	if err != nil {
-		return err
-	}
-	c, err := parseAMDCRL(der, roots)
-	if err != nil {
-		return err
+	key := e.line + "/" + string(e.key)
+	v.mu.Lock()
+	c := v.fetched[key]
+	v.mu.Unlock()
+	if c == nil || !c.crl.NextUpdate.IsZero() && v.now().After(c.crl.NextUpdate) {
+		ctx, cancel := context.WithTimeout(context.Background(), v.fetchTimeout())
+		defer cancel()
+		der, err := fetchAMDCRL(ctx, e.line, e.key, v.getter())
+		if err != nil {
+			return err
+		}
+		roots, err := v.snpTrustedRoots()
+		if err != nil {
+			return err
+		}
+		if c, err = parseAMDCRL(der, roots); err != nil {
+			return err
+		}
+		v.mu.Lock()
+		if v.fetched == nil {
+			v.fetched = map[string]*amdCRL{}
+		}
+		v.fetched[key] = c
+		v.mu.Unlock()
 	}
 	return checkSNPRevocation([]*amdCRL{c}, e, v.now())
 }

@@ -376,8 +376,8 @@ func TestGenuineSienaTCB(t *testing.T) {
 	if err := verify.SnpAttestation(att, &verify.Options{DisableCertFetching: true, TrustedRoots: roots, Now: smp.at}); err == nil {
 		t.Fatal("go-sev-guest verifies the genuine Siena report now: drop the Siena mapping (snpext)")
 	}
-	min, from := v.minTCB(p, smp.proto, snpext.Genoa)
-	if min != defaultSNPMinTCB[genoaZen4c] || !strings.Contains(from, "Siena") {
+	min, from, err := v.minTCB(p, smp.proto, snpext.Genoa)
+	if err != nil || min != defaultSNPMinTCB[genoaZen4c] || !strings.Contains(from, "Siena") {
 		t.Fatalf("default minimum %v from %q", min, from)
 	}
 	raw, applies, ok := DefaultSNPMinTCBFor(0x19, 0xA0)

@@ -79,11 +79,20 @@ func snpMinTCBKey(line string, family, model uint8) string {
 	return line
 }
 
-// minTCB is the minimum the policy requires of a report's REPORTED_TCB,
-// for a report of line, and where it comes from.
-func (v *Verifier) minTCB(p *Policy, r *spb.Report, line string) (snpext.TCB, string) {
+// minTCB is the minimum the policy requires of a report's REPORTED_TCB
+// and LAUNCH_TCB, for a report of line, and where it comes from. A
+// min_tcb is a TCB_VERSION in one product line's layout: one with bits
+// set that line's layout reserves was written for another line (a Milan
+// or Genoa snp level sits in a byte Turin reserves), and is refused
+// rather than read as levels it does not state.
+func (v *Verifier) minTCB(p *Policy, r *spb.Report, line string) (snpext.TCB, string, error) {
 	if p.MinTCB != 0 || p.MinTCBExplicit {
-		return snpext.DecomposeTCB(p.MinTCB, line), "the policy's min_tcb"
+		if bits := snpext.ReservedBits(p.MinTCB, line); bits != 0 {
+			return snpext.TCB{}, "", &Error{Kind: KindConfig, Field: "min_tcb", Expected: "a " + line + " TCB_VERSION (the report's product line)",
+				Actual: fmt.Sprintf("%#016x: bits %#x are reserved in the %s layout", p.MinTCB, bits, line),
+				Hint:   "the minimum was written in another product line's layout (Milan and Genoa: bl, tee, snp in byte 6, ucode; Turin: fmc, bl, tee, snp in byte 3, ucode): verify each line's evidence with its own min_tcb"}
+		}
+		return snpext.DecomposeTCB(p.MinTCB, line), "the policy's min_tcb", nil
 	}
 	var family, model uint8
 	if r.GetVersion() >= 3 {
@@ -91,22 +100,22 @@ func (v *Verifier) minTCB(p *Policy, r *spb.Report, line string) (snpext.TCB, st
 	}
 	key := snpMinTCBKey(line, family, model)
 	if d, ok := defaultSNPMinTCB[key]; ok && v.usesAMDRoots() {
-		return d, "c8s's default minimum for " + key + " (a policy sets another with min_tcb)"
+		return d, "c8s's default minimum for " + key + " (a policy sets another with min_tcb)", nil
 	}
-	return snpext.TCB{Line: line}, "none"
+	return snpext.TCB{Line: line}, "none", nil
 }
 
 // checkSNPTCB checks the report's TCB fields against its key certificate
 // and the policy: REPORTED_TCB is the TCB the key is certified for, the
 // firmware runs (CURRENT_TCB) what it committed to (COMMITTED_TCB) and
 // reports, unless the policy allows provisional firmware, and
-// REPORTED_TCB meets the minimum.
+// REPORTED_TCB and LAUNCH_TCB meet the minimum.
 func (v *Verifier) checkSNPTCB(r *spb.Report, e *snpEndorsement, p *Policy) error {
 	line := e.line
 	for _, f := range []struct {
 		name string
 		raw  uint64
-	}{{"REPORTED_TCB", r.GetReportedTcb()}, {"CURRENT_TCB", r.GetCurrentTcb()}, {"COMMITTED_TCB", r.GetCommittedTcb()}} {
+	}{{"REPORTED_TCB", r.GetReportedTcb()}, {"CURRENT_TCB", r.GetCurrentTcb()}, {"COMMITTED_TCB", r.GetCommittedTcb()}, {"LAUNCH_TCB", r.GetLaunchTcb()}} {
 		if bits := snpext.ReservedBits(f.raw, line); bits != 0 {
 			return &Error{Kind: KindFormat, Field: f.name, Actual: fmt.Sprintf("%#016x", f.raw),
 				Hint: fmt.Sprintf("bits %#x are reserved in the %s TCB layout", bits, line)}
@@ -134,10 +143,20 @@ func (v *Verifier) checkSNPTCB(r *spb.Report, e *snpEndorsement, p *Policy) erro
 	} else if err := checkFirmwareNotRolledBack(r); err != nil {
 		return err
 	}
-	min, from := v.minTCB(p, r, line)
+	min, from, err := v.minTCB(p, r, line)
+	if err != nil {
+		return err
+	}
 	if !reported.AtLeast(min) {
 		return &Error{Kind: KindPolicy, Field: "TCB below minimum", Expected: "at least " + min.String(), Actual: reported.String(),
 			Hint: fmt.Sprintf("%s; the minimum is %s: the node's SEV firmware or microcode needs an update", reported.Below(min), from)}
+	}
+	// The TCB the guest was launched under: firmware updated since (a
+	// live SEV firmware update, late-loaded microcode) raises the
+	// reported TCB, but what ran the launch stays what it was.
+	if launch := snpext.DecomposeTCB(r.GetLaunchTcb(), line); !launch.AtLeast(min) {
+		return &Error{Kind: KindPolicy, Field: "LAUNCH_TCB below minimum", Expected: "at least " + min.String(), Actual: launch.String(),
+			Hint: fmt.Sprintf("%s; the minimum is %s: the pod was launched under SEV firmware or microcode below it, and an update since does not undo what ran under it: relaunch the pod", launch.Below(min), from)}
 	}
 	return nil
 }

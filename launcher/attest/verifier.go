@@ -120,7 +120,10 @@ type Verifier struct {
 	amdCRLs  []*amdCRL                        // Trust.AMDCRLs (ModeSNP)
 
 	mu    sync.Mutex
-	vceks map[[sha256.Size]byte]*x509.Certificate // chains verified before
+	vceks map[[sha256.Size]byte]verifiedChain // chains verified before
+	// fetched are the CRLs fetched from AMD's KDS (FetchCertificates),
+	// by product line and key, kept until their next update.
+	fetched map[string]*amdCRL
 }
 
 // maxCachedChains bounds the verified-chain cache (one entry per chip and
@@ -129,7 +132,7 @@ const maxCachedChains = 64
 
 // NewVerifier returns a verifier for t.
 func NewVerifier(t Trust) (*Verifier, error) {
-	v := &Verifier{trust: t, vceks: map[[sha256.Size]byte]*x509.Certificate{}}
+	v := &Verifier{trust: t, vceks: map[[sha256.Size]byte]verifiedChain{}}
 	if len(t.SNPRoots) != 0 && t.Mode != ModeSNP {
 		return nil, failure(KindConfig, "trust", fmt.Errorf("mode %s takes no SNP roots", t.Mode), "")
 	}
@@ -200,27 +203,35 @@ func (v *Verifier) now() time.Time {
 	return time.Now()
 }
 
-// cachedVCEK returns the VCEK with DER der if its chain verified before and
-// it is still valid.
-func (v *Verifier) cachedVCEK(der []byte) *x509.Certificate {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	c := v.vceks[sha256.Sum256(der)]
-	if c == nil {
-		return nil
-	}
-	if now := v.now(); now.After(c.NotAfter) || now.Before(c.NotBefore) {
-		delete(v.vceks, sha256.Sum256(der))
-		return nil
-	}
-	return c
+// verifiedChain is a report key's certificate and the intermediate and
+// root its chain verified with.
+type verifiedChain struct {
+	cert, ica, ark *x509.Certificate
 }
 
-func (v *Verifier) cacheVCEK(c *x509.Certificate) {
+// cachedVCEK returns the chain of the key certificate with DER der if it
+// verified before and the certificate is still valid, else ok false. The
+// chain's revocation is the caller's to judge again: the CRLs may have
+// aged past their next update since.
+func (v *Verifier) cachedVCEK(der []byte) (c verifiedChain, ok bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	c, ok = v.vceks[sha256.Sum256(der)]
+	if !ok {
+		return c, false
+	}
+	if now := v.now(); now.After(c.cert.NotAfter) || now.Before(c.cert.NotBefore) {
+		delete(v.vceks, sha256.Sum256(der))
+		return verifiedChain{}, false
+	}
+	return c, true
+}
+
+func (v *Verifier) cacheVCEK(c verifiedChain) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if len(v.vceks) >= maxCachedChains {
 		clear(v.vceks)
 	}
-	v.vceks[sha256.Sum256(c.Raw)] = c
+	v.vceks[sha256.Sum256(c.cert.Raw)] = c
 }

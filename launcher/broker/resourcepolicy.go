@@ -11,12 +11,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/go-sev-guest/kds"
 	"github.com/pelletier/go-toml/v2"
 
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	kbsapi "github.com/c8s-dev/c8s/guest/api/kbs"
 	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/snpext"
 )
 
 // ResourcePolicy is the owner's resource policy: which attested workloads
@@ -104,16 +104,24 @@ type TDXIdentity struct {
 	RTMRs []attest.Hex `toml:"rtmrs" json:"rtmrs"`
 }
 
-// TCB is a minimum SNP TCB, component by component (kds.TCBParts).
+// TCB is a minimum SNP TCB, component by component, compared with the
+// evidence's TCB read in its own product line's layout. FMC is Turin's
+// and later lines' only: evidence of earlier lines has none to judge.
 type TCB struct {
+	FMC   uint8 `toml:"fmc" json:"fmc"`
 	BL    uint8 `toml:"bl" json:"bl"`
 	TEE   uint8 `toml:"tee" json:"tee"`
 	SNP   uint8 `toml:"snp" json:"snp"`
 	UCode uint8 `toml:"ucode" json:"ucode"`
 }
 
-func (t TCB) parts() kds.TCBParts {
-	return kds.TCBParts{BlSpl: t.BL, TeeSpl: t.TEE, SnpSpl: t.SNP, UcodeSpl: t.UCode}
+// in is t as a minimum for evidence of product line.
+func (t TCB) in(line string) snpext.TCB {
+	min := snpext.TCB{Line: line, FMC: t.FMC, Bootloader: t.BL, TEE: t.TEE, SNP: t.SNP, Microcode: t.UCode}
+	if !snpext.HasFMC(line) {
+		min.FMC = 0
+	}
+	return min
 }
 
 // Rule maps a resource, or a pattern of them, to the workloads that may
@@ -138,9 +146,12 @@ type Attested struct {
 	RTMRs       []attest.Hex
 	// InitDataDigest is the evidence's HOST_DATA (SNP) or MRCONFIGID (TDX).
 	InitDataDigest attest.Hex
-	// TCB is the SNP REPORTED_TCB; TeeTCBSVN the TDX TEE_TCB_SVN.
-	TCB       uint64
-	TeeTCBSVN attest.Hex
+	// TCB is the SNP REPORTED_TCB and LaunchTCB its LAUNCH_TCB, both in
+	// the layout of TCBLine, the evidence's product line; TeeTCBSVN the
+	// TDX TEE_TCB_SVN.
+	TCB, LaunchTCB uint64
+	TCBLine        string
+	TeeTCBSVN      attest.Hex
 	// Debug is set for a guest launched debuggable.
 	Debug bool
 	// InitData is the measured document the pod sent (nil: none sent,
@@ -429,9 +440,14 @@ func (w *Workload) check(a *Attested) string {
 		if tdx {
 			return "TEE tdx: the workload's min_tcb is an SNP TCB, give min_tee_tcb_svn instead"
 		}
-		min, got := w.MinTCB.parts(), kds.DecomposeTCBVersion(kds.TCBVersion(a.TCB))
-		if !kds.TCBPartsLE(min, got) {
-			return fmt.Sprintf("TCB %s: below the workload's min_tcb %s", tcbString(got), tcbString(min))
+		min := w.MinTCB.in(a.TCBLine)
+		for _, f := range []struct {
+			name string
+			raw  uint64
+		}{{"TCB", a.TCB}, {"LAUNCH_TCB", a.LaunchTCB}} {
+			if got := snpext.DecomposeTCB(f.raw, a.TCBLine); !got.AtLeast(min) {
+				return fmt.Sprintf("%s %s: below the workload's min_tcb %s (in the %s layout)", f.name, got, min, a.TCBLine)
+			}
 		}
 	}
 	if len(w.MinTeeTCBSVN) > 0 {
@@ -482,10 +498,6 @@ func hexList(l []attest.Hex) string {
 		s[i] = h.String()
 	}
 	return "[" + strings.Join(s, ", ") + "]"
-}
-
-func tcbString(t kds.TCBParts) string {
-	return fmt.Sprintf("bl=%d tee=%d snp=%d ucode=%d", t.BlSpl, t.TeeSpl, t.SnpSpl, t.UcodeSpl)
 }
 
 // NamedSecret checks the second binding, independent of any resource

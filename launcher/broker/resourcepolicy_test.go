@@ -13,6 +13,7 @@ import (
 	"github.com/c8s-dev/c8s/guest/api/initdata"
 	guestkbs "github.com/c8s-dev/c8s/guest/kbs"
 	"github.com/c8s-dev/c8s/launcher/attest"
+	"github.com/c8s-dev/c8s/launcher/attest/snpext"
 	"github.com/c8s-dev/c8s/launcher/vm/tee/sim"
 )
 
@@ -310,3 +311,41 @@ func TestWorkloadTDX(t *testing.T) {
 }
 
 func slicesClone(h attest.Hex) attest.Hex { return append(attest.Hex(nil), h...) }
+
+// A workload's min_tcb is judged in the evidence's own product line's
+// layout: on Turin, snp is byte 3 and fmc byte 0, which the Milan layout
+// reads as reserved and as bl; and at launch too (LAUNCH_TCB), not only
+// at the firmware level the host has updated to since.
+func TestWorkloadMinTCBByProductLine(t *testing.T) {
+	turin := func(fmc, bl, snp, ucode uint8) uint64 {
+		return snpext.TCB{Line: snpext.Turin, FMC: fmc, Bootloader: bl, SNP: snp, Microcode: ucode}.Raw()
+	}
+	meas := attest.Hex(strings.Repeat("\x01", 48))
+	w := &Workload{TEE: []string{"snp"}, Measurements: []attest.Hex{meas}, MinTCB: &TCB{FMC: 1, BL: 3, SNP: 8, UCode: 71}}
+	if err := w.validate(""); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(reported, launch uint64) *Attested {
+		return &Attested{TEE: "snp", Measurement: meas, TCB: reported, LaunchTCB: launch, TCBLine: snpext.Turin}
+	}
+	if why := w.check(pod(turin(1, 3, 8, 71), turin(1, 3, 8, 71))); why != "" {
+		t.Fatalf("a Turin pod at the minimum refused: %s", why)
+	}
+	for name, tc := range map[string]struct {
+		a    *Attested
+		want string
+	}{
+		"snp below (Turin's byte 3)": {pod(turin(1, 3, 1, 71), turin(1, 3, 1, 71)), "TCB fmc=1 bl=3 tee=0 snp=1 ucode=71: below the workload's min_tcb"},
+		"fmc below":                  {pod(turin(0, 3, 8, 71), turin(0, 3, 8, 71)), "below the workload's min_tcb fmc=1 bl=3"},
+		"launched below":             {pod(turin(1, 3, 8, 71), turin(1, 3, 2, 71)), "LAUNCH_TCB fmc=1 bl=3 tee=0 snp=2 ucode=71: below"},
+	} {
+		if why := w.check(tc.a); !strings.Contains(why, tc.want) {
+			t.Errorf("%s: %q, want %q", name, why, tc.want)
+		}
+	}
+	// Milan evidence has no fmc: the minimum's fmc does not apply to it.
+	milan := snpext.TCB{Line: snpext.Milan, Bootloader: 3, SNP: 8, Microcode: 71}.Raw()
+	if why := w.check(&Attested{TEE: "snp", Measurement: meas, TCB: milan, LaunchTCB: milan, TCBLine: snpext.Milan}); why != "" {
+		t.Errorf("a Milan pod at the minimum refused: %s", why)
+	}
+}

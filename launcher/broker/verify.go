@@ -110,6 +110,7 @@ func (b *Broker) verifyPrimary(tee string, primary json.RawMessage, reportData [
 			return nil, err
 		}
 		a.Measurement, a.InitDataDigest, a.TCB = claims.Measurement, claims.HostData, claims.ReportedTCB
+		a.LaunchTCB, a.TCBLine = claims.LaunchTCB, claims.ProductLine
 		a.Debug = claims.GuestPolicy&snpPolicyDebug != 0
 	case kbsapi.TeeTDX:
 		a.TEE = kbsapi.TeeTDX

@@ -75,6 +75,9 @@ type SNPClaims struct {
 	ReportData  Hex    `json:"report_data"`
 	ChipID      Hex    `json:"chip_id"`
 	ReportedTCB uint64 `json:"reported_tcb"`
+	// LaunchTCB is the TCB the guest was launched under (LAUNCH_TCB),
+	// in the same layout.
+	LaunchTCB uint64 `json:"launch_tcb"`
 	// TCB is REPORTED_TCB decomposed in the product line's layout
 	// ("fmc=0 bl=1 tee=0 snp=2 ucode=71" on Turin).
 	TCB string `json:"tcb"`

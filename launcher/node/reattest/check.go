@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/go-sev-guest/kds"
-
 	"github.com/c8s-dev/c8s/guest/api/reportdata"
 	"github.com/c8s-dev/c8s/launcher/attest"
 	"github.com/c8s-dev/c8s/manifest"
@@ -426,7 +424,7 @@ func nodeFailures(id *Identity, b *Bundle, nodeMin uint64) []failure {
 	if b != nil && b.MinTCB != 0 {
 		min, from = maxTCB(min, b.MinTCB), fmt.Sprintf("the owner's bundle serial %d", b.Serial)
 	}
-	if min != 0 && !kds.TCBPartsLE(min.Parts(), id.TCB.Parts()) {
+	if min != 0 && !tcbAtLeast(id.TCB, min) {
 		out = append(out, failure{ReasonTCBBelowMinimum, fmt.Sprintf("REPORTED_TCB %s is below the minimum %s of %s: the node's SEV firmware or microcode needs an update", tcbString(id.TCB), tcbString(min), from)})
 	}
 	return out
@@ -447,15 +445,28 @@ func podFailures(id *Identity, b *Bundle) []failure {
 	return out
 }
 
+// A TCB_VERSION is eight one-byte components, each a security patch
+// level or reserved (zero), at places that differ by product line (Turin
+// adds FMC and moves TEE and SNP): compared byte by byte, two values of
+// one line are compared component by component whatever the line.
+
 // maxTCB is the component-wise maximum of two TCB versions.
 func maxTCB(a, b TCB) TCB {
-	pa, pb := a.Parts(), b.Parts()
-	m := kds.TCBParts{BlSpl: max(pa.BlSpl, pb.BlSpl), TeeSpl: max(pa.TeeSpl, pb.TeeSpl), SnpSpl: max(pa.SnpSpl, pb.SnpSpl), UcodeSpl: max(pa.UcodeSpl, pb.UcodeSpl)}
-	v, err := kds.ComposeTCBParts(m)
-	if err != nil {
-		return max(a, b)
+	var m TCB
+	for shift := 0; shift < 64; shift += 8 {
+		m |= max(a>>shift&0xff, b>>shift&0xff) << shift
 	}
-	return TCB(v)
+	return m
+}
+
+// tcbAtLeast reports whether every component of got is at least min's.
+func tcbAtLeast(got, min TCB) bool {
+	for shift := 0; shift < 64; shift += 8 {
+		if got>>shift&0xff < min>>shift&0xff {
+			return false
+		}
+	}
+	return true
 }
 
 // short abbreviates a long digest for messages.

@@ -126,6 +126,24 @@ func TestMaliciousHostExecDropsRequiredEnv(t *testing.T) {
 	}
 	x.Process.Env = nil
 	denied(t, e.Exec(c, x), "process.env", "policy.containers.app.env")
+
+	// kubectl exec -it: containerd's CRI replaces the container's TERM
+	// (the image's TERM=linux) with TERM=xterm; only a terminal's.
+	e = evaluator(t, strings.Replace(strings.Replace(podPolicy, `"PATH=/usr/bin:/bin",`, `"PATH=/usr/bin:/bin", "TERM=linux",`, 1), "logs = true", "logs = true\nexec_stdin = true", 1))
+	s := appSpec()
+	s.Process.Env = append(s.Process.Env, "TERM=linux")
+	c, err := create(t, e, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x = execOf("/app", "healthcheck")
+	x.Process.Env = []string{"PATH=/usr/bin:/bin", "HOSTNAME=app-7d9f8c6b5-x2k4q", "TERM=xterm"}
+	x.Terminal = true
+	if err := e.Exec(c, x); err != nil {
+		t.Fatalf("a terminal exec with CRI's TERM: %v", err)
+	}
+	x.Terminal = false
+	denied(t, e.Exec(c, x), "process.env", "policy.containers.app.env")
 }
 
 // A resize sends SIGWINCH to the terminal's foreground processes: the

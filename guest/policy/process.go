@@ -33,7 +33,7 @@ var ioClasses = []specs.IOPriorityClass{specs.IOPRIO_CLASS_BE, specs.IOPRIO_CLAS
 // the rule pins (crun raises them at exec, noNewPrivileges or not).
 func (k *checker) capabilities(rule *policyapi.Container, c *specs.LinuxCapabilities) {
 	if c == nil {
-		return // none: crun starts the process with no capabilities
+		return // none: crun and runc start the process with none
 	}
 	allowed := rule.AllowedCapabilities()
 	for _, set := range []struct {

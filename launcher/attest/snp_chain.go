@@ -279,7 +279,7 @@ func (v *Verifier) fetchVCEK(r *spb.Report, line string) ([]byte, error) {
 
 // fetchedRevocation fetches and checks the line's CRL when the verifier
 // fetches collateral and has no CRL file for it. A fetched CRL serves
-// until its next update, then is fetched again.
+// until its next update (fetchedCRLMaxAge at most), then is fetched again.
 func (v *Verifier) fetchedRevocation(e *snpEndorsement) error {
 	if v.trust.Mode != ModeSNP || !v.trust.FetchCertificates || e.ark == nil {
 		return nil
@@ -291,9 +291,10 @@ func (v *Verifier) fetchedRevocation(e *snpEndorsement) error {
 	}
 	key := e.line + "/" + string(e.key)
 	v.mu.Lock()
-	c := v.fetched[key]
+	f := v.fetched[key]
 	v.mu.Unlock()
-	if c == nil || !c.crl.NextUpdate.IsZero() && v.now().After(c.crl.NextUpdate) {
+	c := f.crl
+	if f.stale(v.now()) {
 		ctx, cancel := context.WithTimeout(context.Background(), v.fetchTimeout())
 		defer cancel()
 		der, err := fetchAMDCRL(ctx, e.line, e.key, v.getter())
@@ -309,13 +310,36 @@ func (v *Verifier) fetchedRevocation(e *snpEndorsement) error {
 		}
 		v.mu.Lock()
 		if v.fetched == nil {
-			v.fetched = map[string]*amdCRL{}
+			v.fetched = map[string]fetchedCRL{}
 		}
-		v.fetched[key] = c
+		v.fetched[key] = fetchedCRL{crl: c, at: v.now()}
 		v.mu.Unlock()
 	}
 	return checkSNPRevocation([]*amdCRL{c}, e, v.now())
 }
+
+// stale reports whether f is to be fetched again at now: none yet, or
+// past its next update or fetchedCRLMaxAge, and not fetched within
+// fetchedCRLRetry (a KDS still serving an out-of-date CRL is asked once a
+// minute, and the CRL fails each report meanwhile).
+func (f fetchedCRL) stale(now time.Time) bool {
+	if f.crl == nil {
+		return true
+	}
+	age := now.Sub(f.at)
+	if age <= fetchedCRLRetry {
+		return false
+	}
+	next := f.crl.crl.NextUpdate
+	return age > fetchedCRLMaxAge || !next.IsZero() && now.After(next)
+}
+
+// A fetched CRL serves until its next update, and a day at most (one
+// with no next update too).
+const (
+	fetchedCRLMaxAge = 24 * time.Hour
+	fetchedCRLRetry  = time.Minute
+)
 
 func (v *Verifier) fetchTimeout() time.Duration {
 	if v.trust.FetchTimeout > 0 {

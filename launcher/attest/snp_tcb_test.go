@@ -1,6 +1,7 @@
 package attest
 
 import (
+	"crypto/x509"
 	"encoding/binary"
 	"math/big"
 	"testing"
@@ -77,4 +78,29 @@ func TestMaliciousHostStaleCRLAfterCache(t *testing.T) {
 	now = now.Add(2 * time.Hour)
 	_, err = v.VerifySNP(raw, table, p)
 	wantErr(t, err, KindConfig, "AMD Milan CRL", "out of date")
+}
+
+// A CRL fetched from AMD's KDS serves until its next update, a day at
+// most (one without a next update too), and is asked for again at most
+// once a minute while the KDS serves an out-of-date one.
+func TestFetchedCRLRefetch(t *testing.T) {
+	t0 := time.Now()
+	crl := func(next time.Time) *amdCRL { return &amdCRL{crl: &x509.RevocationList{NextUpdate: next}} }
+	for name, tc := range map[string]struct {
+		f     fetchedCRL
+		now   time.Time
+		stale bool
+	}{
+		"none yet":                         {fetchedCRL{}, t0, true},
+		"before its next update":           {fetchedCRL{crl(t0.Add(time.Hour)), t0}, t0.Add(30 * time.Minute), false},
+		"past its next update":             {fetchedCRL{crl(t0.Add(time.Hour)), t0}, t0.Add(2 * time.Hour), true},
+		"past its next update, just asked": {fetchedCRL{crl(t0.Add(-time.Hour)), t0}, t0.Add(30 * time.Second), false},
+		"no next update, under a day":      {fetchedCRL{crl(time.Time{}), t0}, t0.Add(23 * time.Hour), false},
+		"no next update, over a day":       {fetchedCRL{crl(time.Time{}), t0}, t0.Add(25 * time.Hour), true},
+		"next update far off, over a day":  {fetchedCRL{crl(t0.Add(30 * 24 * time.Hour)), t0}, t0.Add(25 * time.Hour), true},
+	} {
+		if got := tc.f.stale(tc.now); got != tc.stale {
+			t.Errorf("%s: stale = %v, want %v", name, got, tc.stale)
+		}
+	}
 }

@@ -122,8 +122,14 @@ type Verifier struct {
 	mu    sync.Mutex
 	vceks map[[sha256.Size]byte]verifiedChain // chains verified before
 	// fetched are the CRLs fetched from AMD's KDS (FetchCertificates),
-	// by product line and key, kept until their next update.
-	fetched map[string]*amdCRL
+	// by product line and key (fetchedRevocation).
+	fetched map[string]fetchedCRL
+}
+
+// fetchedCRL is a CRL fetched from AMD's KDS, and when.
+type fetchedCRL struct {
+	crl *amdCRL
+	at  time.Time
 }
 
 // maxCachedChains bounds the verified-chain cache (one entry per chip and

@@ -42,7 +42,10 @@ func exactIn(val any, t reflect.Type, at []string) error {
 			f, exact := fields[k]
 			if !exact {
 				for name := range fields {
-					if strings.EqualFold(name, k) {
+					// go-toml's own rule (ToLower: "İ" is "i" to it) and
+					// Unicode's simple folding (the Kelvin sign is "k").
+					//lint:ignore SA6005 go-toml matches by ToLower, which EqualFold does not cover ("İ")
+					if strings.ToLower(name) == strings.ToLower(k) || strings.EqualFold(name, k) {
 						return fmt.Errorf("key %q: keys are case-sensitive, write %q", strings.Join(append(at, k), "."), strings.Join(append(at, name), "."))
 					}
 				}

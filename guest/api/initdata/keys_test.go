@@ -21,6 +21,12 @@ allow_exec = false
 			"algorithm = \"sha384\"\nAlgorithm = \"sha256\"\nversion = \"0.1.0\"\n[data]\n", `"Algorithm"`},
 		"c8s key twice":             {c8sStrict + "ALLOW_EXEC = true\n", `"agent_policy.ALLOW_EXEC"`},
 		"c8s table in another case": {"version = \"0.1\"\n[Agent_Policy]\nallow_exec = true\n", `"Agent_Policy"`},
+		// go-toml lowercases keys: "İ" (U+0130) becomes "i", which
+		// Unicode's simple folding does not say.
+		"dotted capital I": {"version = \"0.1\"\n[agent_policy]\nallow_exec = false\n[\"agent_pol\u0130cy\"]\nallow_exec = true\n", "agent_pol\u0130cy"},
+		"Kelvin sign":      {"version = \"0.1\"\n[\"\u212Abs\"]\nurl = \"https://kbs.example\"\n", "\u212Abs"},
+		"dotted capital I in a rule": {
+			"version = \"0.1\"\n[policy.containers.app]\nimage = \"x\"\nargs = [\"/app\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\n\"pr\u0130vileged\" = true\n", "pr\u0130vileged"},
 		"policy rule key": {
 			"version = \"0.1\"\n[policy.containers.app]\nimage = \"x\"\nargs = [\"/app\"]\nworking_dir = \"/\"\nuid = 0\ngid = 0\nExec = [[\"sh\"]]\n", `"policy.containers.app.Exec"`},
 		"secret in an array of tables": {

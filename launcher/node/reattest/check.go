@@ -73,10 +73,12 @@ type Verdict struct {
 
 // Identity are the verified fields re-attestation judges.
 type Identity struct {
-	TEE         string
-	ChipID      attest.Hex
-	TCB         TCB
-	Measurement attest.Hex
+	TEE    string
+	ChipID attest.Hex
+	// TCB is the SNP REPORTED_TCB and LaunchTCB its LAUNCH_TCB: the
+	// firmware updated live since a launch raises only the first.
+	TCB, LaunchTCB TCB
+	Measurement    attest.Hex
 	// InitData is the SNP HOST_DATA or the TDX MRCONFIGID.
 	InitData attest.Hex
 	// Boot is the measured boot the evidence's event log verified against;
@@ -377,7 +379,7 @@ func verifyWith(v *attest.Verifier, ev *adminapi.EvidenceResponse, p *attest.Pol
 	if err != nil {
 		return nil, err
 	}
-	return &Identity{TEE: ev.Tee, ChipID: cl.ChipID, TCB: TCB(cl.ReportedTCB), Measurement: cl.Measurement, InitData: cl.HostData}, nil
+	return &Identity{TEE: ev.Tee, ChipID: cl.ChipID, TCB: TCB(cl.ReportedTCB), LaunchTCB: TCB(cl.LaunchTCB), Measurement: cl.Measurement, InitData: cl.HostData}, nil
 }
 
 // rejection is the verdict of evidence that did not verify.
@@ -426,6 +428,8 @@ func nodeFailures(id *Identity, b *Bundle, nodeMin uint64) []failure {
 	}
 	if min != 0 && !tcbAtLeast(id.TCB, min) {
 		out = append(out, failure{ReasonTCBBelowMinimum, fmt.Sprintf("REPORTED_TCB %s is below the minimum %s of %s: the node's SEV firmware or microcode needs an update", tcbString(id.TCB), tcbString(min), from)})
+	} else if min != 0 && !tcbAtLeast(id.LaunchTCB, min) {
+		out = append(out, failure{ReasonTCBBelowMinimum, fmt.Sprintf("LAUNCH_TCB %s is below the minimum %s of %s: the pod was launched under SEV firmware or microcode below it; relaunch it", tcbString(id.LaunchTCB), tcbString(min), from)})
 	}
 	return out
 }

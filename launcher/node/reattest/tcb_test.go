@@ -24,9 +24,15 @@ func TestTCBMinimumOnTurin(t *testing.T) {
 	if len(fails) != 1 || fails[0].reason != ReasonTCBBelowMinimum || !strings.Contains(fails[0].message, "bundle serial 1") {
 		t.Fatalf("snp 3 under a minimum of snp 5: %+v", fails)
 	}
-	id.TCB = turin(1, 1, 0, 5, 71)
+	id.TCB, id.LaunchTCB = turin(1, 1, 0, 5, 71), turin(1, 1, 0, 5, 71)
 	if fails := nodeFailures(id, &Bundle{Serial: 1, MinTCB: owner}, uint64(node)); len(fails) != 0 {
 		t.Fatalf("at the minimum: %+v", fails)
+	}
+	// Launched below the minimum, the firmware updated live since.
+	id.LaunchTCB = turin(1, 1, 0, 2, 71)
+	fails = nodeFailures(id, &Bundle{Serial: 1, MinTCB: owner}, uint64(node))
+	if len(fails) != 1 || fails[0].reason != ReasonTCBBelowMinimum || !strings.Contains(fails[0].message, "LAUNCH_TCB") {
+		t.Fatalf("launched under snp 2, the minimum snp 5: %+v", fails)
 	}
 	if tcbAtLeast(turin(1, 1, 0, 5, 71), turin(1, 1, 1, 5, 71)) {
 		t.Error("tee 0 taken as at least tee 1")

@@ -84,8 +84,13 @@ type Workload struct {
 	Measurements  []attest.Hex  `toml:"measurements" json:"measurements"`
 	TDX           []TDXIdentity `toml:"tdx" json:"tdx"`
 	MinTCB        *TCB          `toml:"min_tcb" json:"min_tcb"`
-	MinTeeTCBSVN  attest.Hex    `toml:"min_tee_tcb_svn" json:"min_tee_tcb_svn"`
-	AllowDebug    bool          `toml:"allow_debug" json:"allow_debug"`
+	// MinTCBByLine is the minimum SNP TCB per product line ("Milan",
+	// "Genoa", "Turin"), whose patch levels are numbered apart: a line's
+	// entry stands in for MinTCB for its evidence. With entries, evidence
+	// of a line that has none is judged by MinTCB, or refused without it.
+	MinTCBByLine map[string]*TCB `toml:"min_tcb_by_line" json:"min_tcb_by_line"`
+	MinTeeTCBSVN attest.Hex      `toml:"min_tee_tcb_svn" json:"min_tee_tcb_svn"`
+	AllowDebug   bool            `toml:"allow_debug" json:"allow_debug"`
 	// AllowHostRootfs accepts the workload's init data documents though
 	// rules of their [policy] bind no image (Broker.AllowHostRootfsPods,
 	// for these documents only). Requires init_data or init_data_files.
@@ -292,6 +297,14 @@ func (w *Workload) validate(dir string) error {
 			}
 		}
 	}
+	for line, t := range w.MinTCBByLine {
+		if line != snpext.Milan && line != snpext.Genoa && line != snpext.Turin {
+			return fmt.Errorf("min_tcb_by_line.%s: want Milan, Genoa or Turin", line)
+		}
+		if t == nil {
+			return fmt.Errorf("min_tcb_by_line.%s: empty", line)
+		}
+	}
 	if len(w.MinTeeTCBSVN) != 0 && len(w.MinTeeTCBSVN) != tcbSVNSize {
 		return fmt.Errorf("min_tee_tcb_svn is %d bytes, want 16", len(w.MinTeeTCBSVN))
 	}
@@ -436,17 +449,24 @@ func (w *Workload) check(a *Attested) string {
 		}
 		return fmt.Sprintf("init data digest %s (%s): not one of the workload's init_data", a.InitDataDigest, field)
 	}
-	if w.MinTCB != nil {
+	if w.MinTCB != nil || len(w.MinTCBByLine) > 0 {
 		if tdx {
 			return "TEE tdx: the workload's min_tcb is an SNP TCB, give min_tee_tcb_svn instead"
 		}
-		min := w.MinTCB.in(a.TCBLine)
+		want, key := w.MinTCB, "min_tcb"
+		if t := w.MinTCBByLine[a.TCBLine]; t != nil {
+			want, key = t, "min_tcb_by_line."+a.TCBLine
+		}
+		if want == nil {
+			return fmt.Sprintf("%s evidence: the workload's min_tcb_by_line names no minimum for %s, and it has no min_tcb", a.TCBLine, a.TCBLine)
+		}
+		min := want.in(a.TCBLine)
 		for _, f := range []struct {
 			name string
 			raw  uint64
 		}{{"TCB", a.TCB}, {"LAUNCH_TCB", a.LaunchTCB}} {
 			if got := snpext.DecomposeTCB(f.raw, a.TCBLine); !got.AtLeast(min) {
-				return fmt.Sprintf("%s %s: below the workload's min_tcb %s (in the %s layout)", f.name, got, min, a.TCBLine)
+				return fmt.Sprintf("%s %s: below the workload's %s %s (in the %s layout)", f.name, got, key, min, a.TCBLine)
 			}
 		}
 	}

@@ -345,7 +345,30 @@ func TestWorkloadMinTCBByProductLine(t *testing.T) {
 	}
 	// Milan evidence has no fmc: the minimum's fmc does not apply to it.
 	milan := snpext.TCB{Line: snpext.Milan, Bootloader: 3, SNP: 8, Microcode: 71}.Raw()
-	if why := w.check(&Attested{TEE: "snp", Measurement: meas, TCB: milan, LaunchTCB: milan, TCBLine: snpext.Milan}); why != "" {
+	milanPod := &Attested{TEE: "snp", Measurement: meas, TCB: milan, LaunchTCB: milan, TCBLine: snpext.Milan}
+	if why := w.check(milanPod); why != "" {
 		t.Errorf("a Milan pod at the minimum refused: %s", why)
+	}
+
+	// A fleet of lines: each its own minimum (Milan's snp=8 would pass
+	// an old Turin at snp=2 if one value served both).
+	w = &Workload{TEE: []string{"snp"}, Measurements: []attest.Hex{meas}, MinTCBByLine: map[string]*TCB{
+		snpext.Milan: {BL: 3, SNP: 8, UCode: 115}, snpext.Turin: {BL: 1, SNP: 2, UCode: 71}}}
+	if err := w.validate(""); err != nil {
+		t.Fatal(err)
+	}
+	if why := w.check(pod(turin(0, 1, 2, 71), turin(0, 1, 2, 71))); why != "" {
+		t.Errorf("a Turin pod at its line's minimum refused: %s", why)
+	}
+	if why := w.check(milanPod); !strings.Contains(why, "below the workload's min_tcb_by_line.Milan bl=3 tee=0 snp=8 ucode=115") {
+		t.Errorf("a Milan pod below its line's minimum: %q", why)
+	}
+	genoa := snpext.TCB{Line: snpext.Genoa, Bootloader: 10, SNP: 23, Microcode: 84}.Raw()
+	if why := w.check(&Attested{TEE: "snp", Measurement: meas, TCB: genoa, LaunchTCB: genoa, TCBLine: snpext.Genoa}); !strings.Contains(why, "names no minimum for Genoa") {
+		t.Errorf("a Genoa pod, no minimum for its line: %q", why)
+	}
+	w.MinTCBByLine["Bergamo"] = &TCB{}
+	if err := w.validate(""); err == nil || !strings.Contains(err.Error(), "min_tcb_by_line.Bergamo") {
+		t.Errorf("an unknown line: %v", err)
 	}
 }

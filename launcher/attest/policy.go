@@ -50,6 +50,14 @@ type Policy struct {
 	// AllowDebug accepts guests launched with debugging enabled (SNP policy
 	// bit 19, TDX TD_ATTRIBUTES.DEBUG). Never for production.
 	AllowDebug bool `json:"allow_debug,omitempty"`
+	// SNPGuestPolicy, when set, is an SNP guest policy (as
+	// hypervisor.snp.policy and QEMU take it, e.g. 0x1830000) the report's
+	// GUEST_POLICY must be at least as restrictive as: its ABI version at
+	// least this one's, SMT only if this allows it, and each of
+	// SINGLE_SOCKET, MEM_AES_256_XTS, RAPL_DIS, CIPHERTEXT_HIDING and
+	// PAGE_SWAP_DISABLE this sets (CheckSNPRequiredPolicy). DEBUG is
+	// AllowDebug's to decide; MIGRATE_MA and CXL_ALLOW are always refused.
+	SNPGuestPolicy uint64 `json:"snp_guest_policy,omitempty"`
 	// HostData is the expected SNP HOST_DATA (32 bytes): the digest of the
 	// pod's init data. Empty, HOST_DATA must be zero (a pod without init
 	// data), unless AnyHostData.
@@ -77,6 +85,11 @@ type Policy struct {
 	// initrd named here (TDXBoot). The sim TEE's modelled RTMRs are
 	// checked the same way.
 	TDXBoot *TDXBoot `json:"tdx_boot,omitempty"`
+	// TDAttributes and XFAM, when set, are the exact TD_ATTRIBUTES and
+	// XFAM (8 bytes each, as in the quote) the TD must have been launched
+	// with: SEPT_VE_DISABLE, PKS, PERFMON and the extended CPU features.
+	TDAttributes Hex `json:"td_attributes,omitempty"`
+	XFAM         Hex `json:"xfam,omitempty"`
 	// MinTEETCBSVN, when set, is the minimum TDX TEE_TCB_SVN (16 bytes),
 	// compared byte by byte with the quote's. Unset, TEE_TCB_SVN is judged
 	// only by the TCB status of Intel's collateral, when the verifier has
@@ -167,7 +180,8 @@ func (p *Policy) checkSNP() error {
 	if p.VMPL != nil && (*p.VMPL < 0 || *p.VMPL > 3) {
 		return configErr("vmpl %d: must be 0-3", *p.VMPL)
 	}
-	return errors.Join(checkSize("host_data", p.HostData, snpHostDataSize), checkSize("chip_id", p.ChipID, snpChipIDSize))
+	return errors.Join(checkSize("host_data", p.HostData, snpHostDataSize), checkSize("chip_id", p.ChipID, snpChipIDSize),
+		ValidateSNPGuestPolicy(p.SNPGuestPolicy))
 }
 
 // checkTDX validates the TDX part of the policy.
@@ -179,7 +193,8 @@ func (p *Policy) checkTDX() error {
 		return configErr("%d RTMRs, TDX has 4", len(p.RTMRs))
 	}
 	errs := []error{checkSize("mrtd", p.MRTD, tdxDigestSize), checkSize("mrconfigid", p.MRConfigID, tdxDigestSize),
-		checkSize("min_tee_tcb_svn", p.MinTEETCBSVN, tdxTEETCBSVNSize), p.TDXBoot.check(), checkTCBStatuses(p.AllowTCBStatus)}
+		checkSize("min_tee_tcb_svn", p.MinTEETCBSVN, tdxTEETCBSVNSize), p.TDXBoot.check(), checkTCBStatuses(p.AllowTCBStatus),
+		checkSize("td_attributes", p.TDAttributes, tdxLaunchFieldSize), checkSize("xfam", p.XFAM, tdxLaunchFieldSize)}
 	for i, r := range p.RTMRs {
 		errs = append(errs, checkSize("rtmrs["+strconv.Itoa(i)+"]", r, tdxDigestSize))
 	}

@@ -14,14 +14,6 @@ import (
 	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 )
 
-// snpPolicyDebug is SNP guest policy bit 19: debugging allowed.
-// Guest policy bits (SEV-SNP ABI, GUEST_POLICY).
-const (
-	snpPolicyMigrateMA = 1 << 18
-	snpPolicyDebug     = 1 << 19
-	snpPolicyCXLAllow  = 1 << 21
-)
-
 // SNPClaims are the verified contents of an SNP report (verdict.SNPClaims).
 type SNPClaims = verdict.SNPClaims
 
@@ -68,7 +60,7 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims,
 		min, _, _ := v.minTCB(p, r, e.line) // checked by checkSNPTCB
 		vmpl := p.vmpl()
 		if err := validate.SnpAttestation(att, &validate.Options{
-			GuestPolicy:               abi.SnpPolicy{Debug: p.AllowDebug, SMT: true},
+			GuestPolicy:               p.snpGuestPolicy(),
 			Measurement:               p.Measurements[vcpus],
 			HostData:                  p.expectedHostData(),
 			ReportData:                wantRD,
@@ -98,6 +90,7 @@ func (v *Verifier) VerifySNP(report, certTable []byte, p *Policy) (_ *SNPClaims,
 		TCB:           reported.String(),
 		Provisional:   r.GetCommittedTcb() != r.GetCurrentTcb() || r.GetReportedTcb() != r.GetCurrentTcb(),
 		GuestPolicy:   r.GetPolicy(),
+		PlatformInfo:  r.GetPlatformInfo(),
 		VMPL:          r.GetVmpl(),
 	}, nil
 }
@@ -157,20 +150,8 @@ func certChain(t *abi.CertTable) *spb.CertificateChain {
 // checkSNPFields applies the policy to the report's fields and returns the
 // matched vCPU shape.
 func checkSNPFields(r *spb.Report, p *Policy, wantRD []byte) (int, error) {
-	if r.GetPolicy()&snpPolicyDebug != 0 && !p.AllowDebug {
-		return 0, &Error{Kind: KindPolicy, Field: "guest policy DEBUG bit", Expected: "0", Actual: fmt.Sprintf("1 (POLICY=%#x)", r.GetPolicy()),
-			Hint: "the VM was launched with debugging allowed, so the host can read its memory; the policy forbids debug guests"}
-	}
-	// What go-sev-guest's validation refuses where it can read the
-	// evidence (Milan, Genoa), refused here for every product line: the
-	// policy is the host's choice at launch, outside the measurement.
-	if r.GetPolicy()&snpPolicyMigrateMA != 0 {
-		return 0, &Error{Kind: KindPolicy, Field: "guest policy MIGRATE_MA bit", Expected: "0", Actual: fmt.Sprintf("1 (POLICY=%#x)", r.GetPolicy()),
-			Hint: "the VM was launched to accept a migration agent, which the host chooses and which can export the guest's memory; c8s never launches one"}
-	}
-	if r.GetPolicy()&snpPolicyCXLAllow != 0 {
-		return 0, &Error{Kind: KindPolicy, Field: "guest policy CXL_ALLOW bit", Expected: "0", Actual: fmt.Sprintf("1 (POLICY=%#x)", r.GetPolicy()),
-			Hint: "the VM was launched to accept CXL devices or memory; c8s never launches one so"}
+	if err := checkSNPLaunchPolicy(r.GetPolicy(), r.GetPlatformInfo(), p); err != nil {
+		return 0, err
 	}
 	vcpus, err := p.matchMeasurement(r.GetMeasurement())
 	if err != nil {

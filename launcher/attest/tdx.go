@@ -19,14 +19,6 @@ import (
 	"github.com/c8s-dev/c8s/launcher/attest/verdict"
 )
 
-// tdAttributesDebug is TD_ATTRIBUTES bit 0 (byte 0): the TD is debuggable.
-// TD_ATTRIBUTES bits (Intel TDX module ABI): DEBUG is bit 0 (byte 0),
-// MIGRATABLE bit 29 (byte 3).
-const (
-	tdAttributesDebug      = 0x01
-	tdAttributesMigratable = 0x20 // of byte 3
-)
-
 // TDXClaims are the verified contents of a TDX quote (verdict.TDXClaims).
 type TDXClaims = verdict.TDXClaims
 
@@ -135,6 +127,7 @@ func (v *Verifier) VerifyTDXEvidence(quote, eventLog []byte, p *Policy) (_ *TDXC
 		MRTD:             body.GetMrTd(),
 		MRConfigID:       body.GetMrConfigId(),
 		TDAttributes:     body.GetTdAttributes(),
+		XFAM:             body.GetXfam(),
 		TeeTCBSVN:        body.GetTeeTcbSvn(),
 		ReportData:       body.GetReportData(),
 		EventLogReplayed: len(eventLog) > 0,
@@ -271,13 +264,8 @@ func checkRTMRs(rtmrs [][]byte, want []Hex) error {
 }
 
 func checkTDXFields(body *tdxpb.TDQuoteBody, p *Policy, wantRD []byte) error {
-	if attrs := body.GetTdAttributes(); len(attrs) > 0 && attrs[0]&tdAttributesDebug != 0 && !p.AllowDebug {
-		return &Error{Kind: KindPolicy, Field: "TD_ATTRIBUTES DEBUG bit", Expected: "0", Actual: "1 (TD_ATTRIBUTES=" + Hex(attrs).String() + ")",
-			Hint: "the TD is debuggable, so the host can read its memory; the policy forbids debug guests"}
-	}
-	if attrs := body.GetTdAttributes(); len(attrs) > 3 && attrs[3]&tdAttributesMigratable != 0 {
-		return &Error{Kind: KindPolicy, Field: "TD_ATTRIBUTES MIGRATABLE bit", Expected: "0", Actual: "1 (TD_ATTRIBUTES=" + Hex(attrs).String() + ")",
-			Hint: "the TD was launched migratable: a migration TD the host binds can export its memory; c8s never launches one"}
+	if err := checkTDXLaunchAttributes(body.GetTdAttributes(), body.GetXfam(), p); err != nil {
+		return err
 	}
 	if string(p.MRTD) != string(body.GetMrTd()) {
 		return mismatch("MRTD", p.MRTD.String(), Hex(body.GetMrTd()).String(), "the TD firmware (TDVF/OVMF) differs from the manifest?")

@@ -91,6 +91,16 @@ type Workload struct {
 	MinTCBByLine map[string]*TCB `toml:"min_tcb_by_line" json:"min_tcb_by_line"`
 	MinTeeTCBSVN attest.Hex      `toml:"min_tee_tcb_svn" json:"min_tee_tcb_svn"`
 	AllowDebug   bool            `toml:"allow_debug" json:"allow_debug"`
+	// SNPGuestPolicy, when set, is an SNP guest policy (e.g. 0x1830000)
+	// whose restrictions the evidence's GUEST_POLICY and PLATFORM_INFO
+	// must have: SMT off unless it allows SMT, and each of SINGLE_SOCKET,
+	// MEM_AES_256_XTS, RAPL_DIS, CIPHERTEXT_HIDING, PAGE_SWAP_DISABLE and
+	// the ABI version it sets (attest.CheckSNPRequiredPolicy).
+	SNPGuestPolicy uint64 `toml:"snp_guest_policy" json:"snp_guest_policy"`
+	// TDAttributes and XFAM, when set, are the TD_ATTRIBUTES and XFAM (8
+	// bytes each, as in the quote) a TDX pod must have been launched with.
+	TDAttributes attest.Hex `toml:"td_attributes" json:"td_attributes"`
+	XFAM         attest.Hex `toml:"xfam" json:"xfam"`
 	// AllowHostRootfs accepts the workload's init data documents though
 	// rules of their [policy] bind no image (Broker.AllowHostRootfsPods,
 	// for these documents only). Requires init_data or init_data_files.
@@ -159,6 +169,10 @@ type Attested struct {
 	TeeTCBSVN      attest.Hex
 	// Debug is set for a guest launched debuggable.
 	Debug bool
+	// GuestPolicy and PlatformInfo are the SNP report's GUEST_POLICY and
+	// PLATFORM_INFO; TDAttributes and XFAM the TDX quote's.
+	GuestPolicy, PlatformInfo uint64
+	TDAttributes, XFAM        attest.Hex
 	// InitData is the measured document the pod sent (nil: none sent,
 	// under AllowUnconfinedHost only).
 	InitData *initdata.InitData
@@ -307,6 +321,9 @@ func (w *Workload) validate(dir string) error {
 	}
 	if len(w.MinTeeTCBSVN) != 0 && len(w.MinTeeTCBSVN) != tcbSVNSize {
 		return fmt.Errorf("min_tee_tcb_svn is %d bytes, want 16", len(w.MinTeeTCBSVN))
+	}
+	if err := w.validateLaunch(); err != nil {
+		return err
 	}
 	if w.AllowHostRootfs && len(w.digests) == 0 {
 		return fmt.Errorf("allow_host_rootfs names the init data documents whose containers may run the node's root file systems: give init_data or init_data_files")
@@ -482,6 +499,9 @@ func (w *Workload) check(a *Attested) string {
 				return fmt.Sprintf("TEE_TCB_SVN %s: component %d is below the workload's min_tee_tcb_svn %s", a.TeeTCBSVN, i, w.MinTeeTCBSVN)
 			}
 		}
+	}
+	if why := w.checkLaunch(a); why != "" {
+		return why
 	}
 	if w.GPU != nil {
 		return w.GPU.check(a.GPUs)

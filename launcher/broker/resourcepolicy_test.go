@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -108,6 +109,14 @@ func TestResourcePolicy(t *testing.T) {
 			f.guestPolicy = sim.DefaultGuestPolicy | snpPolicyDebug
 			f.broker.Policy.AllowDebug = true
 		}},
+		// Launch bits the host chose, outside the measurement.
+		"SMT where the workload forbids it": {from: `tee = ["sim"]`, policy: "tee = [\"sim\"]\nsnp_guest_policy = 0x20000",
+			want: []string{"guest policy SMT bit: expected 0, got 1 (POLICY=0x30000)", "below the workload's snp_guest_policy 0x20000", `rule "db-password"`}},
+		"no SMT, as the workload requires": {from: `tee = ["sim"]`, policy: "tee = [\"sim\"]\nsnp_guest_policy = 0x20000", setup: func(f *fixture) {
+			f.guestPolicy = 0x20000
+		}},
+		"TDX launch attributes on an SNP pod": {from: `tee = ["sim"]`, policy: "tee = [\"sim\"]\ntd_attributes = \"0000001000000000\"",
+			want: []string{"TEE sim: the workload's td_attributes and xfam are TDX launch attributes"}},
 		"no rule for the resource": {from: `path = "default/key/db-password"`, policy: `path = "default/key/other"`,
 			want: []string{"resource default/key/db-password refused: no rule in the resource policy covers it (default deny)"}},
 		"a pattern that covers it":   {from: `path = "default/key/db-password"`, policy: `path = "default/*/db-password"`},
@@ -228,16 +237,20 @@ func TestResourcePolicyRefusedWhenMalformed(t *testing.T) {
 		t.Fatalf("the base policy: %v", err)
 	}
 	for name, tc := range map[string]struct{ from, to, want string }{
-		"partial wildcard":      {`path = "default/key/db-password"`, `path = "default/key/db-*"`, `"*" stands for a whole segment only`},
-		"two segments":          {`path = "default/key/db-password"`, `path = "default/db-password"`, "three segments"},
-		"unknown workload":      {`workloads = ["app"]`, `workloads = ["ap"]`, `workload "ap" is not defined`},
-		"no workloads":          {`workloads = ["app"]`, `workloads = []`, "no workloads"},
-		"misspelt key":          {"min_tcb", "mintcb", "unknown key workloads.app.mintcb (line 6)"},
-		"unknown TEE":           {`tee = ["sim"]`, `tee = ["sev"]`, `tee "sev"`},
-		"short init data":       {strings.Repeat("11", 32), "1111", "want 32 (SNP HOST_DATA) or 48 (TDX MRCONFIGID)"},
-		"short measurement":     {strings.Repeat("22", 48), "2222", "want 48"},
-		"no identity":           {"init_data = [\"" + strings.Repeat("11", 32) + "\"]\nmeasurements = [\"" + strings.Repeat("22", 48) + "\"]", "", "pins neither init data nor a launch measurement"},
-		"missing document file": {`tee = ["sim"]`, `init_data_files = ["nope.toml"]`, "init_data_files"},
+		"partial wildcard":            {`path = "default/key/db-password"`, `path = "default/key/db-*"`, `"*" stands for a whole segment only`},
+		"two segments":                {`path = "default/key/db-password"`, `path = "default/db-password"`, "three segments"},
+		"unknown workload":            {`workloads = ["app"]`, `workloads = ["ap"]`, `workload "ap" is not defined`},
+		"no workloads":                {`workloads = ["app"]`, `workloads = []`, "no workloads"},
+		"misspelt key":                {"min_tcb", "mintcb", "unknown key workloads.app.mintcb (line 6)"},
+		"unknown TEE":                 {`tee = ["sim"]`, `tee = ["sev"]`, `tee "sev"`},
+		"short init data":             {strings.Repeat("11", 32), "1111", "want 32 (SNP HOST_DATA) or 48 (TDX MRCONFIGID)"},
+		"short measurement":           {strings.Repeat("22", 48), "2222", "want 48"},
+		"no identity":                 {"init_data = [\"" + strings.Repeat("11", 32) + "\"]\nmeasurements = [\"" + strings.Repeat("22", 48) + "\"]", "", "pins neither init data nor a launch measurement"},
+		"missing document file":       {`tee = ["sim"]`, `init_data_files = ["nope.toml"]`, "init_data_files"},
+		"guest policy without bit 17": {`tee = ["sim"]`, "tee = [\"sim\"]\nsnp_guest_policy = 0x10000", "lacks bit 17"},
+		"guest policy with DEBUG":     {`tee = ["sim"]`, "tee = [\"sim\"]\nsnp_guest_policy = 0xb0000", "allow_debug decides"},
+		"short td_attributes":         {`tee = ["sim"]`, "tee = [\"sim\"]\ntd_attributes = \"00000010\"", "td_attributes is 4 bytes, want 8"},
+		"short xfam":                  {`tee = ["sim"]`, "tee = [\"sim\"]\nxfam = \"e7\"", "xfam is 1 bytes, want 8"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if !strings.Contains(good, tc.from) {
@@ -276,11 +289,13 @@ func TestWorkloadTDX(t *testing.T) {
 	h := func(b byte, n int) attest.Hex { return attest.Hex(strings.Repeat(string([]byte{b}), n)) }
 	mrtd, r1, r2, cfg := h(1, 48), h(2, 48), h(3, 48), h(4, 48)
 	svn := attest.Hex{3, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	attrs, xfam := attest.Hex{0, 0, 0, 0x10, 0, 0, 0, 0}, attest.Hex{0xe7, 0x1a, 0x06, 0, 0, 0, 0, 0}
 	pod := func() *Attested {
-		return &Attested{TEE: "tdx", MRTD: mrtd, RTMRs: []attest.Hex{h(9, 48), r1, r2, h(9, 48)}, InitDataDigest: cfg, TeeTCBSVN: slicesClone(svn)}
+		return &Attested{TEE: "tdx", MRTD: mrtd, RTMRs: []attest.Hex{h(9, 48), r1, r2, h(9, 48)}, InitDataDigest: cfg, TeeTCBSVN: slicesClone(svn),
+			TDAttributes: slicesClone(attrs), XFAM: slicesClone(xfam)}
 	}
 	w := &Workload{TEE: []string{"tdx"}, TDX: []TDXIdentity{{MRTD: mrtd, RTMRs: []attest.Hex{nil, r1, r2}}}, InitData: []attest.Hex{cfg},
-		MinTeeTCBSVN: attest.Hex{3, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}}
+		MinTeeTCBSVN: attest.Hex{3, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}, TDAttributes: attrs, XFAM: xfam}
 	if err := w.validate(""); err != nil {
 		t.Fatal(err)
 	}
@@ -296,6 +311,9 @@ func TestWorkloadTDX(t *testing.T) {
 		"another MRCONFIGID":     {func(a *Attested) { a.InitDataDigest = h(7, 48) }, "(MRCONFIGID): not one of the workload's init_data"},
 		"an older TDX module":    {func(a *Attested) { a.TeeTCBSVN[2] = 3 }, "component 2 is below the workload's min_tee_tcb_svn"},
 		"a debug TD":             {func(a *Attested) { a.Debug = true }, "a debug guest"},
+		"no SEPT_VE_DISABLE":     {func(a *Attested) { a.TDAttributes[3] = 0 }, "TD_ATTRIBUTES mismatch: expected 0000001000000000, got 0000000000000000 (the TD was launched with other attributes: SEPT_VE_DISABLE clear"},
+		"PERFMON on":             {func(a *Attested) { a.TDAttributes[7] = 0x80 }, "PERFMON set"},
+		"other CPU features":     {func(a *Attested) { a.XFAM[0] = 0x03 }, "XFAM mismatch: expected e71a060000000000, got 031a060000000000"},
 	} {
 		a := pod()
 		tc.change(a)
@@ -307,6 +325,10 @@ func TestWorkloadTDX(t *testing.T) {
 	snpOnly := &Workload{InitData: []attest.Hex{cfg}, MinTCB: &TCB{SNP: 1}}
 	if why := snpOnly.check(pod()); !strings.Contains(why, "min_tcb is an SNP TCB") {
 		t.Errorf("min_tcb on a TD: %q", why)
+	}
+	snpPolicy := &Workload{InitData: []attest.Hex{cfg}, SNPGuestPolicy: 0x20000}
+	if why := snpPolicy.check(pod()); !strings.Contains(why, "snp_guest_policy is an SNP guest policy") {
+		t.Errorf("snp_guest_policy on a TD: %q", why)
 	}
 }
 
@@ -370,5 +392,26 @@ func TestWorkloadMinTCBByProductLine(t *testing.T) {
 	w.MinTCBByLine["Bergamo"] = &TCB{}
 	if err := w.validate(""); err == nil || !strings.Contains(err.Error(), "min_tcb_by_line.Bergamo") {
 		t.Errorf("an unknown line: %v", err)
+	}
+}
+
+// What a workload judges is copied from the verified claims, every field.
+func TestAttestedFromClaims(t *testing.T) {
+	h := func(b byte, n int) attest.Hex { return attest.Hex(strings.Repeat(string([]byte{b}), n)) }
+	var a Attested
+	a.setTDX(&attest.TDXClaims{MRTD: h(1, 48), RTMRs: []attest.Hex{h(2, 48)}, MRConfigID: h(3, 48), TeeTCBSVN: h(4, 16),
+		TDAttributes: attest.Hex{1, 0, 0, 0x10, 0, 0, 0, 0}, XFAM: h(5, 8)})
+	want := Attested{MRTD: h(1, 48), RTMRs: []attest.Hex{h(2, 48)}, InitDataDigest: h(3, 48), TeeTCBSVN: h(4, 16), Debug: true,
+		TDAttributes: attest.Hex{1, 0, 0, 0x10, 0, 0, 0, 0}, XFAM: h(5, 8)}
+	if !reflect.DeepEqual(a, want) {
+		t.Errorf("from TDX claims: %+v\nwant %+v", a, want)
+	}
+	a = Attested{}
+	a.setSNP(&attest.SNPClaims{Measurement: h(1, 48), HostData: h(2, 32), ReportedTCB: 7, LaunchTCB: 6, ProductLine: "Genoa",
+		GuestPolicy: 0x30000 | snpPolicyDebug, PlatformInfo: 0x25})
+	want = Attested{Measurement: h(1, 48), InitDataDigest: h(2, 32), TCB: 7, LaunchTCB: 6, TCBLine: "Genoa", Debug: true,
+		GuestPolicy: 0x30000 | snpPolicyDebug, PlatformInfo: 0x25}
+	if !reflect.DeepEqual(a, want) {
+		t.Errorf("from SNP claims: %+v\nwant %+v", a, want)
 	}
 }

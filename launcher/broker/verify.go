@@ -109,9 +109,7 @@ func (b *Broker) verifyPrimary(tee string, primary json.RawMessage, reportData [
 		if err != nil {
 			return nil, err
 		}
-		a.Measurement, a.InitDataDigest, a.TCB = claims.Measurement, claims.HostData, claims.ReportedTCB
-		a.LaunchTCB, a.TCBLine = claims.LaunchTCB, claims.ProductLine
-		a.Debug = claims.GuestPolicy&snpPolicyDebug != 0
+		a.setSNP(claims)
 	case kbsapi.TeeTDX:
 		a.TEE = kbsapi.TeeTDX
 		var sum []byte
@@ -136,12 +134,26 @@ func (b *Broker) verifyPrimary(tee string, primary json.RawMessage, reportData [
 		if err != nil {
 			return nil, err
 		}
-		a.MRTD, a.RTMRs, a.InitDataDigest, a.TeeTCBSVN = claims.MRTD, claims.RTMRs, claims.MRConfigID, claims.TeeTCBSVN
-		a.Debug = len(claims.TDAttributes) > 0 && claims.TDAttributes[0]&tdAttributesDebug != 0
+		a.setTDX(claims)
 	default:
 		return nil, fmt.Errorf("TEE %q is not supported", tee)
 	}
 	return a, nil
+}
+
+// setSNP copies what a workload judges from verified SNP claims.
+func (a *Attested) setSNP(c *attest.SNPClaims) {
+	a.Measurement, a.InitDataDigest, a.TCB = c.Measurement, c.HostData, c.ReportedTCB
+	a.LaunchTCB, a.TCBLine = c.LaunchTCB, c.ProductLine
+	a.Debug = c.GuestPolicy&snpPolicyDebug != 0
+	a.GuestPolicy, a.PlatformInfo = c.GuestPolicy, c.PlatformInfo
+}
+
+// setTDX copies what a workload judges from verified TDX claims.
+func (a *Attested) setTDX(c *attest.TDXClaims) {
+	a.MRTD, a.RTMRs, a.InitDataDigest, a.TeeTCBSVN = c.MRTD, c.RTMRs, c.MRConfigID, c.TeeTCBSVN
+	a.Debug = len(c.TDAttributes) > 0 && c.TDAttributes[0]&tdAttributesDebug != 0
+	a.TDAttributes, a.XFAM = c.TDAttributes, c.XFAM
 }
 
 // snpPolicyDebug is SNP guest policy bit 19 (debugging allowed);

@@ -85,7 +85,10 @@ type SNPClaims struct {
 	// only with allow_provisional_firmware).
 	Provisional bool   `json:"provisional,omitempty"`
 	GuestPolicy uint64 `json:"guest_policy"`
-	VMPL        uint32 `json:"vmpl"`
+	// PlatformInfo is the report's PLATFORM_INFO (SMT, TSME, RAPL and
+	// ciphertext hiding in force on the platform).
+	PlatformInfo uint64 `json:"platform_info"`
+	VMPL         uint32 `json:"vmpl"`
 }
 
 // TDXClaims are the verified contents of a TDX quote.
@@ -96,6 +99,7 @@ type TDXClaims struct {
 	MRConfigID   Hex    `json:"mrconfigid"`
 	RTMRs        []Hex  `json:"rtmrs"`
 	TDAttributes Hex    `json:"td_attributes"`
+	XFAM         Hex    `json:"xfam"`
 	TeeTCBSVN    Hex    `json:"tee_tcb_svn"`
 	ReportData   Hex    `json:"report_data"`
 	// TDReport is the TD report's version in a v5 quote ("1.0" or "1.5";

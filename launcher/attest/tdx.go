@@ -108,9 +108,11 @@ func (v *Verifier) VerifyTDXEvidence(quote, eventLog []byte, p *Policy) (_ *TDXC
 		return nil, err
 	}
 	opts := &tdxvalidate.Options{TdQuoteBodyOptions: tdxvalidate.TdQuoteBodyOptions{
-		MrTd:       p.MRTD,
-		MrConfigID: p.MRConfigID,
-		ReportData: wantRD,
+		MrTd:         p.MRTD,
+		MrConfigID:   p.MRConfigID,
+		ReportData:   wantRD,
+		TdAttributes: p.TDAttributes,
+		Xfam:         p.XFAM,
 	}}
 	if len(p.RTMRs) != 0 {
 		opts.TdQuoteBodyOptions.Rtmrs = make([][]byte, 4)

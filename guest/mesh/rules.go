@@ -130,11 +130,25 @@ func (r *Redirect) check() error {
 // and, with Refuse, two filter chains after them:
 //
 //	refuse-in (filter, input):  iifname "lo" accept; ct state established,related accept;
-//	          icmpv6 accept; tcp dport {Inbound4, Inbound6} accept; drop
+//	          icmpv6 accept; ipv4 tcp dport Inbound4 accept; ipv6 tcp dport Inbound6 accept; drop
 //	refuse-out (filter, output): oifname "lo" accept;
 //	          tcp daddr loopback dport {Outbound4, Outbound6} accept (redirected);
 //	          meta mark Mark accept; ct state established,related accept;
 //	          icmpv6 accept; drop
+//
+// and, with outbound entries, one filter chain that keeps the pod from
+// answering a connection the host opened with a SYN of its own:
+//
+//	guard-out (filter, output): tcp flags & (syn|ack) == syn ct direction reply drop
+//
+// The outbound redirect is a NAT rule, which the kernel consults for new
+// connections only. A host on the pod's wire can send SYNs from PEER:P to
+// each of the pod's local ports, in frames the pod's TCP stack drops
+// without a reset (to the Ethernet broadcast address): conntrack keeps
+// each as a connection PEER:P opened. The workload's later SYN to PEER:P
+// is then that connection's reply direction, a simultaneous open: never
+// redirected, and established for "ct state" above. A pod never opens a
+// connection that way otherwise.
 //
 // Nothing names the pod's interfaces, which the host chooses: traffic on
 // any of them is intercepted, loopback only is exempt (the workload's
@@ -180,6 +194,11 @@ func (r *Redirect) Rules(table *nftables.Table) ([]*nftables.Chain, []*nftables.
 			}
 		}
 	}
+	if len(r.Outbound) > 0 {
+		guard := chain("guard-out", nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter)
+		chains = append(chains, guard)
+		add(guard, append(synReply(), drop())...)
+	}
 	// A port meshed on its peers only is never sent in plaintext to
 	// other addresses: the workload finds its peers by the pod's DNS,
 	// which is the host's, and an answer outside peers would otherwise
@@ -201,9 +220,14 @@ func (r *Redirect) Rules(table *nftables.Table) ([]*nftables.Chain, []*nftables.
 		add(in, append(ifname(expr.MetaKeyIIFNAME, "lo"), accept())...)
 		add(in, append(established(), accept())...)
 		add(in, append(icmpv6(), accept())...)
-		for _, port := range []uint16{r.Listeners.Inbound4, r.Listeners.Inbound6} {
-			if port != 0 {
-				add(in, append(tcpDport(port), accept())...)
+		// Each listener in its own family: the port of one is random in
+		// the other, where a workload may happen to listen.
+		for _, l := range []struct {
+			family byte
+			port   uint16
+		}{{unix.NFPROTO_IPV4, r.Listeners.Inbound4}, {unix.NFPROTO_IPV6, r.Listeners.Inbound6}} {
+			if l.port != 0 {
+				add(in, append(append(nfproto(l.family), tcpDport(l.port)...), accept())...)
 			}
 		}
 		add(in, drop())
@@ -247,6 +271,28 @@ func established() []expr.Any {
 	}
 }
 
+// synReply matches "tcp flags & (syn|ack) == syn ct direction reply": a
+// SYN without ACK sent in the reply direction of a tracked connection.
+func synReply() []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{tcpSYN | tcpACK}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{tcpSYN}},
+		&expr.Ct{Key: expr.CtKeyDIRECTION, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{ctDirReply}},
+	}
+}
+
+// TCP header flags (byte 13) and conntrack's reply direction
+// (IP_CT_DIR_REPLY).
+const (
+	tcpSYN     = 0x02
+	tcpACK     = 0x10
+	ctDirReply = 1
+)
+
 // icmpv6 matches "meta l4proto ipv6-icmp": IPv6 needs neighbour
 // discovery.
 func icmpv6() []expr.Any {
@@ -268,6 +314,11 @@ func toLoopback(family byte, port uint16) []expr.Any {
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(addr.BitLen() / 8)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr.AsSlice()},
 	}, tcpDport(port)...)
+}
+
+// nfproto matches "meta nfproto FAMILY".
+func nfproto(family byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{family}}}
 }
 
 // tcpDport matches "tcp dport PORT".

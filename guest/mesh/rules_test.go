@@ -68,6 +68,8 @@ func render(t *testing.T, r *nftables.Rule) string {
 			switch {
 			case e.Base == expr.PayloadBaseTransportHeader && e.Offset == 2 && e.Len == 2:
 				loaded = "th dport"
+			case e.Base == expr.PayloadBaseTransportHeader && e.Offset == 13 && e.Len == 1:
+				loaded = "tcp flags"
 			case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 16 && e.Len == 4:
 				loaded, payloadLen, bits = "ip daddr", 4, 32
 			case e.Base == expr.PayloadBaseNetworkHeader && e.Offset == 24 && e.Len == 16:
@@ -76,11 +78,22 @@ func render(t *testing.T, r *nftables.Rule) string {
 				t.Fatalf("payload %+v", e)
 			}
 		case *expr.Ct:
-			if e.Key != expr.CtKeySTATE {
+			switch e.Key {
+			case expr.CtKeySTATE:
+				loaded = "ct state"
+			case expr.CtKeyDIRECTION:
+				loaded = "ct direction"
+			default:
 				t.Fatalf("ct %+v", e)
 			}
-			loaded = "ct state"
 		case *expr.Bitwise:
+			if loaded == "tcp flags" {
+				if e.Len != 1 || !bytes.Equal(e.Mask, []byte{0x12}) || !bytes.Equal(e.Xor, []byte{0}) {
+					t.Fatalf("tcp flags mask %+v", e)
+				}
+				loaded = "tcp flags & (syn|ack)"
+				continue
+			}
 			if loaded == "ct state" {
 				if binary.NativeEndian.Uint32(e.Mask) != expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED {
 					t.Fatalf("ct state mask %x", e.Mask)
@@ -123,6 +136,10 @@ func render(t *testing.T, r *nftables.Rule) string {
 				v = fmt.Sprintf("0x%08x", binary.NativeEndian.Uint32(e.Data))
 			case loaded == "th dport":
 				v = fmt.Sprint(binary.BigEndian.Uint16(e.Data))
+			case loaded == "tcp flags & (syn|ack)":
+				v = map[byte]string{0x02: "== syn"}[e.Data[0]]
+			case loaded == "ct direction":
+				v = map[byte]string{0: "original", 1: "reply"}[e.Data[0]]
 			case strings.HasPrefix(loaded, "ip") && bits >= 0:
 				a, _ := netip.AddrFromSlice(e.Data)
 				v = netip.PrefixFrom(a, bits).String()
@@ -184,6 +201,7 @@ func TestRedirectRules(t *testing.T) {
 		`outbound: nfproto ipv6 l4proto tcp ip6 daddr fd00::/64 th dport 8080 redirect to :40004`,
 		`outbound: nfproto ipv4 l4proto tcp th dport 6379 redirect to :40003`,
 		`outbound: nfproto ipv6 l4proto tcp th dport 6379 redirect to :40004`,
+		`guard-out: l4proto tcp tcp flags & (syn|ack) == syn ct direction reply drop`,
 		`meshed-out: oifname "lo" accept`,
 		`meshed-out: mark 0x63386d65 accept`,
 		`meshed-out: ct state established,related accept`,
@@ -204,23 +222,34 @@ func TestRedirectRules(t *testing.T) {
 			t.Fatalf("chain %s: %+v", c.Name, c)
 		}
 	}
-	if len(f.chains) != 3 || *f.chains[0].Hooknum != *nftables.ChainHookPrerouting || *f.chains[1].Hooknum != *nftables.ChainHookOutput {
-		t.Fatal("chains: want inbound at prerouting, outbound at output, then meshed-out")
+	if len(f.chains) != 4 || *f.chains[0].Hooknum != *nftables.ChainHookPrerouting || *f.chains[1].Hooknum != *nftables.ChainHookOutput {
+		t.Fatal("chains: want inbound at prerouting, outbound at output, then guard-out and meshed-out")
 	}
-	// The port bounded by peers drops what its redirects did not take,
-	// after them (filter, output).
-	if mo := f.chains[2]; mo.Name != "meshed-out" || mo.Type != nftables.ChainTypeFilter || *mo.Hooknum != *nftables.ChainHookOutput ||
-		*mo.Priority != *nftables.ChainPriorityFilter {
-		t.Fatalf("chain %s: %+v", mo.Name, mo)
+	// The guard and the port bounded by peers filter what the redirects
+	// did not take, after them (filter, output).
+	for i, name := range []string{"guard-out", "meshed-out"} {
+		if c := f.chains[2+i]; c.Name != name || c.Type != nftables.ChainTypeFilter || *c.Hooknum != *nftables.ChainHookOutput ||
+			*c.Priority != *nftables.ChainPriorityFilter {
+			t.Fatalf("chain %s: %+v", c.Name, c)
+		}
 	}
-	// Without peers, every address is redirected: no filter chain.
+	// Without peers, every address is redirected: no meshed-out chain.
 	r.Outbound = []OutboundMatch{{Port: 6379}}
 	f = &fakeNFT{}
 	if err := r.Install(f); err != nil {
 		t.Fatal(err)
 	}
+	if len(f.chains) != 3 || f.chains[2].Name != "guard-out" {
+		t.Fatalf("outbound ports on every address: %d chains, want the guard only", len(f.chains))
+	}
+	// Inbound only: no outbound redirect to guard.
+	r.Outbound = nil
+	f = &fakeNFT{}
+	if err := r.Install(f); err != nil {
+		t.Fatal(err)
+	}
 	if len(f.chains) != 2 {
-		t.Fatalf("outbound ports on every address: %d chains, want no filter", len(f.chains))
+		t.Fatalf("inbound only: %d chains, want no filter", len(f.chains))
 	}
 }
 
@@ -244,8 +273,8 @@ func TestRedirectRefuseRules(t *testing.T) {
 		`refuse-in: iifname "lo" accept`,
 		`refuse-in: ct state established,related accept`,
 		`refuse-in: l4proto ipv6-icmp accept`,
-		`refuse-in: l4proto tcp th dport 40001 accept`,
-		`refuse-in: l4proto tcp th dport 40002 accept`,
+		`refuse-in: nfproto ipv4 l4proto tcp th dport 40001 accept`,
+		`refuse-in: nfproto ipv6 l4proto tcp th dport 40002 accept`,
 		`refuse-in: drop`,
 		`refuse-out: oifname "lo" accept`,
 		`refuse-out: nfproto ipv4 ip daddr 127.0.0.1/32 l4proto tcp th dport 40003 accept`,
@@ -258,15 +287,15 @@ func TestRedirectRefuseRules(t *testing.T) {
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("rules:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if len(f.chains) != 4 {
-		t.Fatalf("%d chains", len(f.chains))
+	if len(f.chains) != 5 || f.chains[2].Name != "guard-out" {
+		t.Fatalf("%d chains, want the guard third", len(f.chains))
 	}
 	for _, c := range f.chains[2:] {
 		if c.Type != nftables.ChainTypeFilter || *c.Priority != *nftables.ChainPriorityFilter {
 			t.Fatalf("chain %s: %+v", c.Name, c)
 		}
 	}
-	if *f.chains[2].Hooknum != *nftables.ChainHookInput || *f.chains[3].Hooknum != *nftables.ChainHookOutput {
+	if *f.chains[3].Hooknum != *nftables.ChainHookInput || *f.chains[4].Hooknum != *nftables.ChainHookOutput {
 		t.Fatal("filter chains: want refuse-in at input, refuse-out at output")
 	}
 }
@@ -293,6 +322,7 @@ func TestRedirectLoopAvoidance(t *testing.T) {
 			}
 		case strings.Contains(s, "mark 0x63386d65 accept"), strings.Contains(s, `ifname "lo" accept`):
 			exempt[s] = i
+		case strings.HasPrefix(s, "guard-out:"):
 		default:
 			t.Fatalf("unexpected rule %s", s)
 		}

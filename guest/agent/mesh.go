@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
@@ -180,10 +181,7 @@ func (s *Service) startMesh(ctx context.Context, id string, req *agentapi.PodNet
 		return fmt.Errorf("mesh: %w", err)
 	}
 	store := &mesh.Store{Dir: dir}
-	client := &mesh.Client{
-		URL: cfg.URL, Roots: roots, CA: caPool, CAPEM: []byte(cfg.CA), Identity: cfg.Identity,
-		Dial: dial, Evidence: s.kbsEvidence, InitData: m.raw,
-	}
+	client := s.meshClient(cfg, roots, caPool, nsf, m.raw)
 	renewer := &mesh.Renewer{
 		Request: client.Request,
 		Install: func(c *mesh.Certificate) error {
@@ -280,4 +278,17 @@ func (s *Service) meshMounts(ctx context.Context, grant *policy.Container) []spe
 		Destination: meshapi.Dir, Type: "bind", Source: dir,
 		Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"},
 	}}
+}
+
+// meshClient is the pod's client of the mesh CA. The CA's URL may name a
+// host: its lookups and the dial's attempts are made in the pod's
+// namespace netns, marked, one after the other, as a guest pull's are
+// (netnsDialer). Go's own dialer would look the name up, and race the
+// families, on threads in the VM's namespace. (The proxy's dials are to
+// addresses.)
+func (s *Service) meshClient(cfg *initdata.Mesh, roots, caPool *x509.CertPool, netns *os.File, raw []byte) *mesh.Client {
+	return &mesh.Client{
+		URL: cfg.URL, Roots: roots, CA: caPool, CAPEM: []byte(cfg.CA), Identity: cfg.Identity,
+		Dial: netnsDialer(netns), Evidence: s.kbsEvidence, InitData: raw,
+	}
 }

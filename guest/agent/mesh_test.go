@@ -153,7 +153,7 @@ func TestStartMeshInstallsRedirects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !f.flushed || f.rules == 0 || strings.Join(f.chains, " ") != "inbound outbound refuse-in refuse-out" {
+		if !f.flushed || f.rules == 0 || strings.Join(f.chains, " ") != "inbound outbound guard-out refuse-in refuse-out" {
 			t.Fatalf("redirects: flushed %v, %d rules, chains %v", f.flushed, f.rules, f.chains)
 		}
 		s.stopMesh("sb")

@@ -394,8 +394,9 @@ func netnsTransport(netns *os.File) *http.Transport {
 	return t
 }
 
-// pullNameserver is the nameserver a pull's resolver queries for the one
-// resolv.conf names (tests point it at their own).
+// pullNameserver is the nameserver netnsDialer's resolver (a guest pull's,
+// the mesh CA client's) queries for the one resolv.conf names (tests point
+// it at their own).
 var pullNameserver = func(addr string) string { return addr }
 
 // netnsDialer dials from a thread that entered netns: the socket is
@@ -420,7 +421,7 @@ func netnsDialer(netns *os.File) func(ctx context.Context, network, addr string)
 			return fmt.Errorf("this thread's network namespace: %w", err)
 		}
 		if cur.Ino != st.Ino || cur.Dev != st.Dev {
-			return errors.New("a socket of the pull outside the pod's network namespace")
+			return errors.New("a socket of the agent's outside the pod's network namespace")
 		}
 		// The agent's own connection: the pod's mesh neither redirects
 		// nor, with unmeshed = "refuse", drops it (guest/mesh Rules).

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 	"golang.org/x/sys/unix"
 
+	"github.com/c8s-dev/c8s/guest/api/initdata"
 	"github.com/c8s-dev/c8s/guest/mesh"
 	"github.com/c8s-dev/c8s/internal/netnsdo"
 )
@@ -65,19 +66,20 @@ func TestMaliciousHostDualStackNameStaysInPodNetns(t *testing.T) {
 // unmeshed = "refuse", drops them: its lookups' too.
 func TestPullSocketsCarryMeshMark(t *testing.T) {
 	pod, dial := podNetnsWithDNS(t, "c8smark", netip.MustParseAddr("127.0.0.1"))
-	var l net.Listener
-	if err := netnsdo.Do(pod, func() (err error) {
-		l, err = net.Listen("tcp4", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := listenIn(t, pod)
 	c, err := dial("tcp4", fmt.Sprintf("registry.test:%d", l.Addr().(*net.TCPAddr).Port))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if mark := socketMark(t, c); mark != mesh.Mark {
+		t.Errorf("the pull's socket has mark %#x, want the mesh's %#x (the agent's own)", mark, mesh.Mark)
+	}
+}
+
+// socketMark is c's SO_MARK.
+func socketMark(t *testing.T, c net.Conn) uint32 {
+	t.Helper()
 	raw, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		t.Fatal(err)
@@ -87,9 +89,7 @@ func TestPullSocketsCarryMeshMark(t *testing.T) {
 	if err := raw.Control(func(fd uintptr) { mark, serr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK) }); err != nil || serr != nil {
 		t.Fatal(err, serr)
 	}
-	if uint32(mark) != mesh.Mark {
-		t.Errorf("the pull's socket has mark %#x, want the mesh's %#x (the agent's own)", mark, mesh.Mark)
-	}
+	return uint32(mark)
 }
 
 // podNetnsWithDNS makes a pod network namespace with loopback up and the
@@ -161,4 +161,42 @@ func answer(pc net.PacketConn, name string, v4, v6 netip.Addr) {
 			pc.WriteTo(msg, from)
 		}
 	}
+}
+
+// The mesh CA client's connections are made as a pull's: a URL naming a
+// host is looked up with the pod's DNS, in the pod's namespace, and the
+// socket carries the mesh's mark (unmeshed = "refuse" drops the rest).
+func TestMeshCAClientDialsInPodNetns(t *testing.T) {
+	pod, _ := podNetnsWithDNS(t, "c8smca", netip.MustParseAddr("::1"))
+	l := listenIn(t, pod)
+	f, err := os.Open(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	client := (&Service{}).meshClient(&initdata.Mesh{URL: "https://registry.test"}, nil, nil, f, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, "tcp", fmt.Sprintf("registry.test:%d", l.Addr().(*net.TCPAddr).Port))
+	if err != nil {
+		t.Fatalf("the CA's name, answered by the pod's DNS: %v", err)
+	}
+	defer c.Close()
+	if mark := socketMark(t, c); mark != mesh.Mark {
+		t.Errorf("the CA client's socket has mark %#x, want the mesh's %#x", mark, mesh.Mark)
+	}
+}
+
+// listenIn listens on TCP 127.0.0.1 in network namespace ns.
+func listenIn(t *testing.T, ns string) net.Listener {
+	t.Helper()
+	var l net.Listener
+	if err := netnsdo.Do(ns, func() (err error) {
+		l, err = net.Listen("tcp4", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }

@@ -217,12 +217,13 @@ func (c *Client) post(ctx context.Context, hc *http.Client, path string, body, o
 	return nil
 }
 
-// Permanent reports whether retrying err cannot help: the CA refused, or
-// its endpoint certificate is not the pinned one.
+// Permanent reports whether retrying err cannot help: the CA, behind its
+// pinned endpoint certificate, refused. Nothing else is the CA's word: an
+// endpoint certificate that is not the pinned one is what a host that
+// intercepts the connection answers, as unreachable is, and the pod keeps
+// its certificate until it expires (a misconfigured pin fails alike,
+// retried).
 func Permanent(err error) bool {
 	var r *Refused
-	var unknown x509.UnknownAuthorityError
-	var verify *tls.CertificateVerificationError
-	var host x509.HostnameError
-	return errors.As(err, &r) || errors.As(err, &unknown) || errors.As(err, &verify) || errors.As(err, &host)
+	return errors.As(err, &r)
 }

@@ -59,6 +59,9 @@ type Proxy struct {
 	OriginalDst func(net.Conn) (netip.AddrPort, error)
 	// Log is told of refused connections (nil: nothing).
 	Log func(msg string, err error)
+	// MaxConns bounds the connections the listeners serve at once (0:
+	// DefaultMaxConns).
+	MaxConns int
 
 	cert atomic.Pointer[Certificate]
 	// floor is the newest NotBefore of the pod's certificates, in Unix
@@ -68,6 +71,7 @@ type Proxy struct {
 	mu        sync.Mutex
 	listeners []net.Listener
 	conns     map[net.Conn]struct{}
+	accepted  int // connections the listeners serve
 	closed    bool
 	wg        sync.WaitGroup
 }
@@ -219,27 +223,84 @@ func (p *Proxy) Close() {
 	p.wg.Wait()
 }
 
+// DefaultMaxConns bounds the connections the proxy's listeners serve at
+// once (each holds two descriptors with its upstream): a host that opens
+// connections without end, each in its handshake for up to
+// HandshakeTimeout, takes these slots, not every descriptor of the
+// agent's.
+const DefaultMaxConns = 1024
+
+// acceptBackoffMax is the longest wait after a failed accept.
+const acceptBackoffMax = time.Second
+
+// serve accepts l's connections until the listener is closed. A failed
+// accept (EMFILE, ENFILE, ENOBUFS: the agent out of descriptors or
+// memory for a moment) is retried after a growing wait, never the end of
+// the listener; a connection past MaxConns is closed at once.
 func (p *Proxy) serve(l net.Listener, handle func(net.Conn)) {
+	var backoff time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) || p.isClosed() {
+				return
 			}
-			return
+			backoff = min(max(2*backoff, 5*time.Millisecond), acceptBackoffMax)
+			p.logf("accept failed, retrying in "+backoff.String(), err)
+			time.Sleep(backoff)
+			continue
 		}
-		if !p.add(c) {
+		backoff = 0
+		if !p.accept(c) {
 			c.Close()
-			return
+			continue
 		}
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			defer p.remove(c)
+			defer p.release(c)
 			handle(c)
 		}()
 	}
+}
+
+func (p *Proxy) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// accept adds an accepted connection, within MaxConns.
+func (p *Proxy) accept(c net.Conn) bool {
+	limit := p.MaxConns
+	if limit <= 0 {
+		limit = DefaultMaxConns
+	}
+	p.mu.Lock()
+	full := p.accepted >= limit
+	if !full {
+		p.accepted++
+	}
+	p.mu.Unlock()
+	if full {
+		p.logf("refused a connection", fmt.Errorf("%d connections are being served already", limit))
+		return false
+	}
+	if !p.add(c) {
+		p.release(nil)
+		return false
+	}
+	return true
+}
+
+// release removes an accepted connection (nil: only its slot).
+func (p *Proxy) release(c net.Conn) {
+	if c != nil {
+		p.remove(c)
+	}
+	p.mu.Lock()
+	p.accepted--
+	p.mu.Unlock()
 }
 
 func (p *Proxy) add(c net.Conn) bool {

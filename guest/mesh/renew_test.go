@@ -2,10 +2,15 @@ package mesh
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -230,5 +235,53 @@ func TestRenewerRecovers(t *testing.T) {
 	f.clock.nextWait(t)
 	if f.r.Current() != cert || f.certFile(t) != string(cert.CertPEM) {
 		t.Fatal("the certificate issued later is not installed")
+	}
+}
+
+// TestMaliciousHostInterceptsRenewal: the host answers the pod's renewal
+// connection to the mesh CA with a certificate of its own. The client
+// refuses it (the endpoint is pinned), and that is no refusal by the CA:
+// the pod keeps its certificate until it expires, as when the CA is
+// unreachable. Before, it was dropped at once, and again at every renewal.
+func TestMaliciousHostInterceptsRenewal(t *testing.T) {
+	ca := newTestCA(t)
+	intercept := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer intercept.Close()
+	pinned := x509.NewCertPool()
+	pinned.AddCert(newTestCA(t).cert) // the CA endpoint's certificate, not the host's
+	client := &Client{URL: intercept.URL, Roots: pinned, CA: ca.pool, Identity: idClient,
+		Evidence: func(context.Context, [64]byte) (string, []byte, error) { return "sim", nil, nil }}
+	var calls atomic.Int32
+	var dropped atomic.Pointer[error]
+	var lastErr atomic.Pointer[error]
+	clock := newFakeClock()
+	r := &Renewer{
+		Clock: clock,
+		Request: func(ctx context.Context) (*Certificate, error) {
+			if calls.Add(1) == 1 {
+				return ca.issue(t, idClient, time.Hour), nil
+			}
+			_, err := client.Request(ctx)
+			lastErr.Store(&err)
+			return nil, err
+		},
+		Install: func(*Certificate) error { return nil },
+		Drop:    func(why error) { dropped.Store(&why) },
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go r.Run(ctx)
+	clock.advance(clock.nextWait(t)) // the renewal, at 2/3 of the hour
+	if wait := clock.nextWait(t); wait > DefaultRetry {
+		t.Errorf("after an intercepted renewal the next try is in %v, want within %v", wait, DefaultRetry)
+	}
+	if e := lastErr.Load(); e == nil || !strings.Contains((*e).Error(), "certificate") {
+		t.Fatalf("the renewal was not refused by the client's pin: %v", e)
+	}
+	if e := dropped.Load(); e != nil {
+		t.Fatalf("the certificate (20m left) was dropped on an intercepted renewal: %v", *e)
+	}
+	if r.Current() == nil {
+		t.Fatal("no current certificate after an intercepted renewal")
 	}
 }

@@ -267,11 +267,12 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 	steps.mark("adapt")
 	// The pod's policy judges the spec the guest will run, before any of
 	// it is carried out (policy.go).
-	grant, err := s.evaluator().CreateContainer(&policy.CreateContainer{
+	creq := &policy.CreateContainer{
 		ID: c.id, Spec: plan.Spec, MountKinds: mountKinds(plan.Spec.Mounts, plan.Origins), Joined: joined,
 		SecretPaths: s.secretPaths(), Root: root, Files: fileContents(plan.Files),
 		Terminal: stdio.Terminal, MeshDir: meshapi.Dir, MeshInto: s.meshContainers(),
-	})
+	}
+	grant, err := s.evaluator().CreateContainer(creq)
 	if err != nil {
 		return nil, err
 	}
@@ -291,6 +292,11 @@ func (s *Service) create(ctx context.Context, c *container, req *agentapi.Create
 		return nil, fmt.Errorf("mount the rootfs of container %q: %w", c.id, err)
 	}
 	steps.mark("rootfs")
+	// The destinations as the root resolves them, its image's symlinks
+	// followed, as crun will mount them.
+	if err := s.evaluator().ResolvedShares(grant, creq, func(p string) string { return resolveInRoot(c.rootfs, p) }); err != nil {
+		return nil, err
+	}
 	if err := s.makeEmptyDirs(plan.EmptyDirs); err != nil {
 		return nil, fmt.Errorf("container %q: the pod's emptyDir volumes: %w", c.id, err)
 	}

@@ -107,6 +107,13 @@ func busyboxImage(t *testing.T) string {
 			t.Fatal(err)
 		}
 	}
+	// As in Debian's and Ubuntu's images.
+	if err := os.MkdirAll(filepath.Join(root, "var"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../run", filepath.Join(root, "var/run")); err != nil {
+		t.Fatal(err)
+	}
 	for _, f := range []string{"etc/hosts", "etc/resolv.conf", "etc/c8s-file"} {
 		if err := os.WriteFile(filepath.Join(root, f), []byte("image content\n"), 0o644); err != nil {
 			t.Fatal(err)

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,10 +14,6 @@ var (
 	guestLstat    = os.Lstat
 	guestReadlink = os.Readlink
 )
-
-// maxGuestLinks bounds the symbolic links one guest path may pass through
-// (the kernel's own limit).
-const maxGuestLinks = 40
 
 // ownDirs are the agent's own directories: its state (the containers'
 // bundles, roots and staged shares), the pod's virtio-fs share, secrets,
@@ -52,42 +47,8 @@ func guestBindSourceExists(p string, own []string) bool {
 	if !filepath.IsAbs(p) {
 		return true
 	}
-	resolved, rest, links := "/", strings.Split(p, "/"), 0
-	for len(rest) > 0 {
-		c := rest[0]
-		rest = rest[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			resolved = filepath.Dir(resolved)
-			continue
-		}
-		next := filepath.Join(resolved, c)
-		if within(next, own) {
-			return true
-		}
-		fi, err := guestLstat(next)
-		if err != nil {
-			return false
-		}
-		if fi.Mode()&fs.ModeSymlink == 0 {
-			resolved = next
-			continue
-		}
-		if links++; links > maxGuestLinks {
-			return false
-		}
-		target, err := guestReadlink(next)
-		if err != nil {
-			return false
-		}
-		if filepath.IsAbs(target) {
-			resolved = "/"
-		}
-		rest = append(strings.Split(target, "/"), rest...)
-	}
-	return true
+	w := walkLinks("/", p, guestLstat, guestReadlink, func(next string) bool { return within(next, own) })
+	return w.stopped || !w.missing && !w.loop
 }
 
 // within reports whether p is one of dirs or below one.

@@ -10,6 +10,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 
 	agentapi "github.com/c8s-dev/c8s/guest/api/agent/v1"
 )
@@ -179,6 +180,47 @@ func TestMaliciousHostSubmountUnderReadOnlyVolume(t *testing.T) {
 			}
 			e.remove(t, "c")
 			e.assertGone(t, "c")
+		})
+	}
+}
+
+// aliasPolicy allows container "alias" a read-only shared volume on
+// /var/run/share and a tmpfs on /run/share/cache: apart as written, the
+// same directory in an image whose /var/run links to /run.
+var aliasPolicy = shRule("alias", `mounts = [{ destination = "/var/run/share", kind = "shared", read_only = true }, { destination = "/run/share/cache", kind = "tmpfs" }]
+`)
+
+// TestMaliciousHostMountBelowShareThroughImageSymlink: crun mounts each
+// destination inside the container's root, following its image's
+// symlinks, so the tmpfs lands in the host's share (listed after it, the
+// share covers it; listed before, the host can detach it by replacing the
+// share's entry). The policy's check of the paths as written passes; the
+// agent's check of the paths as the root resolves them refuses, in either
+// order, before the runtime runs.
+func TestMaliciousHostMountBelowShareThroughImageSymlink(t *testing.T) {
+	const cm = "/var/lib/kubelet/pods/u/volumes/kubernetes.io~configmap/cfg"
+	tmpfs := specs.Mount{Destination: "/run/share/cache", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev"}}
+	share := specs.Mount{Destination: "/var/run/share", Type: "bind", Source: cm, Options: []string{"rbind", "ro"}}
+	for name, ms := range map[string][]specs.Mount{"tmpfs first": {tmpfs, share}, "share first": {share, tmpfs}} {
+		t.Run(strings.ReplaceAll(name, " ", "-"), func(t *testing.T) {
+			e := newEnv(t)
+			dir := t.TempDir()
+			e.svc.cfg.SharedDir, e.svc.cfg.MountShared = dir, func(string, string) error { return nil }
+			if err := os.MkdirAll(filepath.Join(dir, "c-0"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			e.enforce(t, policyDoc(t, aliasPolicy))
+			s := e.podSpec(t, "alias", "true")
+			s.Mounts = append(s.Mounts, ms...)
+			_, err := e.agent.CreateContainer(ctxT(t), &agentapi.CreateContainerRequest{ContainerId: "evil", Spec: mustJSON(t, s), Rootfs: rootfsReq(), Stdio: pipes(),
+				SharedMounts: []*agentapi.SharedMount{{Source: cm, Name: "c-0"}}})
+			assertCode(t, err, codes.PermissionDenied)
+			for _, w := range []string{`destination "/run/share/cache" (tmpfs)`, `at or below the shared (virtio-fs) mount on "/var/run/share" ("/run/share" in the container's root`} {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("error %v\ndoes not say %s", err, w)
+				}
+			}
+			e.assertGone(t, "evil")
 		})
 	}
 }

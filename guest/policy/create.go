@@ -114,7 +114,7 @@ func (e *Evaluator) CreateContainer(r *CreateContainer) (*Container, error) {
 	if slices.Contains(r.MeshInto, c.Identity.Name) {
 		meshDir = r.MeshDir
 	}
-	k.belowShared(rule, r.Spec.Mounts, r.MountKinds, r.SecretPaths, meshDir)
+	k.belowShared(rule, r.Spec.Mounts, r.MountKinds, r.SecretPaths, meshDir, nil)
 	k.sysctls(rule, r.Spec.Linux)
 	if !k.pullRoot(rule, r.Root) {
 		k.layers(rule, r.Root)
@@ -162,76 +162,6 @@ func (e *Evaluator) ReleaseSandbox(c *Container) {
 	if e.sandbox == c.ID {
 		e.sandbox = ""
 		e.podHostname, e.podAddrs = "", nil
-	}
-}
-
-// belowShared refuses a secret, the mesh files (at meshDir, if the
-// container gets them), or a mount that is not a virtio-fs share, whose
-// path is the destination of a shared mount of the container or lies
-// below it. The host serves a share's directory entries: when it replaces
-// the one a mount sits on, virtio-fs revalidation drops the entry
-// (d_invalidate), which detaches the mounts on and below it, and the
-// container reads the host's files where it expects the secret, its mesh
-// key and trust bundle, the tmpfs or the guest's copy.
-func (k *checker) belowShared(rule *policyapi.Container, ms []specs.Mount, kinds []policyapi.MountKind, secretPaths map[string][]string, meshDir string) {
-	var shared []string
-	for i, m := range ms {
-		if i < len(kinds) && kinds[i] == policyapi.KindShared && cleanAbs(m.Destination) {
-			shared = append(shared, m.Destination)
-		}
-	}
-	if len(shared) == 0 {
-		return
-	}
-	below := func(p string) string {
-		for _, s := range shared {
-			if under(p, s) { // the destination itself too
-				return s
-			}
-		}
-		return ""
-	}
-	const hint = "the host serves a shared mount's entries: replacing the one a mount sits on makes the guest's virtio-fs revalidation detach it, and the container reads host content in its place"
-	for i, m := range ms {
-		if i < len(kinds) && kinds[i] == policyapi.KindShared || !cleanAbs(m.Destination) {
-			continue
-		}
-		if s := below(m.Destination); s != "" {
-			kind := policyapi.MountKind("")
-			if i < len(kinds) {
-				kind = kinds[i]
-			}
-			d := k.deny(fmt.Sprintf("mounts[%d].destination", i), fmt.Sprintf("%q (%s)", m.Destination, kind), "", "")
-			d.Reason = fmt.Sprintf("at or below the shared (virtio-fs) mount on %q", s)
-			d.Hint = hint
-		}
-	}
-	for i, sec := range rule.Secrets {
-		paths, fetched := secretPaths[sec.Resource]
-		if !fetched {
-			continue // not mounted
-		}
-		if sec.Path != "" {
-			paths = []string{sec.Path} // the agent binds each entry there
-		}
-		for _, p := range paths {
-			if p == "" {
-				continue
-			}
-			if s := below(path.Clean("/" + p)); s != "" {
-				d := k.deny("secret "+sec.Resource, fmt.Sprintf("%q", p), fmt.Sprintf("%s.secrets[%d]", k.key, i), "")
-				d.Reason = fmt.Sprintf("at or below the shared (virtio-fs) mount on %q", s)
-				d.Hint = hint
-			}
-		}
-	}
-	if meshDir == "" {
-		return
-	}
-	if s := below(meshDir); s != "" {
-		d := k.deny("mesh files", fmt.Sprintf("%q", meshDir), "mesh.containers", "")
-		d.Reason = fmt.Sprintf("at or below the shared (virtio-fs) mount on %q", s)
-		d.Hint = hint
 	}
 }
 

@@ -209,3 +209,41 @@ func TestMaliciousHostGivesATerminal(t *testing.T) {
 		t.Fatalf("a terminal under tty = true: %v", err)
 	}
 }
+
+// TestMaliciousHostSecretBelowShareThroughImageSymlink: the secret's path
+// as written (/run/secrets/...) is apart from the service account's
+// share (/var/run/secrets/...), but the image links /var/run to /run, so
+// crun binds the secret below the share. ResolvedShares, given the root's
+// resolution, refuses it; with nothing resolving elsewhere it has nothing
+// to add.
+func TestMaliciousHostSecretBelowShareThroughImageSymlink(t *testing.T) {
+	const res = "kbs:///default/key/db"
+	// The image links /var/run and /srv to /run.
+	resolve := func(p string) string {
+		for _, l := range []string{"/var/run", "/srv"} {
+			if p == l || strings.HasPrefix(p, l+"/") {
+				return "/run" + strings.TrimPrefix(p, l)
+			}
+		}
+		return p
+	}
+	for _, alias := range []string{"/run/", "/srv/"} {
+		secret := strings.Replace(saDir, "/var/run/", alias, 1) + "/db"
+		doc := strings.Replace(podPolicy, `secrets = [{ resource = "kbs:///default/key/db", path = "/etc/app/db" }]`,
+			`secrets = [{ resource = "kbs:///default/key/db", path = "`+secret+`" }]`, 1)
+		e := evaluator(t, doc)
+		s := appSpec()
+		r := &CreateContainer{ID: "abc", Spec: s, MountKinds: kindsOf(s.Mounts), Joined: sandbox(t, e), SecretPaths: map[string][]string{res: {"/x"}}}
+		c, err := e.CreateContainer(r)
+		if err != nil {
+			t.Fatalf("as written, the secret %s is apart from the share: %v", secret, err)
+		}
+		if err := e.ResolvedShares(c, r, func(p string) string { return p }); err != nil {
+			t.Fatalf("nothing resolves elsewhere: %v", err)
+		}
+		d := denied(t, e.ResolvedShares(c, r, resolve), "secret "+res, "policy.containers.app.secrets[0]")
+		if !strings.Contains(d.Error(), `"`+saDir+`" ("`+strings.Replace(saDir, "/var/run/", "/run/", 1)+`" in the container's root`) {
+			t.Errorf("secret %s: denial %q does not name the share and where it resolves", secret, d)
+		}
+	}
+}

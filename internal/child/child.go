@@ -6,10 +6,12 @@ package child
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -23,6 +25,27 @@ func Running(pid int) bool {
 	// The command (field 2) is in parentheses and may hold anything.
 	i := bytes.LastIndexByte(data, ')')
 	return i > 0 && i+2 < len(data) && data[i+2] != 'Z'
+}
+
+// StartTime returns the start time of process pid in clock ticks since
+// boot (/proc/<pid>/stat field 22): with the pid, it names one process
+// even after the pid is reused.
+func StartTime(pid int) (uint64, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command (field 2) is in parentheses and may hold anything.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
+	}
+	fields := strings.Fields(string(data[i+1:]))
+	// fields[0] is field 3 (state), so field 22 is fields[19].
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
+	}
+	return strconv.ParseUint(fields[19], 10, 64)
 }
 
 // Start starts cmd in a process group of its own and runs supervise

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/c8s-dev/c8s/internal/child"
 )
 
 // A pod VM that migrates keeps its layer disks attached at the same
@@ -26,7 +28,7 @@ import (
 // migration.
 func IncomingRef(id, stateDir string) (Ref, error) {
 	pid := os.Getpid()
-	start, err := procStart(pid)
+	start, err := child.StartTime(pid)
 	if err != nil {
 		return Ref{}, fmt.Errorf("layer cache: read this process's start time: %w", err)
 	}

@@ -9,9 +9,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
+	"github.com/c8s-dev/c8s/internal/child"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 )
 
@@ -38,7 +38,7 @@ type Ref struct {
 // pod, VM state dir stateDir) held by the calling process.
 func PodRef(ns, pod, stateDir string) (Ref, error) {
 	pid := os.Getpid()
-	start, err := procStart(pid)
+	start, err := child.StartTime(pid)
 	if err != nil {
 		return Ref{}, fmt.Errorf("layer cache: read this process's start time: %w", err)
 	}
@@ -122,7 +122,7 @@ func (c *Cache) refs(hex string) ([]RefState, error) {
 // delete` kills it).
 func liveRef(r Ref) bool {
 	if r.PID > 0 {
-		if start, err := procStart(r.PID); err == nil && start == r.Start {
+		if start, err := child.StartTime(r.PID); err == nil && start == r.Start {
 			return true
 		}
 	}
@@ -131,24 +131,4 @@ func liveRef(r Ref) bool {
 	}
 	_, _, ok := statedir.QEMU("/proc", r.StateDir)
 	return ok
-}
-
-// procStart returns the start time of process pid in clock ticks since
-// boot (/proc/<pid>/stat field 22).
-func procStart(pid int) (uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command (field 2) is in parentheses and may hold anything.
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no command field", pid)
-	}
-	fields := strings.Fields(string(data[i+1:]))
-	// fields[0] is field 3 (state), so field 22 is fields[19].
-	if len(fields) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
-	}
-	return strconv.ParseUint(fields[19], 10, 64)
 }

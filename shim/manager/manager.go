@@ -157,10 +157,11 @@ func groupOf(id, specPath string) (string, error) {
 	return id, nil
 }
 
-// Stop is `shim delete`: containerd runs it in the bundle after the shim
-// died or failed to start. It removes what the shim made for the
-// container and, for a pod's own sandbox container, stops a VM the dead
-// shim left running.
+// Stop is `shim delete`: containerd runs it in the bundle whenever it
+// closes a task's connection: after the shim died or failed to start, and
+// after a Delete the live shim answered. It removes what the shim made for
+// the container and, for a pod's own sandbox container whose shim is
+// gone, stops a VM the dead shim left running.
 func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	cwd, err := os.Getwd()
 	if err != nil {
@@ -175,6 +176,13 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
 		log.G(ctx).WithError(err).Warn("read c8s bundle state")
+	case st.ShimAlive():
+		// The pod's shim runs on (containerd closed this task's
+		// connection after its Delete): the pod, its VM and the other
+		// containers are its to tear down. Only this container's own
+		// disk goes.
+		log.G(ctx).WithField("shim_pid", st.ShimPid).Info("the pod's shim still runs: leaving the pod to it")
+		removeDisk(ctx, st.Disk)
 	default:
 		if st.Sandbox == id && st.StateDir != "" {
 			killVM(ctx, st.StateDir)
@@ -198,19 +206,25 @@ func (m manager) Stop(ctx context.Context, id string) (shim.StopStatus, error) {
 			os.Remove(filepath.Dir(task.FSDir(st.StateDir)))
 			os.Remove(filepath.Dir(st.StateDir))
 		}
-		if st.Disk != "" {
-			if err := os.Remove(st.Disk); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				log.G(ctx).WithError(err).Warn("remove container root disk")
-			}
-			// The pod's disk dir and the namespace dirs above it go once
-			// empty (Remove fails on a dir still in use, which is right).
-			dir := filepath.Dir(st.Disk)
-			for i := 0; i < 3 && os.Remove(dir) == nil; i++ {
-				dir = filepath.Dir(dir)
-			}
-		}
+		removeDisk(ctx, st.Disk)
 	}
 	return shim.StopStatus{ExitedAt: time.Now(), ExitStatus: 128 + int(syscall.SIGKILL)}, nil
+}
+
+// removeDisk removes a container's copied root disk, and the pod's disk
+// dir and the namespace dirs above it once empty (Remove fails on a dir
+// still in use, which is right).
+func removeDisk(ctx context.Context, disk string) {
+	if disk == "" {
+		return
+	}
+	if err := os.Remove(disk); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		log.G(ctx).WithError(err).Warn("remove container root disk")
+	}
+	dir := filepath.Dir(disk)
+	for i := 0; i < 3 && os.Remove(dir) == nil; i++ {
+		dir = filepath.Dir(dir)
+	}
 }
 
 // killVM kills the QEMU whose pid file is in the VM's state dir and

@@ -22,6 +22,7 @@ import (
 
 	agent "github.com/c8s-dev/c8s/guest/api/agent/v1"
 	"github.com/c8s-dev/c8s/guest/api/initdata"
+	"github.com/c8s-dev/c8s/internal/child"
 	"github.com/c8s-dev/c8s/launcher/config"
 	"github.com/c8s-dev/c8s/launcher/config/statedir"
 	"github.com/c8s-dev/c8s/shim/layers"
@@ -216,9 +217,33 @@ type BundleState struct {
 	// NetNS is the pod's network namespace, which the VM's taps wire
 	// (shim/podnet).
 	NetNS string `json:"netns,omitempty"`
+	// ShimPid and ShimStart name the shim that serves the pod (its pid
+	// and start time, child.StartTime): `shim delete` leaves the pod to
+	// it while it runs (ShimAlive).
+	ShimPid   int    `json:"shim_pid,omitempty"`
+	ShimStart uint64 `json:"shim_start,omitempty"`
 }
 
+// ShimAlive reports whether the shim that wrote st still runs. containerd
+// runs `shim delete` in a task's bundle whenever it closes the task's
+// connection, after a Delete the live shim answered too, not only after
+// the shim died.
+func (st BundleState) ShimAlive() bool {
+	if st.ShimPid <= 0 || !child.Running(st.ShimPid) {
+		return false
+	}
+	start, err := child.StartTime(st.ShimPid)
+	return err == nil && start == st.ShimStart
+}
+
+// thisShim is this process, as BundleState names a shim.
+var thisShim = sync.OnceValues(func() (int, uint64) {
+	start, _ := child.StartTime(os.Getpid())
+	return os.Getpid(), start
+})
+
 func writeBundleState(bundle string, st BundleState) error {
+	st.ShimPid, st.ShimStart = thisShim()
 	data, err := json.Marshal(st)
 	if err != nil {
 		return err
@@ -272,4 +297,19 @@ func hasOption(opts []string, o string) bool {
 // error, keeping its message.
 func fromAgent(err error) error {
 	return errgrpc.ToNative(err)
+}
+
+// refused reports whether err is the agent's refusal of a request, which
+// it answers before doing anything or after undoing what it did: not a
+// lost answer (a deadline, a cancellation, the connection gone) nor an
+// unclassified failure.
+func refused(err error) bool {
+	e := fromAgent(err)
+	for _, is := range []func(error) bool{errdefs.IsInvalidArgument, errdefs.IsPermissionDenied, errdefs.IsFailedPrecondition,
+		errdefs.IsNotFound, errdefs.IsAlreadyExists, errdefs.IsNotImplemented, errdefs.IsOutOfRange, errdefs.IsResourceExhausted} {
+		if is(e) {
+			return true
+		}
+	}
+	return false
 }

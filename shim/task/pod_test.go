@@ -241,3 +241,26 @@ func TestPodInitData(t *testing.T) {
 		}
 	}
 }
+
+// A bundle names its shim by pid and start time: the shim that wrote it
+// runs; another process under its pid (reused), or none, is not it.
+func TestBundleStateNamesItsShim(t *testing.T) {
+	bundle := t.TempDir()
+	if err := writeBundleState(bundle, BundleState{Sandbox: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := ReadBundleState(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ShimPid != os.Getpid() || !st.ShimAlive() {
+		t.Fatalf("the bundle of this shim: %+v, alive %v", st, st.ShimAlive())
+	}
+	reused := st
+	reused.ShimStart++
+	gone := st
+	gone.ShimPid = 0
+	if reused.ShimAlive() || gone.ShimAlive() {
+		t.Fatalf("another process under the pid (%v) or none (%v) taken for the shim", reused.ShimAlive(), gone.ShimAlive())
+	}
+}

@@ -306,6 +306,14 @@ func (s *service) Create(ctx context.Context, r *taskAPI.CreateTaskRequest) (_ *
 		SharedMounts: shared,
 	})
 	if err != nil {
+		// Without the agent's answer (containerd's deadline, the
+		// connection lost) the guest may have made it: its root goes
+		// below, so it goes too. A refusal made nothing.
+		if !refused(err) {
+			if _, rerr := sb.Agent().RemoveContainer(context.WithoutCancel(ctx), &agent.RemoveContainerRequest{ContainerId: r.ID}); rerr != nil && !errdefs.IsNotFound(fromAgent(rerr)) {
+				log.G(ctx).WithError(rerr).WithField("container", r.ID).Warn("remove the container a failed create may have left in the pod VM")
+			}
+		}
 		return nil, fmt.Errorf("create container %q in the pod VM: %w", r.ID, fromAgent(err))
 	}
 	log.G(ctx).WithField("container", r.ID).WithField("took", time.Since(t0).Round(time.Millisecond)).Info("container created in the pod VM")

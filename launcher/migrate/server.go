@@ -44,6 +44,12 @@ type Server struct {
 
 	mu  sync.Mutex
 	vms map[string]*hostedVM
+
+	// held counts the Serve calls (one per listener) that hold the
+	// node's migration server lock (reap.go), released by the last.
+	heldMu sync.Mutex
+	held   int
+	unlock func()
 }
 
 // hostedVM is one VM the server started.
@@ -118,6 +124,10 @@ func Listen(path string) (net.Listener, error) {
 
 // Serve serves the API on l until ctx ends, then stops every VM it runs.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	if err := s.hold(ctx); err != nil {
+		return err
+	}
+	defer s.unhold()
 	hs := &http.Server{Handler: s.Handler(), BaseContext: func(net.Listener) context.Context { return ctx }}
 	warmed := make(chan struct{})
 	go func() { s.warmLaunch(ctx); close(warmed) }()
@@ -349,7 +359,9 @@ func (s *Server) incomingSpec(id, stateDir string, shape Shape, kernelParams, ac
 	if err != nil {
 		return vm.Spec{}, err
 	}
-	return vm.Spec{Root: root, ID: id, StateDir: stateDir, Hypervisor: h, Accel: accel, Incoming: true}, nil
+	// Its QEMU dies with the server: one that starts again knows none of
+	// the VMs before it (reapIncoming).
+	return vm.Spec{Root: root, ID: id, StateDir: stateDir, Hypervisor: h, Accel: accel, Incoming: true, DieWithParent: true}, nil
 }
 
 // warmLaunch measures, in the background of the server's start, the sim

@@ -160,6 +160,13 @@ func TestAPIOverMutualTLS(t *testing.T) {
 // serveRelay runs the server of node cfg on its unix socket, whose TLS
 // relay its clients reach tls:// destinations through.
 func serveRelay(t *testing.T, cfg config.Config) string {
+	sock, _ := serveRelayServer(t, cfg)
+	return sock
+}
+
+// serveRelayServer is serveRelay, with the server (one per node: its
+// other listeners are served by the same one).
+func serveRelayServer(t *testing.T, cfg config.Config) (string, *Server) {
 	t.Helper()
 	sock := statedir.MigrateSocket(cfg.Runtime.StateDir)
 	l, err := Listen(sock)
@@ -168,9 +175,10 @@ func serveRelay(t *testing.T, cfg config.Config) string {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	served := make(chan struct{})
-	go func() { (&Server{Config: cfg, Name: filepath.Base(cfg.Runtime.StateDir)}).Serve(ctx, l); close(served) }()
+	srv := &Server{Config: cfg, Name: filepath.Base(cfg.Runtime.StateDir)}
+	go func() { srv.Serve(ctx, l); close(served) }()
 	t.Cleanup(func() { stop(); <-served })
-	return sock
+	return sock, srv
 }
 
 // The relay serves the node's own callers on its unix socket only: a
@@ -184,7 +192,7 @@ func TestRelayOnlyForLocalCallersAndOnlyTLS(t *testing.T) {
 	pool := newTestCA(t, "pool p1")
 	identity := statedir.MigrateTLS(cfg.Runtime.StateDir)
 	pool.node(t, identity, "node-a")
-	sock := serveRelay(t, cfg)
+	sock, srv := serveRelayServer(t, cfg)
 	serverTLS, clientTLS, err := LoadTLS(identity)
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +206,7 @@ func TestRelayOnlyForLocalCallersAndOnlyTLS(t *testing.T) {
 	}
 	sctx, stop := context.WithCancel(ctx)
 	served := make(chan struct{})
-	go func() { (&Server{Config: cfg, Name: "node-a"}).Serve(sctx, tl); close(served) }()
+	go func() { srv.Serve(sctx, tl); close(served) }()
 	t.Cleanup(func() { stop(); <-served })
 	member, err := NewTLSClient(tl.Addr().String(), clientTLS)
 	if err != nil {

@@ -61,11 +61,13 @@ const (
 	disksDir  = "disks"
 	fsDir     = "fs"
 	migrateIn = "migrate"
+	// migrateLock is the migration server's lock beside the incoming VMs.
+	migrateLock = "migrate.lock"
 )
 
 // rootNames are the names the layout and node-wide state use directly
 // under the root; no namespace is given them.
-var rootNames = []string{migrateIn, nodeDir, "cache", "check"}
+var rootNames = []string{migrateIn, migrateLock, nodeDir, "cache", "check"}
 
 // podSiblings are the names beside the pods' state dirs in a namespace.
 var podSiblings = []string{disksDir, fsDir}
@@ -102,6 +104,14 @@ func FSDir(vmDir string) string {
 func Incoming(root, id string) string {
 	return filepath.Join(root, migrateIn, PodName(id))
 }
+
+// IncomingDir is the directory of the state dirs of VMs migrating in
+// (Incoming), which one migration server at a time owns.
+func IncomingDir(root string) string { return filepath.Join(root, migrateIn) }
+
+// MigrateLock is the file whose flock the node's migration server holds
+// while it serves: the VMs migrating in under root are its alone.
+func MigrateLock(root string) string { return filepath.Join(root, migrateLock) }
 
 // Standalone is the state dir of a VM that c8s-launcher runs outside any
 // namespace.

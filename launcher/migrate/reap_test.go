@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,10 +30,11 @@ func TestServeReapsWhatAnEarlierServerLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	qemu := exec.Command("sh", "-c", "sleep 1000; :", "qemu", "-qmp", "unix:"+filepath.Join(left, "qmp.sock")+",server=on,wait=off")
+	qemu.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its sleep goes with it
 	if err := qemu.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { qemu.Process.Kill(); qemu.Wait() })
+	t.Cleanup(func() { syscall.Kill(-qemu.Process.Pid, syscall.SIGKILL); qemu.Wait() })
 	if err := os.WriteFile(filepath.Join(left, statedir.PidFile), []byte(strconv.Itoa(qemu.Process.Pid)), 0o600); err != nil {
 		t.Fatal(err)
 	}

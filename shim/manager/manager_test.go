@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -65,10 +66,11 @@ func standInQEMU(t *testing.T, dir string) *exec.Cmd {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(qemu, "-c", "sleep 1000; :", "qemu", "-qmp", "unix:"+filepath.Join(dir, "qmp.sock")+",server=on,wait=off")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // its sleep goes with it
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
 	return cmd
 }
 

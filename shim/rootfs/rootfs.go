@@ -14,6 +14,7 @@
 package rootfs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +26,8 @@ import (
 
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/log"
+
+	"github.com/c8s-dev/c8s/internal/child"
 )
 
 // FSType is the filesystem of the images Build writes.
@@ -96,8 +99,16 @@ func Build(ctx context.Context, mounts []mount.Mount, target, image string, opts
 		"-O", "^has_journal", "-N", fmt.Sprint(inodes),
 		"-E", "root_owner=0:0,lazy_itable_init=1",
 		"-d", target, image)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%s: %w: %s", strings.Join(cmd.Args, " "), err, strings.TrimSpace(string(out)))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	// It dies with the shim: left reading the mounted snapshot, it would
+	// keep the mount busy for `shim delete`, and the bundle with it.
+	done := make(chan error, 1)
+	if err := child.Start(cmd, true, func() { done <- cmd.Wait() }); err != nil {
+		return fmt.Errorf("%s: %w", strings.Join(cmd.Args, " "), err)
+	}
+	if err := <-done; err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(cmd.Args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return nil
 }

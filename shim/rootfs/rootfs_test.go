@@ -5,8 +5,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/c8s-dev/c8s/internal/child"
 )
 
 func TestBuildCopiesTheDirectoryIntoAnExt4Image(t *testing.T) {
@@ -55,5 +60,46 @@ func TestBuildFailsCleanlyForAMissingRootfs(t *testing.T) {
 	}
 	if _, err := os.Stat(img); !os.IsNotExist(err) {
 		t.Fatalf("image left behind after a failed build: %v", err)
+	}
+}
+
+// TestMkfsDiesWithTheShim: a shim killed while it builds a disk (SIGKILL,
+// as containerd kills one) takes its mkfs.ext4 along; left reading the
+// mounted snapshot, it would keep the mount, and the bundle, busy for
+// `shim delete`. The shim is this test re-run as a child, whose
+// mkfs.ext4 (first on its PATH) records its pid and waits.
+func TestMkfsDiesWithTheShim(t *testing.T) {
+	if dir := os.Getenv("C8S_ROOTFS_SHIM"); dir != "" {
+		_ = Build(context.Background(), nil, dir, filepath.Join(t.TempDir(), "c1.img"), Options{})
+		return
+	}
+	bin, src := t.TempDir(), t.TempDir()
+	pidFile := filepath.Join(bin, "mkfs.pid")
+	script := "#!/bin/sh\necho $$ > " + pidFile + ".tmp && mv " + pidFile + ".tmp " + pidFile + "\nexec sleep 1000\n"
+	if err := os.WriteFile(filepath.Join(bin, "mkfs.ext4"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	shim := exec.Command(os.Args[0], "-test.run=^TestMkfsDiesWithTheShim$")
+	shim.Env = append(os.Environ(), "C8S_ROOTFS_SHIM="+src, "PATH="+bin+":"+os.Getenv("PATH"))
+	if err := shim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shim.Process.Kill(); shim.Wait() })
+	var pid int
+	for end := time.Now().Add(30 * time.Second); pid == 0; time.Sleep(20 * time.Millisecond) {
+		if data, err := os.ReadFile(pidFile); err == nil {
+			pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+		}
+		if time.Now().After(end) {
+			t.Fatal("the shim never ran mkfs.ext4")
+		}
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	shim.Process.Kill()
+	shim.Wait()
+	for end := time.Now().Add(10 * time.Second); child.Running(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("mkfs.ext4 (pid %d) outlived the shim", pid)
+		}
 	}
 }

@@ -49,16 +49,17 @@ func (s *Server) unhold() {
 // is refused.
 func (s *Server) lockIncoming(ctx context.Context) (unlock func(), err error) {
 	root := s.Config.Runtime.StateDir
-	if err := os.MkdirAll(root, 0o700); err != nil {
+	lock := statedir.MigrateLock(root)
+	if err := os.MkdirAll(filepath.Dir(lock), 0o700); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	f, err := os.OpenFile(statedir.MigrateLock(root), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(lock, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("migrate: another migration server serves the VMs of state dir %s (%s is locked): %w", root, statedir.MigrateLock(root), err)
+		return nil, fmt.Errorf("migrate: another migration server serves the VMs of state dir %s (%s is locked): %w", root, lock, err)
 	}
 	reapIncoming(ctx, statedir.IncomingDir(root))
 	return func() { f.Close() }, nil

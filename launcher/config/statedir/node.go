@@ -25,3 +25,8 @@ func MigrateTLS(root string) string { return filepath.Join(root, nodeDir, "migra
 // MigrateSocket is the unix socket on which `c8s-launcher serve` accepts
 // incoming migrations unless told otherwise.
 func MigrateSocket(root string) string { return filepath.Join(root, nodeDir, "migrate.sock") }
+
+// MigrateLock is the file whose flock the node's migration server holds
+// while it serves: the VMs migrating in under root (IncomingDir) are its
+// alone. It is node state and stays when the server ends.
+func MigrateLock(root string) string { return filepath.Join(root, nodeDir, "migrate.lock") }

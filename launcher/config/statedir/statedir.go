@@ -11,7 +11,8 @@
 //	<root>/migrate/<pod>/     the state dir of a VM migrating in
 //	<root>/node/, cache/      node-wide state; node/ holds sim-sp/ (SimSP),
 //	                          pool-roots/ (PoolRoots), migrate-tls/
-//	                          (MigrateTLS) and migrate.sock (MigrateSocket)
+//	                          (MigrateTLS), migrate.sock (MigrateSocket)
+//	                          and migrate.lock (MigrateLock)
 //
 // A unix socket's path is at most UnixPathMax bytes, while containerd
 // namespaces and IDs may have 76 bytes each (and CRI sandbox IDs have 64),
@@ -61,13 +62,11 @@ const (
 	disksDir  = "disks"
 	fsDir     = "fs"
 	migrateIn = "migrate"
-	// migrateLock is the migration server's lock beside the incoming VMs.
-	migrateLock = "migrate.lock"
 )
 
 // rootNames are the names the layout and node-wide state use directly
 // under the root; no namespace is given them.
-var rootNames = []string{migrateIn, migrateLock, nodeDir, "cache", "check"}
+var rootNames = []string{migrateIn, nodeDir, "cache", "check"}
 
 // podSiblings are the names beside the pods' state dirs in a namespace.
 var podSiblings = []string{disksDir, fsDir}
@@ -108,10 +107,6 @@ func Incoming(root, id string) string {
 // IncomingDir is the directory of the state dirs of VMs migrating in
 // (Incoming), which one migration server at a time owns.
 func IncomingDir(root string) string { return filepath.Join(root, migrateIn) }
-
-// MigrateLock is the file whose flock the node's migration server holds
-// while it serves: the VMs migrating in under root are its alone.
-func MigrateLock(root string) string { return filepath.Join(root, migrateLock) }
 
 // Standalone is the state dir of a VM that c8s-launcher runs outside any
 // namespace.

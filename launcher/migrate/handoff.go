@@ -15,8 +15,11 @@ import (
 )
 
 // HandoffFile, in a moved pod's state dir on the source node, says where
-// its VM runs now, so that cleaning up after a dead shim (`shim delete`)
-// stops that VM too.
+// its VM runs now, or may run: it is written as soon as the destination
+// has started the VM (before the transfer), so that cleaning up after a
+// shim that died at any point from then on (`shim delete`) stops that VM
+// too, and removed again when a migration that failed has destroyed it
+// (ClearHandoff).
 const HandoffFile = "migrated.json"
 
 type handoff struct {
@@ -39,8 +42,25 @@ func WriteHandoff(dir string, dst *Client, id, tlsDir string) error {
 	return os.WriteFile(filepath.Join(dir, HandoffFile), b, 0o600)
 }
 
+// ClearHandoff removes the handoff file in dir after a failed migration,
+// once VM id behind dst is gone: it is destroyed again (a rollback has
+// destroyed it already, normally; one already gone is fine). When that
+// fails, the file stays, so that `shim delete` tries again.
+func ClearHandoff(ctx context.Context, dir string, dst vmDeleter, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := dst.Delete(ctx, id); err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("migrate: destroying VM %s after the failed migration (%s keeps naming it): %w", id, filepath.Join(dir, HandoffFile), err)
+	}
+	if err := os.Remove(filepath.Join(dir, HandoffFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
 // StopHandedOff stops the VM a handoff file in dir names, if there is
-// one, and removes the file. It reports whether there was one.
+// one (one already gone is fine), and removes the file. It reports
+// whether there was one.
 func StopHandedOff(ctx context.Context, dir string) (bool, error) {
 	path := filepath.Join(dir, HandoffFile)
 	b, err := os.ReadFile(path)
@@ -68,7 +88,7 @@ func StopHandedOff(ctx context.Context, dir string) (bool, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := c.Delete(ctx, h.ID); err != nil {
+	if err := c.Delete(ctx, h.ID); err != nil && !errors.Is(err, ErrNotFound) {
 		return true, fmt.Errorf("migrate: stopping the moved VM %s on %s: %w", h.ID, h.Destination, err)
 	}
 	return true, os.Remove(path)

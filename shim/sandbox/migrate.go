@@ -201,6 +201,9 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 		warm           *warmAgent
 		warmUsed       bool
 		firstAnswer    time.Duration
+		// pending is the destination VM the handoff file names.
+		pending string
+		tlsDir  = statedir.MigrateTLS(cfg.Runtime.StateDir)
 	)
 	res, err := migrate.Run(ctx, migrate.Source{
 		VM: src, Node: node, HostData: hostData[:], MinTCB: cfg.Attestation.MinTCB, Layers: o.Layers, Namespace: o.Namespace,
@@ -221,9 +224,19 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 				}).Info("migration progress")
 			}
 		},
-		// The agent channel through the destination is dialled while QEMU
-		// transfers the VM (reattest.go).
-		Ready: func(ctx context.Context, in migrate.IncomingResponse) { warm = dialWarm(ctx, dst, in.ID) },
+		// The destination runs the VM from here on: `shim delete` after a
+		// shim that dies from now on stops it there too (the handoff file,
+		// removed again should the migration fail). The agent channel
+		// through the destination is dialled while QEMU transfers the VM
+		// (reattest.go).
+		Ready: func(ctx context.Context, in migrate.IncomingResponse) {
+			if err := migrate.WriteHandoff(src.StateDir(), dst, in.ID, tlsDir); err != nil {
+				log.G(ctx).WithError(err).Warn("recording where the pod VM moves")
+			} else {
+				pending = in.ID
+			}
+			warm = dialWarm(ctx, dst, in.ID)
+		},
 		Reattest: func(ctx context.Context, in migrate.IncomingResponse) error {
 			r, err := s.reattest(ctx, cfg, dst, in, warm, trusts)
 			if err != nil {
@@ -238,13 +251,19 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 	})
 	warm.close() // unless re-attestation took it
 	if err != nil {
+		if pending != "" {
+			if cerr := migrate.ClearHandoff(context.WithoutCancel(ctx), src.StateDir(), dst, pending); cerr != nil {
+				log.G(ctx).WithError(cerr).Warn("the failed migration's destination VM")
+			}
+		}
 		return nil, err
 	}
 	remote := migrate.NewRemote(dst, res.Incoming, mustSpecDisks(src))
 	s.cutOver(ctx, src, remote, newConn, verified)
-	// `shim delete` after a dead shim finds the moved VM through this.
-	if err := migrate.WriteHandoff(src.StateDir(), dst, res.Incoming.ID, statedir.MigrateTLS(cfg.Runtime.StateDir)); err != nil {
-		log.G(ctx).WithError(err).Warn("recording where the pod VM moved")
+	if pending == "" { // Ready could not record it
+		if err := migrate.WriteHandoff(src.StateDir(), dst, res.Incoming.ID, tlsDir); err != nil {
+			log.G(ctx).WithError(err).Warn("recording where the pod VM moved")
+		}
 	}
 	s.mu.Lock()
 	s.handoffDir = src.StateDir()

@@ -373,6 +373,41 @@ accel = "auto"
 	waitUntil(t, "node B to stop the dead shim's moved VM", func() bool { return bVMs() == 0 })
 	noLayerRefs(t, layersA, layersB)
 	e.assertNothingLeft(t)
+
+	// A shim that dies once B runs the guest, before it has re-attested
+	// it there: B's VM holds the whole guest, and `shim delete` on A
+	// stops it too (the handoff file is written once B has started the
+	// VM). The re-attestation's first request is held (stallProxy).
+	const midway = "mig3"
+	if _, stderr, code := result(t, e.run(c, cfgA, "-d", image, midway, "sleep", "600")); code != 0 {
+		t.Fatalf("start %s: exit %d: %s\n%s", midway, code, stderr, e.d.Log())
+	}
+	stall := newStallProxy(t, e.d.Dir, sock)
+	migrating := exec.CommandContext(c, bin, "migrate", "--address", e.d.Address, "--namespace", e.d.Namespace, "--to", stall.sock, midway)
+	migrating.WaitDelay = 10 * time.Second
+	if err := migrating.Start(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-stall.reattesting:
+	case <-c.Done():
+		t.Fatalf("the re-attestation of %s on B never began\n%s", midway, e.d.Log())
+	}
+	shim = processMatching(t, "containerd-shim-c8s-v2", "-id "+midway)
+	if shim == 0 || bVMs() != 1 {
+		t.Fatalf("shim %d, %d VMs on node B while %s re-attests there; want a shim and 1", shim, bVMs(), midway)
+	}
+	if err := syscall.Kill(shim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrating.Wait(); err == nil {
+		t.Fatal("c8s-launcher migrate succeeded although the shim was killed")
+	}
+	waitUntil(t, "containerd to drop the dead shim's task", func() bool { return !strings.Contains(e.d.Ctr(t, "task", "ls"), midway) })
+	e.d.Ctr(t, "container", "delete", midway)
+	waitUntil(t, "node B to stop the VM of a shim that died re-attesting it", func() bool { return bVMs() == 0 })
+	noLayerRefs(t, layersA, layersB)
+	e.assertNothingLeft(t)
 }
 
 // nodeLayer is a layer of a node's layer cache (launcher/layercache's

@@ -260,10 +260,10 @@ func (s *Sandbox) Migrate(ctx context.Context, cfg config.Config, dst *migrate.C
 	}
 	remote := migrate.NewRemote(dst, res.Incoming, mustSpecDisks(src))
 	s.cutOver(ctx, src, remote, newConn, verified)
-	if pending == "" { // Ready could not record it
-		if err := migrate.WriteHandoff(src.StateDir(), dst, res.Incoming.ID, tlsDir); err != nil {
-			log.G(ctx).WithError(err).Warn("recording where the pod VM moved")
-		}
+	// Stopping the source QEMU removed its state dir, the record with it:
+	// `shim delete` after a dead shim finds the moved VM through this.
+	if err := migrate.WriteHandoff(src.StateDir(), dst, res.Incoming.ID, tlsDir); err != nil {
+		log.G(ctx).WithError(err).Warn("recording where the pod VM moved")
 	}
 	s.mu.Lock()
 	s.handoffDir = src.StateDir()

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 )
 
@@ -48,10 +49,10 @@ func TestStopHandedOffVMAlreadyGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var deletes int
+	var deletes atomic.Int32
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodDelete {
-			deletes++
+			deletes.Add(1)
 		}
 		http.Error(w, `{"error":"no VM \"pod1\" on this node"}`, http.StatusNotFound)
 	})}
@@ -62,8 +63,8 @@ func TestStopHandedOffVMAlreadyGone(t *testing.T) {
 	if err := WriteHandoff(dir, NewClient(sock), "pod1", ""); err != nil {
 		t.Fatal(err)
 	}
-	if found, err := StopHandedOff(context.Background(), dir); !found || err != nil || deletes != 1 {
-		t.Fatalf("StopHandedOff = %v, %v after %d DELETEs; want true, nil after 1", found, err, deletes)
+	if found, err := StopHandedOff(context.Background(), dir); !found || err != nil || deletes.Load() != 1 {
+		t.Fatalf("StopHandedOff = %v, %v after %d DELETEs; want true, nil after 1", found, err, deletes.Load())
 	}
 	if _, err := os.Stat(filepath.Join(dir, HandoffFile)); !os.IsNotExist(err) {
 		t.Fatalf("handoff file left: %v", err)
